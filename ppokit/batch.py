@@ -1,0 +1,253 @@
+"""RolloutBatch: the tensors every component reads.
+
+B responses, T = padded response length. See docs/concepts.md for the conventions every
+component keeps (masked positions give 0 and are carried through; the value after a row's
+last token is 0 unless the truncation rule bootstraps it).
+
+All derived quantities (sequence scores, lengths, last-token index, group statistics) are
+computed here once, vectorised and without host synchronisation, so that components never
+re-derive them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+__all__ = ["BatchError", "RolloutBatch"]
+
+#: Optional [B, T] float fields.
+TOKEN_FIELDS = ("values", "logp_old", "logp_ref")
+#: Optional [B] fields with their expected dtype family.
+ROW_FIELDS = {
+    "group_ids": "integer",
+    "truncated": "bool",
+    "bootstrap_values": "float",
+    "baseline_rewards": "float",
+}
+#: Every field a component may declare in ``requires``.
+FIELDS = ("response_mask", "token_rewards", *TOKEN_FIELDS, *ROW_FIELDS)
+
+
+class BatchError(ValueError):
+    """A RolloutBatch was built with tensors of the wrong shape, dtype or device."""
+
+
+def _kind(t: Tensor) -> str:
+    if t.dtype == torch.bool:
+        return "bool"
+    if t.is_floating_point():
+        return "float"
+    if not t.is_complex():
+        return "integer"
+    return "complex"
+
+
+@dataclass(frozen=True, eq=False)
+class RolloutBatch:
+    """A batch of B sampled responses, padded to T response positions.
+
+    Fields (shape, dtype):
+        response_mask [B,T] bool: True on generated tokens that count (EOS included).
+        token_rewards [B,T] float: r_t; an outcome reward sits on the row's last True position.
+        values [B,T] float | None: V_old(s_t), the critic's value of the state before token t.
+        logp_old [B,T] float | None: log mu(a_t|s_t) under the behaviour policy.
+        logp_ref [B,T] float | None: reference-policy log-probs, for KL.
+        group_ids [B] long | None: responses to the same prompt share an id.
+        truncated [B] bool | None: the response hit the length limit without EOS.
+        bootstrap_values [B] float | None: V_old of the state after a truncated row's last token.
+        baseline_rewards [B] float | None: score of a baseline response (ReMax).
+    """
+
+    response_mask: Tensor
+    token_rewards: Tensor
+    values: Tensor | None = None
+    logp_old: Tensor | None = None
+    logp_ref: Tensor | None = None
+    group_ids: Tensor | None = None
+    truncated: Tensor | None = None
+    bootstrap_values: Tensor | None = None
+    baseline_rewards: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        mask = self.response_mask
+        if not isinstance(mask, Tensor) or mask.dim() != 2:
+            raise BatchError(
+                f"response_mask must be a [B, T] tensor, got {_describe(mask)}"
+            )
+        if mask.dtype != torch.bool:
+            raise BatchError(f"response_mask must be bool, got {mask.dtype}")
+        shape = tuple(mask.shape)
+        device = mask.device
+        self._check("token_rewards", self.token_rewards, shape, "float", device)
+        for name in TOKEN_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                self._check(name, value, shape, "float", device)
+        for name, kind in ROW_FIELDS.items():
+            value = getattr(self, name)
+            if value is not None:
+                self._check(name, value, shape[:1], kind, device)
+
+    @staticmethod
+    def _check(
+        name: str, t: object, shape: tuple[int, ...], kind: str, device: torch.device
+    ) -> None:
+        if not isinstance(t, Tensor):
+            raise BatchError(f"{name} must be a tensor, got {type(t).__name__}")
+        if tuple(t.shape) != shape:
+            dims = "[B, T]" if len(shape) == 2 else "[B]"
+            raise BatchError(
+                f"{name} must have shape {dims} = {list(shape)}, got {list(t.shape)}"
+            )
+        if _kind(t) != kind:
+            raise BatchError(f"{name} must be a {kind} tensor, got {t.dtype}")
+        if t.device != device:
+            raise BatchError(
+                f"{name} is on {t.device} but response_mask is on {device}"
+            )
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def batch_size(self) -> int:
+        return self.response_mask.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.response_mask.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.response_mask.device
+
+    def replace(self, **changes: Tensor | None) -> RolloutBatch:
+        """A new batch with some fields replaced (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        return dataclasses.replace(
+            self,
+            **{
+                f: (None if getattr(self, f) is None else getattr(self, f).to(device))
+                for f in FIELDS
+            },
+        )
+
+    def rows(self, index: Tensor | slice) -> RolloutBatch:
+        """The sub-batch of the given rows (every present field indexed along B)."""
+        return dataclasses.replace(
+            self,
+            **{
+                f: (None if getattr(self, f) is None else getattr(self, f)[index])
+                for f in FIELDS
+            },
+        )
+
+    def has(self, field: str) -> bool:
+        return getattr(self, field, None) is not None
+
+    # ------------------------------------------------------------------ derived
+    @cached_property
+    def maskf(self) -> Tensor:
+        """response_mask as float32 [B, T]."""
+        return self.response_mask.to(torch.float32)
+
+    @cached_property
+    def scores(self) -> Tensor:
+        """R_i = sum_t r_{i,t} over the mask, float32 [B]."""
+        return (self.token_rewards.float() * self.maskf).sum(dim=1)
+
+    @cached_property
+    def lengths(self) -> Tensor:
+        """Number of True positions per row, long [B]."""
+        return self.response_mask.sum(dim=1)
+
+    @cached_property
+    def last_index(self) -> Tensor:
+        """Index of each row's last True position, long [B] (0 for an empty row)."""
+        positions = torch.arange(1, self.seq_len + 1, device=self.device)
+        return (self.response_mask * positions).argmax(dim=1)
+
+    @cached_property
+    def last_mask(self) -> Tensor:
+        """bool [B, T]: True only on each row's last True position."""
+        onehot = torch.zeros_like(self.response_mask)
+        onehot.scatter_(1, self.last_index[:, None], True)
+        return onehot & self.response_mask
+
+    @cached_property
+    def terminal_values(self) -> Tensor:
+        """Value of the state after each row's last token, float32 [B].
+
+        ``bootstrap_values`` on truncated rows when both fields are present, else 0.
+        """
+        if self.bootstrap_values is None:
+            return torch.zeros(self.batch_size, device=self.device)
+        boot = self.bootstrap_values.float()
+        if self.truncated is None:
+            return boot
+        return torch.where(self.truncated, boot, torch.zeros_like(boot))
+
+    # ------------------------------------------------------------------ groups
+    @cached_property
+    def group_index(self) -> Tensor:
+        """Dense group index in [0, B), long [B]; every row is its own group without group_ids.
+
+        Computed by sort and cumulative sum: no host synchronisation, no loop over groups.
+        """
+        if self.group_ids is None:
+            return torch.arange(self.batch_size, device=self.device)
+        ids = self.group_ids.long()
+        sorted_ids, order = torch.sort(ids, stable=True)
+        starts = torch.ones_like(sorted_ids, dtype=torch.long)
+        starts[1:] = (sorted_ids[1:] != sorted_ids[:-1]).long()
+        dense_sorted = torch.cumsum(starts, 0) - 1
+        dense = torch.empty_like(dense_sorted)
+        dense[order] = dense_sorted
+        return dense
+
+    def group_sum(self, x: Tensor) -> Tensor:
+        """Per-row sum of ``x`` [B] over the row's group, float32 [B]."""
+        x = x.float()
+        sums = torch.zeros(self.batch_size, device=x.device).index_add_(
+            0, self.group_index, x
+        )
+        return sums[self.group_index]
+
+    @cached_property
+    def group_sizes(self) -> Tensor:
+        """Number of responses in each row's group, float32 [B]."""
+        return self.group_sum(torch.ones(self.batch_size, device=self.device))
+
+    def group_mean(self, x: Tensor, weights: Tensor | None = None) -> Tensor:
+        """Per-row (weighted) mean of ``x`` [B] over the row's group, float32 [B].
+
+        A group whose weights sum to 0 has mean 0.
+        """
+        if weights is None:
+            return self.group_sum(x) / self.group_sizes
+        weights = weights.float()
+        total = self.group_sum(weights)
+        num = self.group_sum(x.float() * weights)
+        return torch.where(total > 0, num / total.clamp_min(1e-30), torch.zeros_like(num))
+
+    def group_std(self, x: Tensor) -> Tensor:
+        """Per-row unbiased standard deviation of ``x`` over its group, float32 [B].
+
+        0 for groups of one response.
+        """
+        dev = x.float() - self.group_mean(x)
+        ss = self.group_sum(dev * dev)
+        n = self.group_sizes
+        var = torch.where(n > 1, ss / (n - 1).clamp_min(1), torch.zeros_like(ss))
+        return var.sqrt()
+
+
+def _describe(t: object) -> str:
+    if isinstance(t, Tensor):
+        return f"a tensor of shape {list(t.shape)}"
+    return type(t).__name__

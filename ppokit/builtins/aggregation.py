@@ -1,0 +1,9 @@
+"""Catalogue of the built-in aggregation components (torch-free)."""
+
+from __future__ import annotations
+
+from ppokit.hookspecs import Register
+
+
+def register_components(register: Register) -> None:
+    pass

@@ -1,0 +1,448 @@
+"""The component registry: a pluggy plugin manager over the entry-point group ``ppokit``.
+
+Every component, built-in or third-party, arrives through the same hook,
+:func:`ppokit.hookspecs.ppokit_register`. The built-ins are the default plugin
+``ppokit.builtins``, registered exactly as an installed plugin is.
+
+Nothing here imports torch: listing components, reading their parameter schemas and
+validating a spec stay light. A component's factory is imported only when it is created
+(or when its formula must be read from it).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from ppokit import hookspecs
+
+__all__ = [
+    "KINDS",
+    "ComponentInfo",
+    "PluginRecord",
+    "Registry",
+    "RegistryError",
+    "get_registry",
+    "reset_registry",
+]
+
+#: The component kinds of DESIGN.md, in the order a PPO round uses them.
+KINDS: tuple[str, ...] = (
+    "reward",
+    "truncation",
+    "kl_estimator",
+    "advantage",
+    "critic_target",
+    "position_mask",
+    "prompt_weight",
+    "regression_loss",
+    "policy_loss",
+    "aggregation",
+)
+
+#: Batch fields a component may require, plus ``critic`` (needs a value head at all).
+REQUIREMENTS: tuple[str, ...] = (
+    "values",
+    "logp_old",
+    "logp_ref",
+    "group_ids",
+    "truncated",
+    "bootstrap_values",
+    "baseline_rewards",
+)
+
+BUILTIN_PLUGIN = "ppokit"
+ENTRY_POINT_GROUP = "ppokit"
+
+
+class RegistryError(LookupError):
+    """Unknown kind or component, conflicting registration, or invalid parameters."""
+
+
+def suggest(word: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'x', 'y'?)`` for close names, else ``""``."""
+    close = difflib.get_close_matches(word, list(candidates), n=3, cutoff=0.5)
+    if not close:
+        return ""
+    return " (did you mean " + ", ".join(repr(c) for c in close) + "?)"
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]:
+    """One ``path: message`` line per pydantic error."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
+        lines.append(f"{loc}: {e['msg']}" if loc else e["msg"])
+    return lines
+
+
+def _params_from_signature(name: str, factory: Callable[..., Any]) -> type[BaseModel]:
+    """A pydantic model whose fields are the keyword parameters of ``factory``."""
+    fields: dict[str, Any] = {}
+    for p in inspect.signature(factory).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name == "self":
+            continue
+        annotation = Any if p.annotation is inspect.Parameter.empty else p.annotation
+        default = ... if p.default is inspect.Parameter.empty else p.default
+        fields[p.name] = (annotation, default)
+    model_name = "".join(part.title() for part in name.split("_")) + "Params"
+    return create_model(model_name, __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def _import_string(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise RegistryError(f"lazy factory {path!r} must be written 'module:attr'")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass
+class ComponentInfo:
+    """Everything known about one registered component."""
+
+    kind: str
+    name: str
+    factory: Any
+    plugin: str
+    version: str | None = None
+    summary: str = ""
+    requires: tuple[str, ...] = ()
+    source: str = ""
+    _params: type[BaseModel] | None = None
+    _formula: str = ""
+
+    def load(self) -> Callable[..., Any]:
+        """The factory itself, importing a lazy ``"module:attr"`` string on first use."""
+        if isinstance(self.factory, str):
+            try:
+                self.factory = _import_string(self.factory)
+            except ImportError as exc:
+                raise RegistryError(
+                    f"{self.kind} {self.name!r} (plugin {self.plugin}) cannot be imported: {exc}"
+                ) from exc
+        return self.factory
+
+    @cached_property
+    def params(self) -> type[BaseModel]:
+        """The pydantic model of the parameters (from the factory's signature if not given)."""
+        if self._params is not None:
+            return self._params
+        return _params_from_signature(self.name, self.load())
+
+    @property
+    def formula(self) -> str:
+        if self._formula:
+            return self._formula
+        factory = self.load()
+        formula = getattr(factory, "formula", "")
+        if isinstance(formula, str) and formula:
+            return formula
+        return (inspect.getdoc(factory) or "").split("\n\n")[0].strip()
+
+    def defaults(self) -> dict[str, Any]:
+        out = {}
+        for fname, f in self.params.model_fields.items():
+            if not f.is_required():
+                out[fname] = f.get_default(call_default_factory=True)
+        return out
+
+    def schema(self) -> dict[str, Any]:
+        return self.params.model_json_schema()
+
+    def validate(self, params: dict[str, Any]) -> BaseModel:
+        return self.params.model_validate(params)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "plugin": self.plugin,
+            "version": self.version,
+            "summary": self.summary,
+            "formula": self.formula,
+            "requires": list(self.requires),
+            "source": self.source,
+            "defaults": self.defaults(),
+            "params": self.schema(),
+        }
+
+
+@dataclass
+class PluginRecord:
+    """A plugin that was loaded (or failed to load)."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    components: list[tuple[str, str]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Registry:
+    """Components by kind and name, as registered by the loaded plugins."""
+
+    def __init__(self) -> None:
+        self._components: dict[tuple[str, str], ComponentInfo] = {}
+        self._conflicts: dict[tuple[str, str], list[str]] = {}
+        self.plugins: dict[str, PluginRecord] = {}
+        self.pm = pluggy.PluginManager("ppokit")
+        self.pm.add_hookspecs(hookspecs)
+
+    # ---------------------------------------------------------------- loading
+    def load_plugin(
+        self,
+        name: str,
+        plugin: object,
+        *,
+        distribution: str | None = None,
+        version: str | None = None,
+    ) -> PluginRecord:
+        """Register one plugin object (module) and run its ``ppokit_register`` hook.
+
+        Its registrations are committed only if the whole hook succeeds.
+        """
+        record = PluginRecord(name, distribution, version)
+        self.plugins[name] = record
+        try:
+            self.pm.register(plugin, name=name)
+            impls = [
+                impl
+                for impl in self.pm.hook.ppokit_register.get_hookimpls()
+                if impl.plugin_name == name
+            ]
+            pending: list[ComponentInfo] = []
+
+            def register(
+                kind: str,
+                cname: str,
+                factory: object,
+                *,
+                params: type[BaseModel] | None = None,
+                summary: str = "",
+                requires: Iterable[str] = (),
+                formula: str = "",
+                source: str = "",
+            ) -> None:
+                pending.append(
+                    self._make_info(
+                        kind, cname, factory, name, version, params, summary, requires,
+                        formula, source,
+                    )
+                )
+
+            for impl in impls:
+                impl.function(register=register)
+        except Exception as exc:  # one broken plugin never breaks the others
+            record.error = f"{type(exc).__name__}: {exc}"
+            record.traceback = traceback.format_exc()  # type: ignore[attr-defined]
+            if self.pm.is_registered(plugin):
+                self.pm.unregister(plugin)
+            return record
+        for info in pending:
+            self._add(info, record)
+        return record
+
+    def _make_info(
+        self,
+        kind: str,
+        name: str,
+        factory: object,
+        plugin: str,
+        version: str | None,
+        params: type[BaseModel] | None,
+        summary: str,
+        requires: Iterable[str],
+        formula: str,
+        source: str,
+    ) -> ComponentInfo:
+        if kind not in KINDS:
+            raise RegistryError(f"unknown component kind {kind!r}{suggest(kind, KINDS)}")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise RegistryError(f"component name {name!r} must be an identifier")
+        if not (callable(factory) or isinstance(factory, str)):
+            raise RegistryError(f"{kind} {name!r}: factory must be callable or 'module:attr'")
+        if params is not None and not (
+            isinstance(params, type) and issubclass(params, BaseModel)
+        ):
+            raise RegistryError(f"{kind} {name!r}: params must be a pydantic model class")
+        if not requires and not isinstance(factory, str):
+            requires = getattr(factory, "requires", ())
+        requires = tuple(requires)
+        for r in requires:
+            if r not in REQUIREMENTS:
+                raise RegistryError(
+                    f"{kind} {name!r} requires unknown batch field {r!r}{suggest(r, REQUIREMENTS)}"
+                )
+        if not summary:
+            doc = "" if isinstance(factory, str) else inspect.getdoc(factory) or ""
+            summary = doc.split("\n")[0].strip()
+        return ComponentInfo(
+            kind=kind,
+            name=name,
+            factory=factory,
+            plugin=plugin,
+            version=version,
+            summary=summary,
+            requires=requires,
+            source=source,
+            _params=params,
+            _formula=formula,
+        )
+
+    def _add(self, info: ComponentInfo, record: PluginRecord) -> None:
+        key = (info.kind, info.name)
+        record.components.append(key)
+        if key in self._conflicts:
+            self._conflicts[key].append(info.plugin)
+            return
+        existing = self._components.get(key)
+        if existing is not None:
+            self._conflicts[key] = [existing.plugin, info.plugin]
+            del self._components[key]
+            return
+        self._components[key] = info
+
+    def load_entry_points(self, only: set[str] | None = None) -> None:
+        """Load installed plugins of the ``ppokit`` entry-point group (``only``: by name)."""
+        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = getattr(ep, "dist", None)
+            dist_name = dist.metadata["Name"] if dist is not None else None
+            if only is not None and ep.name not in only and dist_name not in only:
+                continue
+            version = dist.version if dist is not None else None
+            try:
+                module = ep.load()
+            except Exception as exc:
+                record = PluginRecord(ep.name, dist_name, version, error=f"{type(exc).__name__}: {exc}")
+                self.plugins[ep.name] = record
+                continue
+            self.load_plugin(ep.name, module, distribution=dist_name, version=version)
+
+    def conflict_errors(self) -> list[str]:
+        return [
+            f"{kind} {name!r} is registered by more than one plugin: "
+            + ", ".join(plugins)
+            for (kind, name), plugins in sorted(self._conflicts.items())
+        ]
+
+    @property
+    def failed(self) -> list[PluginRecord]:
+        return [p for p in self.plugins.values() if not p.ok]
+
+    # ---------------------------------------------------------------- lookup
+    def kinds(self) -> tuple[str, ...]:
+        return KINDS
+
+    def names(self, kind: str) -> list[str]:
+        self._check_kind(kind)
+        return sorted(n for (k, n) in self._components if k == kind)
+
+    def components(self, kind: str | None = None) -> list[ComponentInfo]:
+        if kind is not None:
+            self._check_kind(kind)
+        return [
+            self._components[key]
+            for key in sorted(self._components, key=lambda kn: (KINDS.index(kn[0]), kn[1]))
+            if kind is None or key[0] == kind
+        ]
+
+    def _check_kind(self, kind: str) -> None:
+        if kind not in KINDS:
+            raise RegistryError(f"unknown component kind {kind!r}{suggest(kind, KINDS)}")
+
+    def has(self, kind: str, name: str) -> bool:
+        return (kind, name) in self._components
+
+    def info(self, kind: str, name: str) -> ComponentInfo:
+        self._check_kind(kind)
+        key = (kind, name)
+        if key in self._conflicts:
+            raise RegistryError(
+                f"{kind} {name!r} is registered by more than one plugin ("
+                + ", ".join(self._conflicts[key])
+                + "); uninstall one or choose with PPOKIT_LOAD_PLUGINS"
+            )
+        try:
+            return self._components[key]
+        except KeyError:
+            raise RegistryError(
+                f"unknown {kind} {name!r}{suggest(str(name), self.names(kind))}"
+            ) from None
+
+    def create(self, kind: str, name: str, **params: Any) -> Any:
+        """Build a component from validated parameters."""
+        info = self.info(kind, name)
+        try:
+            model = info.validate(params)
+        except ValidationError as err:
+            raise RegistryError(
+                f"{kind} {name!r}: " + "; ".join(format_validation_error(err))
+            ) from None
+        values = {k: getattr(model, k) for k in type(model).model_fields}
+        component = info.load()(**values)
+        return component
+
+
+def _plugin_filter() -> set[str] | None:
+    raw = os.environ.get("PPOKIT_LOAD_PLUGINS")
+    if raw is None:
+        return None
+    return {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def build_registry(strict: bool | None = None) -> Registry:
+    """A fresh registry: the built-ins, then the installed plugins that the environment allows.
+
+    ``PPOKIT_LOAD_PLUGINS=a,b`` loads only those plugins ('' = built-ins only);
+    ``PPOKIT_STRICT_PLUGINS=1`` turns a broken plugin or a conflicting name into an error.
+    """
+    if strict is None:
+        strict = os.environ.get("PPOKIT_STRICT_PLUGINS", "") not in ("", "0", "false")
+    registry = Registry()
+    from ppokit import builtins
+
+    registry.load_plugin(
+        BUILTIN_PLUGIN, builtins, distribution="ppokit", version=_own_version()
+    )
+    registry.load_entry_points(_plugin_filter())
+    if strict:
+        problems = [f"plugin {p.name}: {p.error}" for p in registry.failed]
+        problems += registry.conflict_errors()
+        if problems:
+            raise RegistryError("; ".join(problems))
+    return registry
+
+
+def _own_version() -> str | None:
+    from ppokit import __version__
+
+    return __version__
+
+
+@lru_cache(maxsize=1)
+def get_registry() -> Registry:
+    """The process-wide registry, built once on first use."""
+    return build_registry()
+
+
+def reset_registry() -> None:
+    """Forget the cached registry (after installing a plugin, or changing the env switches)."""
+    get_registry.cache_clear()

