@@ -1,0 +1,1 @@
+"""Pure tensor math, one module per component kind. Imports torch and ppokit.batch only."""
