@@ -1,0 +1,16 @@
+"""Errors a user can cause. The CLI prints their message on one line and exits non-zero."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem the user can fix (bad input, missing optional dependency, bad checkpoint)."""
+
+
+class MissingDependency(UserError):
+    """An optional dependency is not installed; the message says how to install it."""
+
+    def __init__(self, package: str, purpose: str, install: str | None = None) -> None:
+        install = install or f"pip install {package}"
+        super().__init__(f"{purpose} needs the '{package}' package: {install}")
+        self.package = package
