@@ -1,0 +1,44 @@
+"""Registers the ``hlgauss`` regression loss. Torch-free: the math is imported lazily."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+import ppokit
+
+
+class HLGaussParams(BaseModel):
+    """Parameters of the HL-Gauss critic loss."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bins: int = Field(51, ge=2, le=4096, description="number of value bins K")
+    vmin: float = Field(-1.0, description="lower edge of the value support")
+    vmax: float = Field(1.0, description="upper edge of the value support")
+    sigma_ratio: float = Field(
+        0.75, gt=0, description="Gaussian width in bin widths (sigma = ratio * (vmax - vmin) / K)"
+    )
+
+    @model_validator(mode="after")
+    def _support(self) -> HLGaussParams:
+        if not self.vmax > self.vmin:
+            raise ValueError(f"vmax must be greater than vmin, got [{self.vmin}, {self.vmax}]")
+        return self
+
+
+@ppokit.hookimpl
+def ppokit_register(register):  # type: ignore[no-untyped-def]
+    register(
+        "regression_loss",
+        "hlgauss",
+        "ppokit_hlgauss.loss:HLGaussLoss",
+        params=HLGaussParams,
+        summary="Distributional critic: cross-entropy to a Gaussian-smoothed histogram target",
+        formula=(
+            "p_k(Y) = [Phi((z_{k+1} - Y)/sigma) - Phi((z_k - Y)/sigma)] / "
+            "[Phi((z_K - Y)/sigma) - Phi((z_0 - Y)/sigma)];  "
+            "l = -sum_k p_k(Y) log softmax(h)_k;  V = sum_k softmax(h)_k c_k"
+        ),
+        source="Stop Regressing: Training Value Functions via Classification for Scalable "
+        "Deep RL (Farebrother et al., 2024), arXiv:2403.03950",
+    )
