@@ -1,9 +1,170 @@
-"""Catalogue of the built-in reward components (torch-free)."""
+"""Catalogue of the built-in reward components (torch-free).
+
+A reward is called as ``reward(prompts, responses, **fields)`` and returns one float32 score
+per response; ``fields`` hold the data row's columns (e.g. ``answer``) plus ``lengths`` and
+``truncated``. The implementations live in :mod:`ppokit.rewards`.
+"""
 
 from __future__ import annotations
 
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ppokit.builtins._base import Params
 from ppokit.hookspecs import Register
+
+__all__ = [
+    "DemoParams",
+    "ExactMatchParams",
+    "HFClassifierParams",
+    "LengthPenaltyParams",
+    "MathVerifyParams",
+    "RegexParams",
+    "register_components",
+]
+
+_TULU3 = (
+    "Tulu 3: Pushing Frontiers in Open Language Model Post-Training "
+    "(Lambert et al., 2024), arXiv:2411.15124"
+)
+_R1 = (
+    "DeepSeek-R1: Incentivizing Reasoning Capability in LLMs via Reinforcement Learning "
+    "(DeepSeek-AI, 2025), arXiv:2501.12948"
+)
+_DAPO = (
+    "DAPO: An Open-Source LLM Reinforcement Learning System at Scale "
+    "(Yu et al., 2025), arXiv:2503.14476"
+)
+_INSTRUCTGPT = (
+    "Training language models to follow instructions with human feedback "
+    "(Ouyang et al., 2022), arXiv:2203.02155"
+)
+
+
+class MathVerifyParams(Params):
+    field: str = Field("answer", description="data column holding the gold answer")
+    correct: float = Field(1.0, description="reward when the answers agree")
+    incorrect: float = Field(0.0, description="reward otherwise (including unparsable text)")
+
+
+class ExactMatchParams(Params):
+    field: str = Field("answer", description="data column holding the expected response")
+    strip: bool = Field(True, description="ignore leading and trailing whitespace")
+    case_sensitive: bool = Field(False, description="compare case-sensitively")
+
+
+class RegexParams(Params):
+    pattern: str = Field(description="a Python regular expression")
+    field: str | None = Field(
+        None, description="data column the first capture group must equal (None: any match)"
+    )
+    mode: Literal["search", "fullmatch"] = Field(
+        "search", description="'search' anywhere in the response or 'fullmatch' all of it"
+    )
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _group_for_field(self) -> RegexParams:
+        if self.field is not None and re.compile(self.pattern).groups < 1:
+            raise ValueError(
+                f"pattern {self.pattern!r} needs a capture group when 'field' is set "
+                f"(the first group is compared with {self.field!r})"
+            )
+        return self
+
+
+class LengthPenaltyParams(Params):
+    target: int = Field(0, ge=0, description="tokens allowed without penalty")
+    scale: float = Field(0.01, ge=0, description="penalty per token beyond target")
+    max_length: int | None = Field(
+        None, ge=1, description="lengths beyond this count as max_length (caps the penalty)"
+    )
+
+    @model_validator(mode="after")
+    def _max_above_target(self) -> LengthPenaltyParams:
+        if self.max_length is not None and self.max_length <= self.target:
+            raise ValueError(
+                f"max_length ({self.max_length}) must be greater than target ({self.target})"
+            )
+        return self
+
+
+class HFClassifierParams(Params):
+    path: str = Field(description="local directory of a sequence-classification model")
+    label: int | str | None = Field(
+        None,
+        description="index or name of the positive label (probability of it); "
+        "None: the raw logit of a single-logit head",
+    )
+    batch_size: int = Field(16, ge=1, description="responses per forward pass")
+    max_length: int = Field(512, ge=1, description="tokens of prompt + response kept")
+    device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:N'")
+
+
+class DemoParams(Params):
+    pass
 
 
 def register_components(register: Register) -> None:
-    pass
+    register(
+        "reward",
+        "math_verify",
+        "ppokit.rewards:MathVerifyReward",
+        params=MathVerifyParams,
+        summary="1 when the response's final answer is mathematically equal to the gold answer",
+        formula="r = correct if verify(parse(answer), parse(response)) else incorrect",
+        source=_TULU3,
+    )
+    register(
+        "reward",
+        "exact_match",
+        "ppokit.rewards:ExactMatchReward",
+        params=ExactMatchParams,
+        summary="1 when the response equals the expected text (after normalisation)",
+        formula="r = 1[norm(response) == norm(answer)], norm = strip and casefold by default",
+        source=_TULU3,
+    )
+    register(
+        "reward",
+        "regex",
+        "ppokit.rewards:RegexReward",
+        params=RegexParams,
+        summary="1 when a regular expression matches (optionally capturing the answer)",
+        formula="r = 1[pattern matches response] (and group(1) == field when field is set)",
+        source=_R1,
+    )
+    register(
+        "reward",
+        "length_penalty",
+        "ppokit.rewards:LengthPenaltyReward",
+        params=LengthPenaltyParams,
+        summary="linear penalty on response tokens beyond a target length",
+        formula="r = -scale * max(0, min(L, max_length) - target)",
+        source=_DAPO,
+    )
+    register(
+        "reward",
+        "hf_classifier",
+        "ppokit.rewards:HFClassifierReward",
+        params=HFClassifierParams,
+        summary="a local Hugging Face sequence classifier scoring (prompt, response) pairs",
+        formula="r = p(label | prompt, response), or the logit of a single-logit head",
+        source=_INSTRUCTGPT,
+    )
+    register(
+        "reward",
+        "demo",
+        "ppokit.tasks.demo:DemoReward",
+        params=DemoParams,
+        summary="Reward of the built-in demo task",
+    )

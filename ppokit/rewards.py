@@ -1,0 +1,352 @@
+"""The built-in reward components.
+
+Every reward is called as ``reward(prompts, responses, **fields)`` and returns float32 scores
+``[B]``, one per response. ``fields`` hold one list entry per response: every column of the
+prompt's data row (e.g. ``answer``) plus ``lengths`` (response tokens) and ``truncated``. A
+reward ignores the fields it does not use and raises a :class:`~ppokit.errors.UserError`
+naming a field it needs but did not get. The catalogue (parameters, summaries) is
+:mod:`ppokit.builtins.reward`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ppokit.errors import MissingDependency, UserError
+
+__all__ = [
+    "ExactMatchReward",
+    "HFClassifierReward",
+    "LengthPenaltyReward",
+    "MathVerifyReward",
+    "RegexReward",
+    "require_field",
+]
+
+#: Seconds math-verify may spend parsing or comparing one answer (main thread only).
+MATH_VERIFY_TIMEOUT = 5
+
+
+def require_field(fields: dict[str, Any], name: str, reward: str, count: int) -> Sequence[Any]:
+    """``fields[name]``, checked to hold one entry per response.
+
+    A missing field is a :class:`UserError` naming it and the fields that were given.
+    """
+    if name not in fields:
+        given = ", ".join(sorted(fields)) or "none"
+        raise UserError(
+            f"the {reward} reward needs the field {name!r} (a column of the data rows); "
+            f"fields given: {given}"
+        )
+    values = fields[name]
+    if len(values) != count:
+        raise UserError(
+            f"the {reward} reward got {len(values)} values of {name!r} for {count} responses"
+        )
+    return values
+
+
+def _scores(values: Sequence[float]) -> torch.Tensor:
+    return torch.tensor(list(values), dtype=torch.float32)
+
+
+class MathVerifyReward:
+    """r = correct if verify(parse(answer), parse(response)) else incorrect.
+
+    The gold answer and the response are parsed with the ``math-verify`` library (LaTeX,
+    ``\\boxed{}`` and plain expressions), so ``\\frac{1}{2}`` matches ``0.5``. Anything that
+    fails to parse, raises or times out counts as incorrect. math-verify's timeouts use
+    ``signal.alarm``, which works only on the main thread; elsewhere they are disabled.
+
+    Source: Tulu 3: Pushing Frontiers in Open Language Model Post-Training (Lambert et al.,
+    2024), arXiv:2411.15124 (reinforcement learning with verifiable rewards).
+    """
+
+    def __init__(self, field: str = "answer", correct: float = 1.0, incorrect: float = 0.0):
+        try:
+            from math_verify import parse, verify
+        except ImportError:
+            raise MissingDependency(
+                "math-verify", "the math_verify reward", "pip install 'ppokit[math]'"
+            ) from None
+        self.field = field
+        self.correct = correct
+        self.incorrect = incorrect
+        self._parse: Callable[..., list[Any]] = parse
+        self._verify: Callable[..., bool] = verify
+
+    @staticmethod
+    def _timeout() -> int | None:
+        on_main = threading.current_thread() is threading.main_thread()
+        return MATH_VERIFY_TIMEOUT if on_main else None
+
+    def _parse_text(self, text: str, timeout: int | None) -> list[Any]:
+        try:
+            return self._parse(text, parsing_timeout=timeout)
+        except Exception:
+            return []
+
+    def parse_gold(self, answer: Any, timeout: int | None) -> list[Any]:
+        """The parsed gold answer; a bare LaTeX answer is retried inside ``$...$``."""
+        text = str(answer).strip()
+        parsed = self._parse_text(text, timeout)
+        if not parsed and text:
+            parsed = self._parse_text(f"${text}$", timeout)
+        return parsed
+
+    def is_correct(self, gold: list[Any], response: str, timeout: int | None) -> bool:
+        if not gold:
+            return False
+        target = self._parse_text(response, timeout)
+        if not target:
+            return False
+        try:
+            return bool(self._verify(gold, target, timeout_seconds=timeout))
+        except Exception:
+            return False
+
+    def __call__(self, prompts: list[str], responses: list[str], **fields: Any) -> torch.Tensor:
+        answers = require_field(fields, self.field, "math_verify", len(responses))
+        timeout = self._timeout()
+        golds: dict[str, list[Any]] = {}
+        out = []
+        for answer, response in zip(answers, responses, strict=True):
+            key = str(answer)
+            if key not in golds:
+                golds[key] = self.parse_gold(answer, timeout)
+            ok = self.is_correct(golds[key], response, timeout)
+            out.append(self.correct if ok else self.incorrect)
+        return _scores(out)
+
+
+class ExactMatchReward:
+    """r = 1[norm(response) == norm(answer)].
+
+    ``norm`` strips surrounding whitespace (``strip``) and case-folds unless
+    ``case_sensitive``. Non-string answers are compared through ``str()``.
+
+    Source: Tulu 3: Pushing Frontiers in Open Language Model Post-Training (Lambert et al.,
+    2024), arXiv:2411.15124.
+    """
+
+    def __init__(self, field: str = "answer", strip: bool = True, case_sensitive: bool = False):
+        self.field = field
+        self.strip = strip
+        self.case_sensitive = case_sensitive
+
+    def normalise(self, text: Any) -> str:
+        text = str(text)
+        if self.strip:
+            text = text.strip()
+        if not self.case_sensitive:
+            text = text.casefold()
+        return text
+
+    def __call__(self, prompts: list[str], responses: list[str], **fields: Any) -> torch.Tensor:
+        answers = require_field(fields, self.field, "exact_match", len(responses))
+        return _scores(
+            float(self.normalise(r) == self.normalise(a))
+            for r, a in zip(responses, answers, strict=True)
+        )
+
+
+class RegexReward:
+    """r = 1[pattern matches the response], and with ``field`` set also group(1) == field.
+
+    ``mode="search"`` matches anywhere, ``"fullmatch"`` the whole response. With ``field``,
+    the first capture group and the field are compared after stripping whitespace; a group
+    that did not participate in the match scores 0.
+
+    Source: DeepSeek-R1: Incentivizing Reasoning Capability in LLMs via Reinforcement
+    Learning (DeepSeek-AI, 2025), arXiv:2501.12948 (rule-based format rewards).
+    """
+
+    def __init__(self, pattern: str, field: str | None = None, mode: str = "search"):
+        self.regex = re.compile(pattern)
+        self.field = field
+        if mode not in ("search", "fullmatch"):
+            raise UserError(f"regex reward: mode must be 'search' or 'fullmatch', got {mode!r}")
+        self.mode = mode
+        if field is not None and self.regex.groups < 1:
+            raise UserError(f"regex reward: pattern {pattern!r} needs a capture group")
+
+    def score(self, response: str, expected: Any | None) -> float:
+        match = getattr(self.regex, self.mode)(response)
+        if match is None:
+            return 0.0
+        if self.field is None:
+            return 1.0
+        group = match.group(1)
+        return float(group is not None and group.strip() == str(expected).strip())
+
+    def __call__(self, prompts: list[str], responses: list[str], **fields: Any) -> torch.Tensor:
+        if self.field is None:
+            expected: Sequence[Any] = [None] * len(responses)
+        else:
+            expected = require_field(fields, self.field, "regex", len(responses))
+        return _scores(self.score(r, e) for r, e in zip(responses, expected, strict=True))
+
+
+class LengthPenaltyReward:
+    """r = -scale · max(0, min(L, max_length) - target), L the response length in tokens.
+
+    Responses up to ``target`` tokens are not penalised; each token beyond costs ``scale``.
+    With ``max_length`` the length is capped, so the penalty never exceeds
+    ``scale · (max_length - target)``. With ``target = L_max - L_cache``,
+    ``scale = 1 / L_cache`` and ``max_length = L_max`` this is DAPO's soft overlong
+    punishment (0, then linear down to -1 at L_max, then -1).
+
+    Source: DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al.,
+    2025), arXiv:2503.14476.
+    """
+
+    def __init__(self, target: int = 0, scale: float = 0.01, max_length: int | None = None):
+        self.target = target
+        self.scale = scale
+        self.max_length = max_length
+
+    def __call__(self, prompts: list[str], responses: list[str], **fields: Any) -> torch.Tensor:
+        raw = require_field(fields, "lengths", "length_penalty", len(responses))
+        lengths = torch.as_tensor(raw).to(torch.float32)
+        if self.max_length is not None:
+            lengths = lengths.clamp(max=float(self.max_length))
+        return -self.scale * (lengths - float(self.target)).clamp(min=0.0)
+
+
+class HFClassifierReward:
+    """r = softmax(f(prompt, response))[label], or the logit of a single-logit head.
+
+    ``f`` is a local ``AutoModelForSequenceClassification`` reading the (prompt, response)
+    text pair, truncated to ``max_length`` tokens. The model and tokenizer are loaded from
+    ``path`` on first use (``local_files_only``: nothing is downloaded), kept on the
+    instance, and run in eval mode without gradients, ``batch_size`` pairs at a time.
+
+    Source: Training language models to follow instructions with human feedback (Ouyang
+    et al., 2022), arXiv:2203.02155 (a learned reward model).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        label: int | str | None = None,
+        batch_size: int = 16,
+        max_length: int = 512,
+        device: str = "auto",
+    ):
+        self.path = Path(path).expanduser()
+        if not self.path.is_dir():
+            raise UserError(
+                f"hf_classifier reward: model directory not found: {path} "
+                "(a local directory of a sequence-classification model)"
+            )
+        self.label = label
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.device = device
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._label_index: int | None = None
+        self._inputs: frozenset[str] = frozenset()
+
+    def _resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def _resolve_label(self, config: Any) -> int | None:
+        num_labels = int(config.num_labels)
+        if self.label is None:
+            if num_labels != 1:
+                names = ", ".join(repr(n) for n in config.id2label.values())
+                raise UserError(
+                    f"hf_classifier reward: the model has {num_labels} labels ({names}): "
+                    "set 'label' to the index or name of the positive one"
+                )
+            return None
+        if num_labels < 2:
+            raise UserError(
+                "hf_classifier reward: the model has a single-logit head: leave 'label' unset "
+                "to use its logit"
+            )
+        if isinstance(self.label, str):
+            label2id = {str(k): int(v) for k, v in config.label2id.items()}
+            if self.label not in label2id:
+                raise UserError(
+                    f"hf_classifier reward: unknown label {self.label!r}; "
+                    f"the model's labels are {sorted(label2id)}"
+                )
+            return label2id[self.label]
+        if not 0 <= self.label < num_labels:
+            raise UserError(
+                f"hf_classifier reward: label index {self.label} out of range "
+                f"for {num_labels} labels"
+            )
+        return self.label
+
+    def load(self) -> None:
+        """Load the tokenizer and model (once)."""
+        if self._model is not None:
+            return
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                str(self.path), local_files_only=True
+            )
+        except (OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"hf_classifier reward: cannot load {self.path}: {first}") from None
+        if tokenizer.pad_token is None:
+            if tokenizer.eos_token is None:
+                raise UserError(
+                    f"hf_classifier reward: the tokenizer in {self.path} has neither a pad "
+                    "nor an eos token"
+                )
+            tokenizer.pad_token = tokenizer.eos_token
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = tokenizer.pad_token_id
+        self._label_index = self._resolve_label(model.config)
+        model.to(self._resolve_device())
+        model.eval()
+        self._inputs = frozenset(inspect.signature(model.forward).parameters)
+        self._model = model
+        self._tokenizer = tokenizer
+
+    def _score_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        if self._label_index is None:
+            return logits[:, 0]
+        return logits.softmax(dim=-1)[:, self._label_index]
+
+    @torch.no_grad()
+    def __call__(self, prompts: list[str], responses: list[str], **fields: Any) -> torch.Tensor:
+        if len(prompts) != len(responses):
+            raise UserError(
+                f"hf_classifier reward: {len(prompts)} prompts for {len(responses)} responses"
+            )
+        self.load()
+        device = next(self._model.parameters()).device
+        if not responses:
+            return torch.zeros(0, dtype=torch.float32, device=device)
+        chunks = []
+        for start in range(0, len(responses), self.batch_size):
+            stop = start + self.batch_size
+            enc = self._tokenizer(
+                list(prompts[start:stop]),
+                list(responses[start:stop]),
+                truncation=True,
+                max_length=self.max_length,
+                padding=True,
+                return_tensors="pt",
+            )
+            inputs = {k: v.to(device) for k, v in enc.items() if k in self._inputs}
+            chunks.append(self._score_logits(self._model(**inputs).logits))
+        return torch.cat(chunks)
