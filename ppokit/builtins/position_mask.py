@@ -2,8 +2,39 @@
 
 from __future__ import annotations
 
+from ppokit.builtins._base import Params
 from ppokit.hookspecs import Register
+
+MODULE = "ppokit.components.position_mask"
+
+
+class NoParams(Params):
+    pass
 
 
 def register_components(register: Register) -> None:
-    pass
+    register(
+        "position_mask",
+        "response",
+        f"{MODULE}:ResponseMask",
+        params=NoParams,
+        summary="Every response token",
+        formula="m_t = response_mask_t",
+    )
+    register(
+        "position_mask",
+        "completed",
+        f"{MODULE}:CompletedMask",
+        params=NoParams,
+        summary="Response tokens of rows that ended with EOS (truncated rows get 0)",
+        formula="m_t = response_mask_t * (1 - truncated)",
+        requires=("truncated",),
+    )
+    register(
+        "position_mask",
+        "last_token",
+        f"{MODULE}:LastTokenMask",
+        params=NoParams,
+        summary="Only each row's last response token",
+        formula="m_t = 1 if t is the row's last response position else 0",
+    )

@@ -2,8 +2,51 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
+from ppokit.builtins._base import Params
 from ppokit.hookspecs import Register
+
+MODULE = "ppokit.components.prompt_weight"
+DAPO = (
+    "DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al., 2025), "
+    "arXiv:2503.14476"
+)
+
+
+class NoParams(Params):
+    pass
+
+
+class PassRateVarianceParams(Params):
+    normalize: bool = Field(True, description="rescale the weights to mean 1 over the batch")
 
 
 def register_components(register: Register) -> None:
-    pass
+    register(
+        "prompt_weight",
+        "uniform",
+        f"{MODULE}:Uniform",
+        params=NoParams,
+        summary="Every prompt weighs 1",
+        formula="w = 1",
+    )
+    register(
+        "prompt_weight",
+        "pass_rate_variance",
+        f"{MODULE}:PassRateVariance",
+        params=PassRateVarianceParams,
+        summary="Bernoulli variance of the group's pass rate: prompts solved half the time weigh most",
+        formula="p = clamp(group mean of R, 0, 1); w = p (1 - p), divided by mean(w) if normalize",
+        requires=("group_ids",),
+    )
+    register(
+        "prompt_weight",
+        "informative_groups",
+        f"{MODULE}:InformativeGroups",
+        params=NoParams,
+        summary="1 for groups whose rewards are not all equal, else 0 (dynamic sampling as a weight)",
+        formula="w = 1[max_group R > min_group R]",
+        requires=("group_ids",),
+        source=DAPO,
+    )

@@ -2,8 +2,88 @@
 
 from __future__ import annotations
 
+from pydantic import Field, model_validator
+
+from ppokit.builtins._base import Params
 from ppokit.hookspecs import Register
+
+MODULE = "ppokit.components.truncation"
+DAPO = (
+    "DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al., 2025), "
+    "arXiv:2503.14476"
+)
+
+
+class NoParams(Params):
+    pass
+
+
+class PenaltyParams(Params):
+    value: float = Field(-1.0, description="outcome reward of a truncated response")
+
+
+class SoftOverlongParams(Params):
+    max_length: int = Field(..., gt=0, description="hard length limit L_max")
+    buffer: int = Field(..., gt=0, description="punishment ramps up over the last `buffer` tokens")
+    factor: float = Field(1.0, description="punishment at and beyond max_length")
+
+    @model_validator(mode="after")
+    def _buffer_below_max(self) -> SoftOverlongParams:
+        if self.buffer >= self.max_length:
+            raise ValueError(
+                f"buffer must be smaller than max_length, got buffer={self.buffer}, "
+                f"max_length={self.max_length}"
+            )
+        return self
 
 
 def register_components(register: Register) -> None:
-    pass
+    register(
+        "truncation",
+        "terminal",
+        f"{MODULE}:Terminal",
+        params=NoParams,
+        summary="Truncated rows are treated as ended (value after the last token is 0)",
+        formula="bootstrap_values := None",
+    )
+    register(
+        "truncation",
+        "bootstrap",
+        f"{MODULE}:Bootstrap",
+        params=NoParams,
+        summary="Truncated rows bootstrap from the critic's value of the next state",
+        formula="V(s_after_last) = bootstrap_value on truncated rows",
+        requires=("truncated", "bootstrap_values"),
+        source="Time Limits in Reinforcement Learning (Pardo et al., 2018), arXiv:1712.00378",
+    )
+    register(
+        "truncation",
+        "exclude",
+        f"{MODULE}:Exclude",
+        params=NoParams,
+        summary="Truncated rows are removed from the actor and critic losses (overlong filtering)",
+        formula="response_mask[i, :] := False for truncated i",
+        requires=("truncated",),
+        source=DAPO,
+    )
+    register(
+        "truncation",
+        "penalty",
+        f"{MODULE}:Penalty",
+        params=PenaltyParams,
+        summary="A truncated row's outcome reward is replaced by a fixed value",
+        formula="r_{i,t} := value at the row's last position, else 0, for truncated i",
+        requires=("truncated",),
+    )
+    register(
+        "truncation",
+        "soft_overlong",
+        f"{MODULE}:SoftOverlong",
+        params=SoftOverlongParams,
+        summary="DAPO's soft overlong punishment added to the outcome reward, by length",
+        formula=(
+            "L_c = max_length - buffer; R += 0 if L <= L_c; "
+            "(L_c - L) / buffer * factor if L_c < L <= max_length; -factor if L > max_length"
+        ),
+        source=DAPO,
+    )

@@ -1,0 +1,111 @@
+"""Prompt weights: hand-computed cases and properties over generated batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppokit.batch import RolloutBatch
+from ppokit.components.prompt_weight import InformativeGroups, PassRateVariance, Uniform
+from ppokit.registry import RegistryError, build_registry
+from tests.strategies import batches
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+def _outcome_batch(scores: list[float], groups: list[int], garbage: float = 0.0) -> RolloutBatch:
+    """Two response positions per row; the outcome sits on the second, garbage on a third
+    (masked) position."""
+    b = len(scores)
+    rewards = torch.zeros(b, 3)
+    rewards[:, 1] = torch.tensor(scores)
+    rewards[:, 2] = garbage
+    mask = torch.tensor([[True, True, False]] * b)
+    return RolloutBatch(response_mask=mask, token_rewards=rewards, group_ids=torch.tensor(groups))
+
+
+def test_hand_computed():
+    # groups: {1, 0} -> p = 1/2; {1, 1} -> p = 1; {0.5, 0.5} -> p = 1/2
+    batch = _outcome_batch([1.0, 0.0, 1.0, 1.0, 0.5, 0.5], [4, 4, 9, 9, 2, 2], garbage=7.0)
+    torch.testing.assert_close(Uniform()(batch), torch.ones(6))
+    raw = PassRateVariance(normalize=False)(batch)
+    torch.testing.assert_close(raw, torch.tensor([0.25, 0.25, 0.0, 0.0, 0.25, 0.25]))
+    # mean of the raw weights is 1/6
+    torch.testing.assert_close(
+        PassRateVariance()(batch), torch.tensor([1.5, 1.5, 0.0, 0.0, 1.5, 1.5])
+    )
+    torch.testing.assert_close(
+        InformativeGroups()(batch), torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    )
+
+
+def test_pass_rate_is_clamped_to_zero_one():
+    batch = _outcome_batch([2.0, 3.0, -1.0, -4.0, 0.8, 0.0], [0, 0, 1, 1, 2, 2])
+    # p = 2.5 -> 1, p = -2.5 -> 0, p = 0.4 -> 0.24
+    torch.testing.assert_close(
+        PassRateVariance(normalize=False)(batch), torch.tensor([0, 0, 0, 0, 0.24, 0.24])
+    )
+
+
+def test_all_zero_weights_stay_zero():
+    batch = _outcome_batch([1.0, 1.0, 0.0, 0.0], [0, 0, 1, 1])
+    out = PassRateVariance()(batch)
+    assert torch.equal(out, torch.zeros(4))
+    assert torch.equal(InformativeGroups()(batch), torch.zeros(4))
+
+
+def _reference_informative(scores: list[float], groups: list[int]) -> list[float]:
+    values: dict[int, set[float]] = {}
+    for s, g in zip(scores, groups, strict=True):
+        values.setdefault(g, set()).add(s)
+    return [1.0 if len(values[g]) > 1 else 0.0 for g in groups]
+
+
+@SETTINGS
+@given(batches(outcome_only=True), st.booleans())
+def test_weights_are_per_group_and_bounded(batch, normalize):
+    index = batch.group_index
+    for w in (Uniform()(batch), PassRateVariance(normalize)(batch), InformativeGroups()(batch)):
+        assert w.dtype == torch.float32
+        assert w.shape == (batch.batch_size,)
+        # one weight per prompt: constant over each group
+        torch.testing.assert_close(batch.group_mean(w), w)
+        assert (w >= 0).all()
+    raw = PassRateVariance(normalize=False)(batch)
+    assert (raw <= 0.25).all()
+    norm = PassRateVariance()(batch)
+    if (raw > 0).any():
+        torch.testing.assert_close(norm.mean(), torch.tensor(1.0))
+        torch.testing.assert_close(norm * raw.mean(), raw)
+    else:
+        assert torch.equal(norm, torch.zeros_like(norm))
+    expected = _reference_informative(batch.scores.tolist(), index.tolist())
+    assert InformativeGroups()(batch).tolist() == expected
+
+
+@SETTINGS
+@given(batches(), st.booleans())
+def test_masked_rewards_never_matter(batch, normalize):
+    noise = torch.randn(batch.token_rewards.shape) * 10
+    other = batch.replace(
+        token_rewards=torch.where(
+            batch.response_mask, batch.token_rewards, noise.to(batch.token_rewards.dtype)
+        )
+    )
+    for w in (PassRateVariance(normalize), InformativeGroups()):
+        assert torch.equal(w(batch), w(other))
+
+
+def test_registry_builds_weights():
+    registry = build_registry()
+    assert registry.create("prompt_weight", "pass_rate_variance").normalize is True
+    assert (
+        registry.create("prompt_weight", "pass_rate_variance", normalize=False).normalize is False
+    )
+    for name in ("pass_rate_variance", "informative_groups"):
+        assert registry.info("prompt_weight", name).requires == ("group_ids",)
+    assert "2503.14476" in registry.info("prompt_weight", "informative_groups").source
+    with pytest.raises(RegistryError, match="normalise: Extra inputs"):
+        registry.create("prompt_weight", "pass_rate_variance", normalise=True)
