@@ -1,0 +1,248 @@
+"""Benchmark of the advantage estimators and critic targets.
+
+For each component and shape: the median time of the component, of a direct per-step Python
+loop over t implementing the same formula (vectorised over B; group estimators: a loop over
+groups), and of copying the tensors the component reads once (``clone()``). Prints ms and the
+ratios loop/ours and ours/copy.
+
+    python benchmarks/components.py [--quick] [--repeats N]
+
+``--quick`` runs only the smallest shape. At T = 32768 the loop is timed on the first
+``LOOP_SLICE`` positions and scaled linearly in T (marked ``*`` in the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ppokit.batch import RolloutBatch
+from ppokit.registry import get_registry
+
+SHAPES = ((64, 1024), (256, 4096), (64, 32768))
+LOOP_SLICE = 4096
+
+
+# ----------------------------------------------------------------------------- loops
+def _zeros(batch: RolloutBatch) -> Tensor:
+    return torch.zeros(batch.batch_size, batch.seq_len)
+
+
+def _masked(batch: RolloutBatch, x: Tensor | None) -> Tensor:
+    assert x is not None
+    return torch.where(batch.response_mask, x.float(), 0.0)
+
+
+def loop_scan(x: Tensor, mask: Tensor, discount: float | Tensor, init: Tensor) -> Tensor:
+    """y_t = x_t + d * y_next over True positions, one Python step per t."""
+    out = torch.zeros_like(x)
+    acc = init.clone()
+    for t in range(x.shape[1] - 1, -1, -1):
+        m = mask[:, t]
+        acc = torch.where(m, x[:, t] + discount * acc, acc)
+        out[:, t] = torch.where(m, acc, 0.0)
+    return out
+
+
+def loop_gae(batch: RolloutBatch, gamma: float, lam: float | Tensor) -> Tensor:
+    mask = batch.response_mask
+    r, v = _masked(batch, batch.token_rewards), _masked(batch, batch.values)
+    out = _zeros(batch)
+    v_next = batch.terminal_values.clone()
+    acc = torch.zeros(batch.batch_size)
+    for t in range(batch.seq_len - 1, -1, -1):
+        m = mask[:, t]
+        delta = r[:, t] + gamma * v_next - v[:, t]
+        acc = torch.where(m, delta + gamma * lam * acc, acc)
+        v_next = torch.where(m, v[:, t], v_next)
+        out[:, t] = torch.where(m, acc, 0.0)
+    return out
+
+
+def loop_returns(batch: RolloutBatch, gamma: float, bootstrap: bool) -> Tensor:
+    init = batch.terminal_values if bootstrap else torch.zeros(batch.batch_size)
+    return loop_scan(_masked(batch, batch.token_rewards), batch.response_mask, gamma, init)
+
+
+def loop_td0(batch: RolloutBatch, gamma: float) -> Tensor:
+    mask = batch.response_mask
+    r, v = _masked(batch, batch.token_rewards), _masked(batch, batch.values)
+    out = _zeros(batch)
+    v_next = batch.terminal_values.clone()
+    for t in range(batch.seq_len - 1, -1, -1):
+        m = mask[:, t]
+        out[:, t] = torch.where(m, r[:, t] + gamma * v_next, 0.0)
+        v_next = torch.where(m, v[:, t], v_next)
+    return out
+
+
+def whiten(x: Tensor, mask: Tensor) -> Tensor:
+    sel = x[mask]
+    return torch.where(mask, (x - sel.mean()) / torch.sqrt(sel.var() + 1e-8), 0.0)
+
+
+def loop_groups(batch: RolloutBatch, fn: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """Per-row advantage from a Python loop over groups, broadcast over the row."""
+    scores = batch.scores
+    assert batch.group_ids is not None
+    adv = torch.zeros_like(scores)
+    for g in batch.group_ids.unique().tolist():
+        rows = batch.group_ids == g
+        adv[rows] = fn(scores[rows], batch.lengths[rows].float())
+    return torch.where(batch.response_mask, adv[:, None], 0.0)
+
+
+def _centred(s: Tensor, _: Tensor) -> Tensor:
+    return s - s.mean() if len(s) > 1 else s
+
+
+def _grpo(s: Tensor, _: Tensor) -> Tensor:
+    return (s - s.mean()) / (s.std() + 1e-6) if len(s) > 1 else s / (1 + 1e-6)
+
+
+def _rloo(s: Tensor, _: Tensor) -> Tensor:
+    return (s - (s.sum() - s) / (len(s) - 1)) if len(s) > 1 else s
+
+
+def _opo(s: Tensor, lengths: Tensor) -> Tensor:
+    return s - (lengths * s).sum() / lengths.sum() if len(s) > 1 else s
+
+
+def _lengths_lam(batch: RolloutBatch) -> Tensor:
+    return (1 - 1 / (0.05 * batch.lengths.float())).clamp(0, 1)
+
+
+def _baseline(batch: RolloutBatch) -> Tensor:
+    assert batch.baseline_rewards is not None
+    return batch.baseline_rewards.float()[:, None]
+
+
+LOOPS: dict[tuple[str, str], Callable[[RolloutBatch], Tensor]] = {
+    ("advantage", "gae"): lambda b: whiten(loop_gae(b, 1.0, 0.95), b.response_mask),
+    ("advantage", "mc"): lambda b: torch.where(
+        b.response_mask, loop_returns(b, 1.0, True) - _masked(b, b.values), 0.0
+    ),
+    ("advantage", "length_adaptive_gae"): lambda b: whiten(
+        loop_gae(b, 1.0, _lengths_lam(b)), b.response_mask
+    ),
+    ("advantage", "grpo"): lambda b: loop_groups(b, _grpo),
+    ("advantage", "dr_grpo"): lambda b: loop_groups(b, _centred),
+    ("advantage", "rloo"): lambda b: loop_groups(b, _rloo),
+    ("advantage", "reinforce_pp"): lambda b: whiten(loop_returns(b, 1.0, False), b.response_mask),
+    ("advantage", "reinforce_pp_baseline"): lambda b: whiten(
+        loop_groups(b, _centred), b.response_mask
+    ),
+    ("advantage", "remax"): lambda b: torch.where(
+        b.response_mask, loop_returns(b, 1.0, False) - _baseline(b), 0.0
+    ),
+    ("advantage", "opo"): lambda b: loop_groups(b, _opo),
+    ("critic_target", "lambda_return"): lambda b: torch.where(
+        b.response_mask, loop_gae(b, 1.0, 1.0) + _masked(b, b.values), 0.0
+    ),
+    ("critic_target", "mc_return"): lambda b: loop_returns(b, 1.0, True),
+    ("critic_target", "td0"): lambda b: loop_td0(b, 1.0),
+}
+
+#: Whether the loop walks over t (sliced and scaled at long T) or over groups.
+TIME_LOOPS = {key for key in LOOPS if key[1] not in {"grpo", "dr_grpo", "rloo", "opo"}} - {
+    ("advantage", "reinforce_pp_baseline")
+}
+
+
+# ----------------------------------------------------------------------------- timing
+def make_batch(b: int, t: int, seed: int = 0) -> RolloutBatch:
+    """Ragged rows (lengths in [T/2, T]), 10% masked gaps, groups of 8, some truncated."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(t // 2, t + 1, (b, 1), generator=gen)
+    mask = torch.arange(t)[None, :] < lengths
+    mask &= torch.rand(b, t, generator=gen) > 0.1
+    return RolloutBatch(
+        response_mask=mask,
+        token_rewards=torch.randn(b, t, generator=gen),
+        values=torch.randn(b, t, generator=gen),
+        group_ids=torch.arange(b) // 8,
+        truncated=torch.rand(b, generator=gen) < 0.2,
+        bootstrap_values=torch.randn(b, generator=gen),
+        baseline_rewards=torch.randn(b, generator=gen),
+    )
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def read_fields(kind: str, name: str) -> tuple[str, ...]:
+    requires = get_registry().info(kind, name).requires
+    return ("response_mask", "token_rewards", *requires)
+
+
+@dataclass
+class Row:
+    component: str
+    shape: tuple[int, int]
+    ours: float
+    loop: float
+    copy: float
+    scaled: bool
+
+
+def bench(kind: str, name: str, batch: RolloutBatch, repeats: int) -> Row:
+    component = get_registry().create(kind, name)
+    fields = [getattr(batch, f) for f in read_fields(kind, name)]
+    ours = median_ms(lambda: component(batch.replace()), repeats)
+    copy = median_ms(lambda: [f.clone() for f in fields], repeats)
+    loop_fn = LOOPS[(kind, name)]
+    t = batch.seq_len
+    scaled = (kind, name) in TIME_LOOPS and t > LOOP_SLICE
+    if scaled:
+        part = batch.replace(**{f: getattr(batch, f)[:, :LOOP_SLICE] for f in _token_fields(batch)})
+        loop = median_ms(lambda: loop_fn(part.replace()), 1) * t / LOOP_SLICE
+    else:
+        loop = median_ms(lambda: loop_fn(batch.replace()), max(1, repeats // 3))
+    return Row(f"{kind}.{name}", tuple(batch.response_mask.shape), ours, loop, copy, scaled)
+
+
+def _token_fields(batch: RolloutBatch) -> list[str]:
+    return [
+        f
+        for f in ("response_mask", "token_rewards", "values", "logp_old", "logp_ref")
+        if batch.has(f)
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="only the smallest shape")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement")
+    args = parser.parse_args()
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}")
+    header = f"{'component':<38}{'B x T':>12}{'ours ms':>10}{'loop ms':>11}{'copy ms':>9}"
+    print(header + f"{'loop/ours':>11}{'ours/copy':>11}")
+    for b, t in shapes:
+        batch = make_batch(b, t)
+        for kind, name in LOOPS:
+            row = bench(kind, name, batch, args.repeats)
+            mark = "*" if row.scaled else " "
+            print(
+                f"{row.component:<38}{f'{b}x{t}':>12}{row.ours:>10.2f}{row.loop:>10.1f}{mark}"
+                f"{row.copy:>9.2f}{row.loop / row.ours:>11.1f}{row.ours / row.copy:>11.2f}",
+                flush=True,
+            )
+    print(f"* loop timed on the first {LOOP_SLICE} positions and scaled linearly in T")
+
+
+if __name__ == "__main__":
+    main()

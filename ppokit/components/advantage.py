@@ -1,0 +1,212 @@
+"""Advantage estimators: ``est(batch) -> A [B, T]`` float32, detached, 0 at masked positions.
+
+Token-level estimators run the reverse discounted scan of :mod:`ppokit.components._scan`;
+group estimators compare each response's score R_i = batch.scores with statistics of its
+group (``batch.group_mean`` / ``group_std``) and broadcast the result over the row. A group of
+one response has baseline 0 (and, for GRPO, standard deviation 1).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ppokit.batch import RolloutBatch
+from ppokit.components._scan import batch_whiten, broadcast_rows, gae, returns_to_go
+
+__all__ = [
+    "GAE",
+    "GRPO",
+    "OPO",
+    "RLOO",
+    "DrGRPO",
+    "LengthAdaptiveGAE",
+    "MonteCarlo",
+    "ReMax",
+    "ReinforcePP",
+    "ReinforcePPBaseline",
+]
+
+
+def _group_max(batch: RolloutBatch, x: Tensor) -> Tensor:
+    """Per-row maximum of x [B] over the row's group, float32 [B]."""
+    out = torch.full_like(x, -torch.inf)
+    out = out.scatter_reduce(0, batch.group_index, x, reduce="amax")
+    return out[batch.group_index]
+
+
+def _centred_scores(batch: RolloutBatch, weights: Tensor | None = None) -> Tensor:
+    """R_i - (weighted) mean_g R, float32 [B]; R_i itself for a group of one (baseline 0).
+
+    The mean is taken of R - max_g R and shifted back, so that a group of equal scores gives
+    exactly 0 (a rounded mean would leave a residue that GRPO's 1/std turns into noise).
+    """
+    scores = batch.scores
+    shift = _group_max(batch, scores)
+    centred = (scores - shift) - batch.group_mean(scores - shift, weights=weights)
+    return torch.where(batch.group_sizes > 1, centred, scores)
+
+
+class GAE:
+    """A_t = delta_t + gamma * lam * A_next, delta_t = r_t + gamma * V(next) - V_t.
+
+    Batch-whitened when ``whiten``. Source: High-Dimensional Continuous Control Using
+    Generalized Advantage Estimation (Schulman et al., 2015), arXiv:1506.02438.
+    """
+
+    requires = ("values",)
+
+    def __init__(self, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True) -> None:
+        self.gamma, self.lam, self.whiten = gamma, lam, whiten
+
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        adv = gae(batch, self.gamma, self.lam)
+        return batch_whiten(adv, batch.maskf) if self.whiten else adv
+
+
+class MonteCarlo:
+    """A_t = G_t - V_t, G_t = r_t + gamma * G_next, G after the last token = terminal value.
+
+    Batch-whitened when ``whiten``. Source: Proximal Policy Optimization Algorithms
+    (Schulman et al., 2017), arXiv:1707.06347 (Monte-Carlo advantage with a value baseline).
+    """
+
+    requires = ("values",)
+
+    def __init__(self, gamma: float = 1.0, whiten: bool = False) -> None:
+        self.gamma, self.whiten = gamma, whiten
+
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        assert batch.values is not None
+        mask = batch.response_mask
+        returns = returns_to_go(batch, self.gamma, bootstrap=True)
+        adv = torch.where(mask, returns - batch.values.float(), torch.zeros_like(returns))
+        return batch_whiten(adv, batch.maskf) if self.whiten else adv
+
+
+class LengthAdaptiveGAE:
+    """GAE with a per-row lam = clamp(1 - 1 / (alpha * length), 0, 1).
+
+    Batch-whitened when ``whiten``. Source: VAPO: Efficient and Reliable Reinforcement Learning
+    for Advanced Reasoning Tasks (Yue et al., 2025), arXiv:2504.05118.
+    """
+
+    requires = ("values",)
+
+    def __init__(self, gamma: float = 1.0, alpha: float = 0.05, whiten: bool = True) -> None:
+        self.gamma, self.alpha, self.whiten = gamma, alpha, whiten
+
+    def lam(self, batch: RolloutBatch) -> Tensor:
+        """The per-row lam, float32 [B] (0 for an empty row)."""
+        lengths = batch.lengths.float()
+        return (1.0 - 1.0 / (self.alpha * lengths)).clamp(0.0, 1.0)
+
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        adv = gae(batch, self.gamma, self.lam(batch))
+        return batch_whiten(adv, batch.maskf) if self.whiten else adv
+
+
+class GRPO:
+    """A_i = (R_i - mean_g R) / (std_g R + eps), std unbiased, broadcast over the row.
+
+    Source: DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models
+    (Shao et al., 2024), arXiv:2402.03300.
+    """
+
+    requires = ("group_ids",)
+
+    def __init__(self, eps: float = 1e-6) -> None:
+        self.eps = eps
+
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        std = torch.where(batch.group_sizes > 1, batch.group_std(batch.scores), 1.0)
+        adv = _centred_scores(batch) / (std + self.eps)
+        return broadcast_rows(adv, batch.response_mask)
+
+
+class DrGRPO:
+    """A_i = R_i - mean_g R, broadcast over the row (GRPO without the std normalisation).
+
+    Source: Understanding R1-Zero-Like Training: A Critical Perspective (Liu et al., 2025),
+    arXiv:2503.20783.
+    """
+
+    requires = ("group_ids",)
+
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        return broadcast_rows(_centred_scores(batch), batch.response_mask)
+
+
+class RLOO:
+    """A_i = R_i - mean_{j != i} R_j = n / (n - 1) * (R_i - mean_g R); A_i = R_i alone.
+
+    Source: Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human
+    Feedback in LLMs (Ahmadian et al., 2024), arXiv:2402.14740.
+    """
+
+    requires = ("group_ids",)
+
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        n = batch.group_sizes
+        scale = torch.where(n > 1, n / (n - 1).clamp_min(1), 1.0)
+        adv = scale * _centred_scores(batch)
+        return broadcast_rows(adv, batch.response_mask)
+
+
+class ReinforcePP:
+    """A_t = batch-whitened reward-to-go G_t = r_t + gamma * G_next (G = 0 after the last token).
+
+    Source: REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models
+    (Hu, 2025), arXiv:2501.03262.
+    """
+
+    def __init__(self, gamma: float = 1.0) -> None:
+        self.gamma = gamma
+
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        returns = returns_to_go(batch, self.gamma, bootstrap=False)
+        return batch_whiten(returns, batch.maskf)
+
+
+class ReinforcePPBaseline:
+    """A_i = R_i - mean_g R broadcast over the row, then batch-whitened.
+
+    Source: REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models
+    (Hu, 2025), arXiv:2501.03262 (the group-baseline variant).
+    """
+
+    requires = ("group_ids",)
+
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        adv = broadcast_rows(_centred_scores(batch), batch.response_mask)
+        return batch_whiten(adv, batch.maskf)
+
+
+class ReMax:
+    """A_t = sum_{s >= t} r_s - b_i, with b_i the score of the greedy baseline response.
+
+    Source: ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
+    Large Language Models (Li et al., 2023), arXiv:2310.10505.
+    """
+
+    requires = ("baseline_rewards",)
+
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        assert batch.baseline_rewards is not None
+        mask = batch.response_mask
+        returns = returns_to_go(batch, 1.0, bootstrap=False)
+        return returns - broadcast_rows(batch.baseline_rewards, mask)
+
+
+class OPO:
+    """A_i = R_i - sum_j l_j R_j / sum_j l_j over the group, l = response length.
+
+    The length-weighted baseline is optimal for sequence-level rewards. Source: On-Policy RL
+    with Optimal Reward Baseline (Hao et al., 2025), arXiv:2505.23585.
+    """
+
+    requires = ("group_ids",)
+
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        adv = _centred_scores(batch, weights=batch.lengths)
+        return broadcast_rows(adv, batch.response_mask)

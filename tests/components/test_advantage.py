@@ -1,0 +1,450 @@
+"""Advantage estimators: loop references, identities, masking, groups, hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppokit.batch import RolloutBatch
+from ppokit.registry import get_registry
+from tests.components import reference
+from tests.strategies import batches
+
+NAMES = (
+    "gae",
+    "mc",
+    "length_adaptive_gae",
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "remax",
+    "opo",
+)
+FAST = settings(max_examples=60, deadline=None)
+
+
+def make(name: str, **params):
+    return get_registry().create("advantage", name, **params)
+
+
+def close(a: torch.Tensor, ref: torch.Tensor, tol: float = 1e-5) -> bool:
+    """Elementwise, relative to the scale of the reference."""
+    scale = 1.0 + ref.abs().max().item() if ref.numel() else 1.0
+    return bool(((a.double() - ref).abs() <= tol * scale).all())
+
+
+def group_sums(batch: RolloutBatch, per_row: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(batch.batch_size, dtype=torch.float64).index_add_(
+        0, batch.group_index, per_row.double()
+    )
+
+
+def row_values(batch: RolloutBatch, adv: torch.Tensor) -> torch.Tensor:
+    """The per-row constant of a broadcast advantage (0 for an empty row)."""
+    return adv.sum(dim=1) / batch.lengths.clamp_min(1)
+
+
+# ---------------------------------------------------------------- registry and params
+def test_all_registered_with_sources():
+    reg = get_registry()
+    for name in NAMES:
+        info = reg.info("advantage", name)
+        assert "arXiv:" in info.source
+        assert info.formula
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("gae", {"lam": 1.5}),
+        ("gae", {"gamma": -0.1}),
+        ("length_adaptive_gae", {"alpha": 0}),
+        ("grpo", {"eps": -1.0}),
+        ("rloo", {"eps": 1.0}),
+    ],
+)
+def test_invalid_params_rejected(name, params):
+    with pytest.raises(LookupError):
+        make(name, **params)
+
+
+# ---------------------------------------------------------------- generic contract
+@FAST
+@given(batches(), st.sampled_from(NAMES))
+def test_contract_masked_zero_float32_detached(batch, name):
+    adv = make(name)(batch)
+    assert adv.dtype == torch.float32 and adv.shape == batch.response_mask.shape
+    assert not adv.requires_grad
+    assert bool((adv[~batch.response_mask] == 0).all())
+    assert torch.isfinite(adv).all()
+
+
+@FAST
+@given(batches(dtype=torch.float32), st.sampled_from(NAMES))
+def test_masked_garbage_and_padding_never_matter(batch, name):
+    est = make(name)
+    adv = est(batch)
+    mask = batch.response_mask
+    noise = torch.randn(mask.shape) * 100
+    changed = batch.replace(
+        token_rewards=torch.where(mask, batch.token_rewards, noise),
+        values=torch.where(mask, batch.values, -noise),
+    )
+    assert torch.equal(est(changed), adv)
+    extra = 3
+    b = batch.batch_size
+
+    def pad(x, fill):
+        return torch.cat([x, torch.full((b, extra), fill, dtype=x.dtype)], dim=1)
+
+    padded = batch.replace(
+        response_mask=pad(mask, False),
+        token_rewards=pad(batch.token_rewards, 7.0),
+        values=pad(batch.values, -3.0),
+        logp_old=pad(batch.logp_old, 0.0),
+        logp_ref=pad(batch.logp_ref, 0.0),
+    )
+    assert torch.allclose(est(padded)[:, : mask.shape[1]], adv, atol=1e-6)
+
+
+@FAST
+@given(batches(dtype=torch.float32), st.sampled_from(NAMES), st.randoms(use_true_random=False))
+def test_row_order_does_not_matter(batch, name, rnd):
+    perm = list(range(batch.batch_size))
+    rnd.shuffle(perm)
+    index = torch.tensor(perm)
+    est = make(name)
+    assert torch.allclose(est(batch.rows(index)), est(batch)[index], atol=1e-5)
+
+
+@FAST
+@given(batches(dtype=torch.float32), st.sampled_from(NAMES))
+def test_bfloat16_inputs_close_to_float32(batch, name):
+    est = make(name)
+    fields = {
+        f: getattr(batch, f)
+        for f in (
+            "token_rewards",
+            "values",
+            "bootstrap_values",
+            "baseline_rewards",
+            "logp_old",
+            "logp_ref",
+        )
+    }
+    low = batch.replace(**{k: v.bfloat16() for k, v in fields.items()})
+    rounded = batch.replace(**{k: v.bfloat16().float() for k, v in fields.items()})
+    out = est(low)
+    assert out.dtype == torch.float32
+    assert torch.allclose(out, est(rounded), rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- GAE family
+@FAST
+@given(batches(), st.floats(0, 1), st.floats(0, 1))
+def test_gae_equals_loop(batch, gamma, lam):
+    adv = make("gae", gamma=gamma, lam=lam, whiten=False)(batch)
+    assert close(adv, reference.gae(batch, gamma, lam))
+
+
+@FAST
+@given(batches(), st.floats(0, 1), st.floats(0, 1))
+def test_gae_recursion(batch, gamma, lam):
+    """A_t = delta_t + gamma lam A_next with next = next unmasked position of the row."""
+    adv = make("gae", gamma=gamma, lam=lam, whiten=False)(batch)
+    mask = batch.response_mask
+    r = torch.where(mask, batch.token_rewards.double(), 0.0)
+    v = torch.where(mask, batch.values.double(), 0.0)
+    v_next = reference.next_values(batch.values, mask, batch.terminal_values)
+    a_next = reference.next_values(adv, mask, torch.zeros(batch.batch_size))
+    delta = torch.where(mask, r + gamma * v_next - v, 0.0)
+    assert close(adv, delta + gamma * lam * a_next)
+
+
+@FAST
+@given(batches(), st.floats(0, 1))
+def test_gae_lam_zero_is_td_error(batch, gamma):
+    adv = make("gae", gamma=gamma, lam=0.0, whiten=False)(batch)
+    mask = batch.response_mask
+    v_next = reference.next_values(batch.values, mask, batch.terminal_values)
+    delta = torch.where(
+        mask, batch.token_rewards.double() + gamma * v_next - batch.values.double(), 0.0
+    )
+    assert close(adv, delta)
+
+
+@FAST
+@given(batches(outcome_only=True, truncation=False))
+def test_gae_telescopes_to_outcome_minus_value(batch):
+    """Terminal-only reward, gamma = lam = 1, terminal value 0: A_t = R - V_t."""
+    adv = make("gae", gamma=1.0, lam=1.0, whiten=False)(batch)
+    expected = reference.broadcast(batch, batch.scores.tolist()) - torch.where(
+        batch.response_mask, batch.values.double(), 0.0
+    )
+    assert close(adv, expected)
+
+
+@FAST
+@given(batches())
+def test_gae_whitened_is_batch_whitened_loop(batch):
+    adv = make("gae")(batch)
+    ref = reference.whiten(reference.gae(batch, 1.0, 0.95), batch.response_mask)
+    assert close(adv, ref, 1e-4)
+
+
+@FAST
+@given(batches(), st.floats(0, 1))
+def test_mc_equals_loop(batch, gamma):
+    adv = make("mc", gamma=gamma)(batch)
+    ref = reference.returns(batch, gamma, bootstrap=True) - torch.where(
+        batch.response_mask, batch.values.double(), 0.0
+    )
+    assert close(adv, ref)
+
+
+@FAST
+@given(batches(), st.floats(0.001, 10))
+def test_length_adaptive_gae_per_row_lam(batch, alpha):
+    adv = make("length_adaptive_gae", alpha=alpha, whiten=False)(batch)
+    lam = (1 - 1 / (alpha * batch.lengths.double())).clamp(0, 1)
+    assert close(adv, reference.gae(batch, 1.0, lam))
+
+
+@FAST
+@given(batches(gaps=False, dtype=torch.float32), st.integers(1, 12), st.floats(0.01, 1))
+def test_length_adaptive_gae_equals_gae_at_its_lam(batch, length, alpha):
+    t = batch.seq_len
+    mask = torch.arange(t)[None, :] < min(length, t)
+    batch = batch.replace(response_mask=mask.expand(batch.batch_size, t).contiguous())
+    n = float(mask.sum())
+    lam = min(max(1 - 1 / (alpha * n), 0.0), 1.0)
+    adaptive = make("length_adaptive_gae", alpha=alpha)(batch)
+    assert torch.allclose(adaptive, make("gae", lam=lam)(batch), atol=1e-5)
+
+
+@FAST
+@given(batches(), st.floats(0, 1))
+def test_reinforce_pp_whitened_reward_to_go(batch, gamma):
+    adv = make("reinforce_pp", gamma=gamma)(batch)
+    ref = reference.whiten(reference.returns(batch, gamma, bootstrap=False), batch.response_mask)
+    assert close(adv, ref, 1e-4)
+
+
+@FAST
+@given(batches())
+def test_remax_reward_to_go_minus_baseline(batch):
+    adv = make("remax")(batch)
+    ref = reference.returns(batch, 1.0, bootstrap=False) - reference.broadcast(
+        batch, batch.baseline_rewards.float().tolist()
+    )
+    assert close(adv, ref)
+
+
+# ---------------------------------------------------------------- group estimators
+def _group_reference(batch: RolloutBatch, name: str) -> torch.Tensor:
+    scores = batch.scores.double().tolist()
+    lengths = batch.lengths.double().tolist()
+    per_row = [0.0] * batch.batch_size
+    for rows in reference.group_rows(batch):
+        n = len(rows)
+        s = [scores[i] for i in rows]
+        mean = sum(s) / n if n > 1 else 0.0
+        std = (sum((x - mean) ** 2 for x in s) / (n - 1)) ** 0.5 if n > 1 else 1.0
+        total_len = sum(lengths[i] for i in rows)
+        weighted = sum(lengths[i] * scores[i] for i in rows) / total_len if total_len else 0.0
+        for i in rows:
+            per_row[i] = {
+                "grpo": (scores[i] - mean) / (std + 1e-6),
+                "dr_grpo": scores[i] - mean,
+                "rloo": scores[i] - (sum(s) - scores[i]) / (n - 1) if n > 1 else scores[i],
+                "reinforce_pp_baseline": scores[i] - mean,
+                "opo": scores[i] - (weighted if n > 1 else 0.0),
+            }[name]
+    out = reference.broadcast(batch, per_row)
+    if name == "reinforce_pp_baseline":
+        out = reference.whiten(out, batch.response_mask)
+    return out
+
+
+GROUPED = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "opo")
+
+
+@FAST
+@given(batches(), st.sampled_from(GROUPED))
+def test_group_estimators_equal_reference(batch, name):
+    assert close(make(name)(batch), _group_reference(batch, name), 1e-4)
+
+
+@FAST
+@given(batches(min_group=2), st.sampled_from(("grpo", "dr_grpo", "rloo")))
+def test_group_advantages_sum_to_zero(batch, name):
+    per_row = row_values(batch, make(name)(batch))
+    nonempty = batch.lengths > 0
+    # empty rows have a score of 0 and still count in their group: use the row constant
+    per_row = torch.where(nonempty, per_row, _empty_row_value(batch, name))
+    assert torch.allclose(
+        group_sums(batch, per_row), torch.zeros(batch.batch_size, dtype=torch.float64), atol=1e-4
+    )
+
+
+def _empty_row_value(batch: RolloutBatch, name: str) -> torch.Tensor:
+    mean = batch.group_mean(batch.scores)
+    n = batch.group_sizes
+    value = -mean
+    if name == "grpo":
+        value = value / (batch.group_std(batch.scores) + 1e-6)
+    if name == "rloo":
+        value = value * n / (n - 1)
+    return value
+
+
+@FAST
+@given(batches(min_group=2))
+def test_opo_length_weighted_sum_is_zero(batch):
+    per_row = row_values(batch, make("opo")(batch))
+    weighted = group_sums(batch, per_row * batch.lengths)
+    assert torch.allclose(weighted, torch.zeros_like(weighted), atol=1e-3)
+
+
+@FAST
+@given(batches())
+def test_rloo_is_scaled_dr_grpo(batch):
+    n = batch.group_sizes[:, None]
+    scale = torch.where(n > 1, n / (n - 1).clamp_min(1), 1.0)
+    assert torch.allclose(make("rloo")(batch), scale * make("dr_grpo")(batch), atol=1e-5)
+
+
+@FAST
+@given(batches(outcome_only=True, min_group=2), st.sampled_from(GROUPED), st.floats(-3, 3))
+def test_equal_rewards_give_zero(batch, name, reward):
+    mask = batch.response_mask
+    rewards = torch.zeros(mask.shape, dtype=batch.token_rewards.dtype)
+    rewards[batch.last_mask] = reward
+    rewards = torch.where(mask.any(dim=1, keepdim=True), rewards, 0.0)
+    # rows must all carry the reward: drop empty rows' groups by giving every row a token
+    mask = mask.clone()
+    mask[:, 0] = True
+    last = batch.replace(response_mask=mask).last_mask
+    rewards = torch.where(last, torch.tensor(reward, dtype=rewards.dtype), 0.0)
+    adv = make(name)(batch.replace(response_mask=mask, token_rewards=rewards))
+    assert torch.allclose(adv, torch.zeros_like(adv), atol=1e-4)
+
+
+# ---------------------------------------------------------------- bootstrap
+@FAST
+@given(batches(truncation=True), st.floats(0, 1), st.floats(0, 1))
+def test_bootstrap_changes_gae_by_discounted_terminal(batch, gamma, lam):
+    """Adding V_T on a truncated row adds (gamma lam)^k gamma V_T, k = positions to the end."""
+    est = make("gae", gamma=gamma, lam=lam, whiten=False)
+    mask = batch.response_mask
+    without = est(batch.replace(truncated=torch.zeros_like(batch.truncated)))
+    with_boot = est(batch)
+    remaining = mask.flip(1).cumsum(1).flip(1) - 1  # True positions after t, gaps excluded
+    term = batch.terminal_values.double()[:, None]
+    expected = (gamma * lam) ** remaining.double() * gamma * term
+    expected = torch.where(mask, expected, 0.0)
+    assert close(with_boot - without, expected)
+
+
+# ---------------------------------------------------------------- hand-computed
+def _hand_batch() -> RolloutBatch:
+    """Two rows, T = 4. Row 0: tokens at 0, 1, 3 (gap at 2), row 1: tokens at 0, 1."""
+    return RolloutBatch(
+        response_mask=torch.tensor([[1, 1, 0, 1], [1, 1, 0, 0]], dtype=torch.bool),
+        token_rewards=torch.tensor([[0.0, 0.5, 9.0, 1.0], [0.0, 2.0, 9.0, 9.0]]),
+        values=torch.tensor([[0.5, 0.25, 9.0, 0.5], [1.0, 0.5, 9.0, 9.0]]),
+        group_ids=torch.tensor([4, 4]),
+        truncated=torch.tensor([False, True]),
+        bootstrap_values=torch.tensor([5.0, 2.0]),
+        baseline_rewards=torch.tensor([1.0, 0.5]),
+    )
+
+
+def test_gae_hand_computed():
+    # gamma = 1, lam = 0.5. Row 0 (terminal 0): deltas at 3, 1, 0:
+    #   d3 = 1 - 0.5 = 0.5; d1 = 0.5 + 0.5 - 0.25 = 0.75; d0 = 0 + 0.25 - 0.5 = -0.25
+    #   A3 = 0.5, A1 = 0.75 + 0.25 = 1.0, A0 = -0.25 + 0.5 = 0.25
+    # Row 1 (truncated, terminal 2): d1 = 2 + 2 - 0.5 = 3.5, d0 = 0 + 0.5 - 1 = -0.5
+    #   A1 = 3.5, A0 = -0.5 + 1.75 = 1.25
+    adv = make("gae", gamma=1.0, lam=0.5, whiten=False)(_hand_batch())
+    assert torch.allclose(adv, torch.tensor([[0.25, 1.0, 0.0, 0.5], [1.25, 3.5, 0.0, 0.0]]))
+
+
+def test_gae_whitened_hand_computed():
+    # values 0.25, 1.0, 0.5, 1.25, 3.5: mean 1.3, unbiased var = 6.675 / 4 = 1.66875
+    adv = make("gae", gamma=1.0, lam=0.5)(_hand_batch())
+    raw = torch.tensor([[0.25, 1.0, 0.0, 0.5], [1.25, 3.5, 0.0, 0.0]])
+    mask = _hand_batch().maskf
+    expected = (raw - 1.3) / (1.66875 + 1e-8) ** 0.5 * mask
+    assert torch.allclose(adv, expected, atol=1e-6)
+
+
+def test_mc_hand_computed():
+    # gamma = 0.5. Row 0: G3 = 1, G1 = 0.5 + 0.5 = 1, G0 = 0 + 0.5 = 0.5; minus V
+    # Row 1: G1 = 2 + 0.5 * 2 = 3, G0 = 1.5; minus V
+    adv = make("mc", gamma=0.5)(_hand_batch())
+    assert torch.allclose(adv, torch.tensor([[0.0, 0.75, 0.0, 0.5], [0.5, 2.5, 0.0, 0.0]]))
+
+
+def test_length_adaptive_gae_hand_computed():
+    # alpha = 1: lam0 = 1 - 1/3 = 2/3 (length 3), lam1 = 1 - 1/2 = 1/2 (length 2)
+    # Row 0: A3 = 0.5, A1 = 0.75 + 0.5 * 2/3 = 13/12, A0 = -0.25 + 13/12 * 2/3 = 17/36
+    # Row 1: as GAE with lam 0.5: 1.25, 3.5
+    adv = make("length_adaptive_gae", alpha=1.0, whiten=False)(_hand_batch())
+    expected = torch.tensor([[17 / 36, 13 / 12, 0.0, 0.5], [1.25, 3.5, 0.0, 0.0]])
+    assert torch.allclose(adv, expected)
+
+
+def _scores_batch() -> RolloutBatch:
+    """Scores 1, 0, 2 (group a, lengths 1, 2, 1) and 5 (group b alone, length 1)."""
+    mask = torch.tensor([[1, 0], [1, 1], [1, 0], [1, 0]], dtype=torch.bool)
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0], [2.0, 0.0], [5.0, 0.0]])
+    return RolloutBatch(
+        response_mask=mask, token_rewards=rewards, group_ids=torch.tensor([0, 0, 0, 1])
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "per_row"),
+    [
+        # mean 1, std 1 in group a; alone: R / (1 + eps)
+        ("grpo", [0.0, -1 / (1 + 1e-6), 1 / (1 + 1e-6), 5 / (1 + 1e-6)]),
+        ("dr_grpo", [0.0, -1.0, 1.0, 5.0]),
+        # leave-one-out means 1, 1.5, 0.5
+        ("rloo", [0.0, -1.5, 1.5, 5.0]),
+        # length-weighted mean (1 + 0 + 2) / 4 = 0.75
+        ("opo", [0.25, -0.75, 1.25, 5.0]),
+    ],
+)
+def test_group_hand_computed(name, per_row):
+    batch = _scores_batch()
+    expected = torch.tensor(per_row)[:, None] * batch.maskf
+    assert torch.allclose(make(name)(batch), expected)
+
+
+def test_reinforce_pp_baseline_hand_computed():
+    # per-token values 0, -1, -1, 1, 5: mean 0.8, unbiased var = (0.64+3.24*2+0.04+17.64)/4 = 6.2
+    batch = _scores_batch()
+    raw = torch.tensor([[0.0, 0.0], [-1.0, -1.0], [1.0, 0.0], [5.0, 0.0]])
+    expected = (raw - 0.8) / (6.2 + 1e-8) ** 0.5 * batch.maskf
+    assert torch.allclose(make("reinforce_pp_baseline")(batch), expected, atol=1e-6)
+
+
+def test_reinforce_pp_hand_computed():
+    # gamma = 0.5, rewards-to-go: row 0: [1, 1, -, 1] -> G0 = 0 + 0.5*1 = 0.5 ... computed:
+    # row 0: G3 = 1, G1 = 0.5 + 0.5 = 1, G0 = 0.5; row 1: G1 = 2, G0 = 1 (no bootstrap)
+    # values 0.5, 1, 1, 1, 2: mean 1.1, unbiased var = (0.36+0.01*3+0.81)/4 = 0.3
+    adv = make("reinforce_pp", gamma=0.5)(_hand_batch())
+    raw = torch.tensor([[0.5, 1.0, 0.0, 1.0], [1.0, 2.0, 0.0, 0.0]])
+    expected = (raw - 1.1) / (0.3 + 1e-8) ** 0.5 * _hand_batch().maskf
+    assert torch.allclose(adv, expected, atol=1e-6)
+
+
+def test_remax_hand_computed():
+    # reward-to-go row 0: [1.5, 1.5, -, 1] - 1; row 1: [2, 2] - 0.5
+    adv = make("remax")(_hand_batch())
+    assert torch.allclose(adv, torch.tensor([[0.5, 0.5, 0.0, 0.0], [1.5, 1.5, 0.0, 0.0]]))

@@ -1,0 +1,148 @@
+"""The vectorised reverse scan equals the per-step loop, gaps, per-row discounts and long T."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppokit.components._scan import (
+    Compaction,
+    batch_whiten,
+    dense_reverse_scan,
+    discounted_reverse_cumsum,
+    next_values,
+)
+from tests.components import reference
+
+DISCOUNTS = st.one_of(st.sampled_from([0.0, 1.0, 0.5, 0.99]), st.floats(0.0, 1.0))
+
+
+def assert_matches(y: torch.Tensor, ref: torch.Tensor) -> None:
+    """Elementwise |y - ref| <= 1e-5 |ref| + 1e-6, with y float32."""
+    assert y.dtype == torch.float32
+    err = (y.double() - ref).abs()
+    bound = 1e-5 * ref.abs() + 1e-6
+    assert bool((err <= bound).all()), f"max error {err.max():.3g}"
+
+
+@st.composite
+def scan_inputs(draw: st.DrawFn, max_rows: int = 6, max_len: int = 200):
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    b = draw(st.integers(1, max_rows))
+    t = draw(st.integers(1, max_len))
+    density = draw(st.sampled_from([1.0, 0.9, 0.5, 0.1]))
+    mask = torch.from_numpy(rng.random((b, t)) < density)
+    x = torch.from_numpy(rng.standard_normal((b, t)).astype(np.float32))
+    return x, mask
+
+
+@settings(max_examples=80, deadline=None)
+@given(scan_inputs(), DISCOUNTS)
+def test_scan_equals_loop_scalar_discount(inputs, d):
+    x, mask = inputs
+    assert_matches(discounted_reverse_cumsum(x, mask, d), reference.reverse_scan(x, mask, d))
+
+
+@settings(max_examples=60, deadline=None)
+@given(scan_inputs(), st.data())
+def test_scan_equals_loop_per_row_discount(inputs, data):
+    x, mask = inputs
+    d = torch.tensor(
+        data.draw(st.lists(DISCOUNTS, min_size=x.shape[0], max_size=x.shape[0])),
+        dtype=torch.float32,
+    )
+    assert_matches(discounted_reverse_cumsum(x, mask, d), reference.reverse_scan(x, mask, d))
+
+
+@settings(max_examples=50, deadline=None)
+@given(scan_inputs(), DISCOUNTS)
+def test_masked_entries_never_matter(inputs, d):
+    x, mask = inputs
+    y = discounted_reverse_cumsum(x, mask, d)
+    garbage = torch.where(mask, x, torch.full_like(x, float("nan")))
+    assert torch.equal(discounted_reverse_cumsum(garbage, mask, d), y)
+    assert bool((y[~mask] == 0).all())
+    # extra padding columns change nothing
+    padded_x = torch.cat([x, torch.randn(x.shape[0], 5)], dim=1)
+    padded_m = torch.cat([mask, torch.zeros(x.shape[0], 5, dtype=torch.bool)], dim=1)
+    assert torch.equal(discounted_reverse_cumsum(padded_x, padded_m, d)[:, : x.shape[1]], y)
+
+
+@settings(max_examples=50, deadline=None)
+@given(scan_inputs())
+def test_next_values_equals_loop(inputs):
+    x, mask = inputs
+    terminal = torch.randn(x.shape[0])
+    out = next_values(x, mask, terminal)
+    assert torch.equal(out.double(), reference.next_values(x, mask, terminal))
+
+
+@pytest.mark.parametrize("d", [0.999, 1.0])
+def test_long_rows(d):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 32768, generator=gen)
+    mask = torch.rand(3, 32768, generator=gen) < 0.9
+    mask[2] = True
+    assert_matches(discounted_reverse_cumsum(x, mask, d), reference.reverse_scan(x, mask, d))
+
+
+def test_long_rows_underflowing_powers():
+    """0.5^32768 underflows: powers are never divided by, so nothing blows up."""
+    x = torch.ones(2, 32768)
+    mask = torch.ones(2, 32768, dtype=torch.bool)
+    y = discounted_reverse_cumsum(x, mask, torch.tensor([0.5, 0.0]))
+    assert torch.isfinite(y).all()
+    assert torch.allclose(y[0, :-40], torch.full((32768 - 40,), 2.0))
+    assert torch.equal(y[1], torch.ones(32768))
+
+
+def test_hand_computed():
+    # row 0: positions 0, 2, 3 unmasked (gap at 1), d = 0.5:
+    # y3 = 4, y2 = 3 + 0.5*4 = 5, y0 = 1 + 0.5*5 = 3.5 ; row 1 empty
+    x = torch.tensor([[1.0, 100.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]])
+    mask = torch.tensor([[True, False, True, True], [False] * 4])
+    y = discounted_reverse_cumsum(x, mask, 0.5)
+    assert torch.equal(y, torch.tensor([[3.5, 0.0, 5.0, 4.0], [0.0] * 4]))
+    nv = next_values(x, mask, torch.tensor([7.0, 9.0]))
+    assert torch.equal(nv, torch.tensor([[3.0, 0.0, 4.0, 7.0], [0.0] * 4]))
+
+
+def test_bfloat16_accumulates_in_float32():
+    x = torch.randn(4, 3000)
+    mask = torch.rand(4, 3000) < 0.8
+    y = discounted_reverse_cumsum(x.bfloat16(), mask, 1.0)
+    assert y.dtype == torch.float32
+    ref = reference.reverse_scan(x.bfloat16().float(), mask, 1.0)
+    assert_matches(y, ref)
+
+
+@pytest.mark.parametrize("chunk", [2, 3, 32, 64, 128])
+def test_dense_scan_any_chunk(chunk):
+    x = torch.randn(3, 301, dtype=torch.float64)
+    mask = torch.ones(3, 301, dtype=torch.bool)
+    ref = reference.reverse_scan(x, mask, 0.97)
+    assert torch.allclose(dense_reverse_scan(x, 0.97, chunk), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_compaction_round_trip():
+    mask = torch.tensor([[False, True, False, True, True], [True, False, False, False, False]])
+    rows = Compaction(mask)
+    x = torch.arange(10.0).view(2, 5)
+    dense = rows.compact(x)
+    assert dense[0, :4].tolist() == [0.0, 1.0, 3.0, 4.0]
+    assert dense[1, :2].tolist() == [0.0, 5.0]
+    assert rows.lengths.tolist() == [3, 1]
+    assert torch.equal(rows.expand(dense), torch.where(mask, x, 0.0))
+
+
+def test_batch_whiten_hand_computed():
+    # masked values 1, 2, 3: mean 2, unbiased var 1
+    x = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    out = batch_whiten(x, mask)
+    expected = torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]) / (1 + 1e-8) ** 0.5
+    assert torch.allclose(out, expected, atol=1e-7)
