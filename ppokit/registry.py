@@ -100,6 +100,25 @@ def _params_from_signature(name: str, factory: Callable[..., Any]) -> type[BaseM
     return create_model(model_name, __config__=ConfigDict(extra="forbid"), **fields)
 
 
+def _check_unique(infos: list[ComponentInfo]) -> None:
+    """A plugin may register each (kind, name) once."""
+    seen: set[tuple[str, str]] = set()
+    for info in infos:
+        key = (info.kind, info.name)
+        if key in seen:
+            raise RegistryError(f"{info.kind} {info.name!r} is registered twice by this plugin")
+        seen.add(key)
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` with the message's whitespace (newlines included) collapsed."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _normalise(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
 def _import_string(path: str) -> Any:
     module, _, attr = path.partition(":")
     if not module or not attr:
@@ -190,6 +209,7 @@ class PluginRecord:
     version: str | None = None
     components: list[tuple[str, str]] = field(default_factory=list)
     error: str | None = None
+    traceback: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -223,6 +243,11 @@ class Registry:
         self.plugins[name] = record
         try:
             self.pm.register(plugin, name=name)
+            for caller in self.pm.get_hookcallers(plugin) or []:
+                if not caller.has_spec():
+                    raise RegistryError(
+                        f"unknown hook {caller.name!r}{suggest(caller.name, ['ppokit_register'])}"
+                    )
             impls = [
                 impl
                 for impl in self.pm.hook.ppokit_register.get_hookimpls()
@@ -243,18 +268,27 @@ class Registry:
             ) -> None:
                 pending.append(
                     self._make_info(
-                        kind, cname, factory, name, version, params, summary, requires,
-                        formula, source,
+                        kind,
+                        cname,
+                        factory,
+                        name,
+                        version,
+                        params,
+                        summary,
+                        requires,
+                        formula,
+                        source,
                     )
                 )
 
             for impl in impls:
-                impl.function(register=register)
+                impl.function(*(register for _ in impl.argnames))
+            _check_unique(pending)
         except Exception as exc:  # one broken plugin never breaks the others
-            record.error = f"{type(exc).__name__}: {exc}"
-            record.traceback = traceback.format_exc()  # type: ignore[attr-defined]
-            if self.pm.is_registered(plugin):
-                self.pm.unregister(plugin)
+            record.error = _one_line(exc)
+            record.traceback = traceback.format_exc()
+            if self.pm.get_plugin(name) is plugin:
+                self.pm.unregister(name=name)
             return record
         for info in pending:
             self._add(info, record)
@@ -279,9 +313,7 @@ class Registry:
             raise RegistryError(f"component name {name!r} must be an identifier")
         if not (callable(factory) or isinstance(factory, str)):
             raise RegistryError(f"{kind} {name!r}: factory must be callable or 'module:attr'")
-        if params is not None and not (
-            isinstance(params, type) and issubclass(params, BaseModel)
-        ):
+        if params is not None and not (isinstance(params, type) and issubclass(params, BaseModel)):
             raise RegistryError(f"{kind} {name!r}: params must be a pydantic model class")
         if not requires and not isinstance(factory, str):
             requires = getattr(factory, "requires", ())
@@ -325,21 +357,26 @@ class Registry:
         for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             dist = getattr(ep, "dist", None)
             dist_name = dist.metadata["Name"] if dist is not None else None
-            if only is not None and ep.name not in only and dist_name not in only:
+            if only is not None and not {_normalise(ep.name), _normalise(dist_name or "")} & {
+                _normalise(o) for o in only
+            }:
                 continue
             version = dist.version if dist is not None else None
+            name = ep.name
+            if name in self.plugins:  # two distributions use the same entry-point name
+                name = f"{dist_name}:{ep.name}"
             try:
                 module = ep.load()
             except Exception as exc:
-                record = PluginRecord(ep.name, dist_name, version, error=f"{type(exc).__name__}: {exc}")
-                self.plugins[ep.name] = record
+                record = PluginRecord(name, dist_name, version, error=_one_line(exc))
+                record.traceback = traceback.format_exc()
+                self.plugins[name] = record
                 continue
-            self.load_plugin(ep.name, module, distribution=dist_name, version=version)
+            self.load_plugin(name, module, distribution=dist_name, version=version)
 
     def conflict_errors(self) -> list[str]:
         return [
-            f"{kind} {name!r} is registered by more than one plugin: "
-            + ", ".join(plugins)
+            f"{kind} {name!r} is registered by more than one plugin: " + ", ".join(plugins)
             for (kind, name), plugins in sorted(self._conflicts.items())
         ]
 
@@ -419,9 +456,7 @@ def build_registry(strict: bool | None = None) -> Registry:
     registry = Registry()
     from ppokit import builtins
 
-    registry.load_plugin(
-        BUILTIN_PLUGIN, builtins, distribution="ppokit", version=_own_version()
-    )
+    registry.load_plugin(BUILTIN_PLUGIN, builtins, distribution="ppokit", version=_own_version())
     registry.load_entry_points(_plugin_filter())
     if strict:
         problems = [f"plugin {p.name}: {p.error}" for p in registry.failed]

@@ -16,9 +16,9 @@ Nothing here imports torch or transformers.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -30,7 +30,14 @@ from pydantic import (
     model_validator,
 )
 
-from ppokit.registry import Registry, RegistryError, format_validation_error, get_registry
+from ppokit.registry import (
+    ComponentInfo,
+    Registry,
+    RegistryError,
+    format_validation_error,
+    get_registry,
+    suggest,
+)
 
 __all__ = [
     "ComponentSpec",
@@ -171,6 +178,11 @@ class CriticSpec(_Strict):
 class PolicySpec(_Strict):
     loss: ComponentSpec = ComponentSpec(name="ppo_clip")
     aggregation: ComponentSpec = ComponentSpec(name="token_mean")
+    weight: ComponentSpec = Field(
+        ComponentSpec(name="uniform"),
+        description="prompt weight of the actor loss: rows of weight 0 leave the loss and its "
+        "denominators (DAPO's dynamic sampling with informative_groups)",
+    )
     entropy_coef: float = Field(0.0, ge=0)
     nll_coef: float = Field(
         0.0, ge=0, description="weight of an NLL term on positive examples (VAPO)"
@@ -222,7 +234,9 @@ class Spec(_Strict):
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
     rollout: RolloutSpec = RolloutSpec()
-    reward: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="demo")])
+    reward: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="demo")], min_length=1
+    )
     advantage: ComponentSpec = ComponentSpec(name="gae")
     critic: CriticSpec | None = None
     policy: PolicySpec = PolicySpec()
@@ -255,38 +269,98 @@ class Spec(_Strict):
             yield "critic.aggregation", "aggregation", self.critic.aggregation
         yield "policy.loss", "policy_loss", self.policy.loss
         yield "policy.aggregation", "aggregation", self.policy.aggregation
+        yield "policy.weight", "prompt_weight", self.policy.weight
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(), sort_keys=False)
 
 
 # ---------------------------------------------------------------------- checks
+#: Component slots of a spec: path -> kind (``reward`` may also be a list).
+SLOT_KINDS: dict[str, str] = {
+    "reward": "reward",
+    "truncation": "truncation",
+    "kl.estimator": "kl_estimator",
+    "advantage": "advantage",
+    "critic.target": "critic_target",
+    "critic.mask": "position_mask",
+    "critic.weight": "prompt_weight",
+    "critic.loss": "regression_loss",
+    "critic.aggregation": "aggregation",
+    "policy.loss": "policy_loss",
+    "policy.aggregation": "aggregation",
+    "policy.weight": "prompt_weight",
+}
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside ``annotation`` (``X``, ``X | None``, ``list[X]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _spec_fields(loc: Sequence[Any]) -> list[str]:
+    """Field names of the Spec section at ``loc`` (for close-name suggestions)."""
+    model: type[BaseModel] | None = Spec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        f = model.model_fields.get(str(part)) if model is not None else None
+        model = _submodel(f.annotation) if f is not None else None
+        if model is None:
+            return []
+    return list(model.model_fields) if model is not None else []
+
+
+def _messages(
+    err: ValidationError, prefix: str, fields: Callable[[Sequence[Any]], Iterable[str]]
+) -> list[str]:
+    """``path: message`` lines, an unknown key followed by the closest known ones."""
+    lines = format_validation_error(err, prefix=prefix)
+    for i, e in enumerate(err.errors()):
+        if e["type"] == "extra_forbidden" and e["loc"]:
+            lines[i] += suggest(str(e["loc"][-1]), fields(e["loc"][:-1]))
+    return lines
+
+
+def _check_slot(
+    path: str, kind: str, comp: ComponentSpec, registry: Registry
+) -> tuple[list[str], ComponentInfo | None]:
+    try:
+        info = registry.info(kind, comp.name)
+    except RegistryError as exc:
+        return [f"{path}: {exc}"], None
+    try:
+        info.validate(comp.params)
+    except ValidationError as err:
+        return _messages(err, path, lambda _loc: info.params.model_fields), info
+    return [], info
+
+
 def _check_components(spec: Spec, registry: Registry) -> list[str]:
     errors: list[str] = []
     requires: dict[str, list[str]] = {}
     for path, kind, comp in spec.slots():
-        try:
-            info = registry.info(kind, comp.name)
-        except RegistryError as exc:
-            errors.append(f"{path}: {exc}")
-            continue
-        try:
-            info.validate(comp.params)
-        except ValidationError as err:
-            errors.extend(format_validation_error(err, prefix=path))
-        for field in info.requires:
+        slot_errors, info = _check_slot(path, kind, comp, registry)
+        errors.extend(slot_errors)
+        for field in info.requires if info is not None else ():
             requires.setdefault(field, []).append(f"{path} ({comp.name})")
     for field, users in requires.items():
         who = ", ".join(users)
         if field in ("values", "bootstrap_values") and spec.critic is None:
-            errors.append(f"{who} needs {field} from a critic: add a 'critic' section")
+            errors.append(f"critic: {who} needs {field} from a critic: add a 'critic' section")
         if field == "group_ids" and spec.rollout.n < 2:
             errors.append(
                 f"rollout.n: {who} compares responses within a group: "
                 f"rollout.n must be >= 2, got {spec.rollout.n}"
             )
         if field == "logp_ref" and spec.kl is None:
-            errors.append(f"{who} needs reference log-probs: add a 'kl' section")
+            errors.append(f"kl: {who} needs reference log-probs: add a 'kl' section")
     t = spec.train
     batch = spec.rollout.prompts_per_round * spec.rollout.n
     if t.minibatch_size is not None and batch % t.minibatch_size:
@@ -303,19 +377,49 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
     return errors
 
 
+def _raw_slots(data: dict[str, Any]) -> Iterator[tuple[str, str, ComponentSpec]]:
+    """The component slots of a spec mapping that failed structural validation.
+
+    Only slots that parse on their own are yielded, so their names and parameters can be
+    checked (and reported) together with the structural errors.
+    """
+    for path, kind in SLOT_KINDS.items():
+        node: Any = data
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            continue
+        model = RewardSpec if kind == "reward" else ComponentSpec
+        items = list(enumerate(node)) if isinstance(node, list) else [(None, node)]
+        for i, raw in items:
+            try:
+                comp = model.model_validate(raw)
+            except ValidationError:
+                continue
+            yield (path if i is None else f"{path}.{i}"), kind, comp
+
+
+def _unique(lines: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(lines))
+
+
 def validate_spec(data: Any, registry: Registry | None = None) -> Spec:
     """A validated :class:`Spec` from a parsed mapping, or :class:`SpecError` with every error."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise SpecError([f"the spec must be a mapping, got {type(data).__name__}"])
+    registry = registry or get_registry()
     try:
         spec = Spec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(format_validation_error(err)) from None
-    errors = _check_components(spec, registry or get_registry())
+        errors = _messages(err, "", _spec_fields)
+        for path, kind, comp in _raw_slots(data):
+            errors.extend(_check_slot(path, kind, comp, registry)[0])
+        raise SpecError(_unique(errors)) from None
+    errors = _check_components(spec, registry)
     if errors:
-        raise SpecError(errors)
+        raise SpecError(_unique(errors))
     return spec
 
 
@@ -344,33 +448,64 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-_SLOT_PATHS = {
-    "advantage",
-    "truncation",
-    "reward",
-    "critic.target",
-    "critic.mask",
-    "critic.weight",
-    "critic.loss",
-    "critic.aggregation",
-    "policy.loss",
-    "policy.aggregation",
-    "kl.estimator",
-}
+def _default_slot_name(path: str) -> str:
+    """The component a slot holds when the spec leaves it out (``critic.target``: lambda_return)."""
+    section, _, slot = path.rpartition(".")
+    node: Any = Spec()
+    if section:
+        model = _submodel(Spec.model_fields[section].annotation)
+        node = model() if model is not None else None
+    value = getattr(node, slot, None)
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value.name if isinstance(value, ComponentSpec) else ""
+
+
+def _slot_of(prefix: str) -> str | None:
+    """The slot path of ``prefix`` (``reward.1`` -> ``reward``), or None if not a slot."""
+    parts = prefix.split(".")
+    if parts[0] == "reward" and len(parts) <= 2 and (len(parts) == 1 or parts[1].isdigit()):
+        return "reward"
+    return prefix if prefix in SLOT_KINDS else None
+
+
+def _child(node: Any, part: str) -> tuple[bool, Any]:
+    """(found, value) of ``node[part]`` for a mapping key or a list index."""
+    if isinstance(node, dict):
+        return part in node, node.get(part)
+    if (
+        isinstance(node, list)
+        and part.lstrip("-").isdigit()
+        and -len(node) <= int(part) < len(node)
+    ):
+        return True, node[int(part)]
+    return False, None
+
+
+def _set(node: Any, part: str, value: Any) -> bool:
+    if isinstance(node, dict):
+        node[part] = value
+        return True
+    if isinstance(node, list) and _child(node, part)[0]:
+        node[int(part)] = value
+        return True
+    return False
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``path=value`` overrides (values parsed as YAML scalars) to a spec mapping.
 
-    ``advantage.lam=0.9`` works whether the slot was written as a name or a mapping;
-    ``advantage=rloo`` swaps the component (dropping the old one's parameters).
+    ``advantage.lam=0.9`` works whether the slot was written as a name, a mapping, or left
+    out (the default component gets the parameter); ``advantage=rloo`` swaps the component
+    (dropping the old one's parameters). List items are addressed by index (``reward.1.weight``);
+    with a single reward, ``reward.weight`` addresses it.
     """
     data = copy.deepcopy(data)
     errors = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.strip()
-        if not sep or not key:
+        if not sep or not key or "" in key.split("."):
             errors.append(f"--set {item!r}: expected path=value")
             continue
         try:
@@ -381,22 +516,29 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         node: Any = data
         for i, part in enumerate(parts[:-1]):
             prefix = ".".join(parts[: i + 1])
-            child = node.get(part) if isinstance(node, dict) else None
-            if isinstance(child, list) and prefix == "reward" and len(child) == 1:
+            child = _child(node, part)[1]
+            slot = _slot_of(prefix)
+            if isinstance(child, list) and prefix == "reward" and not parts[i + 1].isdigit():
+                if len(child) != 1:
+                    errors.append(f"--set {key}: reward has {len(child)} items; use reward.N")
+                    break
                 child = child[0]
-                node[part] = child
-            if isinstance(child, str) and prefix in _SLOT_PATHS:
+            if child is None and slot is not None:
+                child = _default_slot_name(slot)
+            if isinstance(child, str) and slot is not None:
                 child = {"name": child}
-                node[part] = child
             if child is None:
                 child = {}
-                node[part] = child
-            if not isinstance(child, dict):
+            if not _set(node, part, child):
+                errors.append(f"--set {key}: {prefix} does not exist")
+                break
+            if not isinstance(child, (dict, list)):
                 errors.append(f"--set {key}: {prefix} is not a mapping")
                 break
             node = child
         else:
-            node[parts[-1]] = value
+            if not _set(node, parts[-1], value):
+                errors.append(f"--set {key}: {key} does not exist")
     if errors:
         raise SpecError(errors)
     return data

@@ -1,0 +1,398 @@
+"""The ``ppokit`` command line: list, show, validate, explain, schema, plugins, new-plugin,
+train.
+
+Mistakes a user can make (a bad spec, an unknown component, a missing file, a broken plugin
+under ``PPOKIT_STRICT_PLUGINS=1``) print one red line each on stderr and exit with status 1,
+never a traceback. Torch is imported only by ``train`` (and by ``show``/``explain`` for a
+component whose catalogue entry gives no formula).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ppokit import __version__
+from ppokit.errors import UserError
+from ppokit.registry import KINDS, ComponentInfo, RegistryError, get_registry
+from ppokit.spec import Spec, SpecError, apply_overrides, load_spec, validate_spec
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="ppokit",
+    help="PPO-style RL for language models, assembled from small named components.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SET_HELP = "Override a spec value: path=value (repeatable), e.g. advantage.lam=0.9"
+JSON_HELP = "Print the result as JSON."
+
+
+# ---------------------------------------------------------------------- errors
+def fail(lines: str | list[str], code: int = 1) -> typer.Exit:
+    """Print each line in red on stderr; return the Exit to raise."""
+    for line in [lines] if isinstance(lines, str) else lines:
+        err.print(f"[red]{escape(line)}[/red]")
+    return typer.Exit(code)
+
+
+def _spec_lines(exc: SpecError) -> list[str]:
+    where = f"{exc.source}: " if exc.source else ""
+    return [f"{where}{e}" for e in exc.errors] or [f"{where}invalid spec"]
+
+
+def user_errors(func: F) -> F:
+    """Turn the errors a user can cause into red lines and exit status 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except SpecError as exc:
+            raise fail(_spec_lines(exc)) from None
+        except (UserError, RegistryError) as exc:
+            raise fail(f"error: {exc}") from None
+        except FileNotFoundError as exc:
+            raise fail(f"error: file not found: {exc.filename or exc}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _warn_failed_plugins() -> None:
+    registry = get_registry()
+    for record in registry.failed:
+        err.print(
+            f"[yellow]warning: plugin {escape(record.name)} failed to load "
+            f"({escape(record.error or '')}); see 'ppokit plugins'[/yellow]"
+        )
+    for line in registry.conflict_errors():
+        err.print(f"[yellow]warning: {escape(line)}[/yellow]")
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+# ---------------------------------------------------------------------- version
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ppokit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+    ),
+) -> None:
+    """PPO-style RL for language models, assembled from small named components."""
+
+
+# ---------------------------------------------------------------------- list / show
+def _check_kind(kind: str | None) -> None:
+    if kind is not None:
+        get_registry().names(kind)  # raises RegistryError with close names
+
+
+@app.command("list")
+@user_errors
+def list_components(
+    kind: str | None = typer.Argument(None, help=f"Only this kind: {', '.join(KINDS)}."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """List the registered components: kind, name, plugin, summary."""
+    _check_kind(kind)
+    registry = get_registry()
+    rows = [
+        {"kind": i.kind, "name": i.name, "plugin": i.plugin, "summary": i.summary}
+        for i in registry.components(kind)
+    ]
+    _warn_failed_plugins()
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("kind", "name", "plugin", "summary", box=None, pad_edge=False)
+    for row in rows:
+        table.add_row(*(escape(row[k]) for k in ("kind", "name", "plugin", "summary")))
+    out.print(table)
+
+
+def _type_of(prop: dict[str, Any]) -> str:
+    if "enum" in prop:
+        return " | ".join(json.dumps(v) for v in prop["enum"])
+    if "const" in prop:
+        return json.dumps(prop["const"])
+    if "anyOf" in prop:
+        return " | ".join(_type_of(p) for p in prop["anyOf"])
+    if "$ref" in prop:
+        return prop["$ref"].rsplit("/", 1)[-1]
+    kind = prop.get("type", "any")
+    if kind == "array" and "items" in prop:
+        return f"list[{_type_of(prop['items'])}]"
+    return str(kind)
+
+
+_BOUNDS = (
+    ("minimum", ">="),
+    ("exclusiveMinimum", ">"),
+    ("maximum", "<="),
+    ("exclusiveMaximum", "<"),
+    ("minLength", "len >="),
+    ("maxLength", "len <="),
+)
+
+
+def _bounds_of(prop: dict[str, Any]) -> str:
+    parts = [f"{sym} {prop[key]}" for key, sym in _BOUNDS if key in prop]
+    for sub in prop.get("anyOf", []):
+        inner = _bounds_of(sub)
+        if inner:
+            parts.append(inner)
+    return ", ".join(parts)
+
+
+def parameter_rows(info: ComponentInfo) -> list[dict[str, Any]]:
+    """One row per parameter: name, type, default, bounds, description."""
+    schema = info.schema()
+    required = set(schema.get("required", []))
+    rows = []
+    for pname, prop in schema.get("properties", {}).items():
+        rows.append(
+            {
+                "name": pname,
+                "type": _type_of(prop),
+                "required": pname in required,
+                "default": prop.get("default"),
+                "bounds": _bounds_of(prop),
+                "description": prop.get("description", ""),
+            }
+        )
+    return rows
+
+
+@app.command()
+@user_errors
+def show(
+    kind: str = typer.Argument(..., help="Component kind."),
+    name: str = typer.Argument(..., help="Component name."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Show one component: parameters, formula, required batch fields, source, plugin."""
+    info = get_registry().info(kind, name)
+    data = {
+        "kind": info.kind,
+        "name": info.name,
+        "plugin": info.plugin,
+        "version": info.version,
+        "summary": info.summary,
+        "formula": info.formula,
+        "requires": list(info.requires),
+        "source": info.source,
+        "parameters": parameter_rows(info),
+    }
+    if as_json:
+        _print_json(data)
+        return
+    out.print(f"[bold]{escape(kind)} {escape(name)}[/bold]  {escape(info.summary)}")
+    out.print(f"plugin: {escape(info.plugin)} {escape(info.version or '')}".rstrip())
+    if info.source:
+        out.print(f"source: {escape(info.source)}")
+    out.print("requires: " + (", ".join(info.requires) or "-"))
+    if data["formula"]:
+        out.print("formula:")
+        for line in str(data["formula"]).splitlines():
+            out.print("  " + escape(line))
+    if not data["parameters"]:
+        out.print("parameters: none")
+        return
+    table = Table("parameter", "type", "default", "bounds", "description", box=None)
+    for row in data["parameters"]:
+        default = "(required)" if row["required"] else json.dumps(row["default"])
+        cells = (row["name"], row["type"], default, row["bounds"], row["description"])
+        table.add_row(*(escape(str(v)) for v in cells))
+    out.print(table)
+
+
+# ---------------------------------------------------------------------- specs
+def _load(spec_path: Path, overrides: list[str]) -> Spec:
+    return load_spec(spec_path, overrides)
+
+
+@app.command()
+@user_errors
+def validate(
+    specs: list[Path] = typer.Argument(..., help="Spec files (YAML).", metavar="SPEC..."),
+    overrides: list[str] = typer.Option([], "--set", "-s", help=SET_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Validate spec files: every error, one 'path: message' line each."""
+    results = []
+    for path in specs:
+        try:
+            _load(path, overrides)
+        except SpecError as exc:
+            results.append({"spec": str(path), "valid": False, "errors": exc.errors})
+        else:
+            results.append({"spec": str(path), "valid": True, "errors": []})
+    if as_json:
+        _print_json(results)
+    else:
+        for r in results:
+            if r["valid"]:
+                out.print(f"{escape(r['spec'])}: [green]valid[/green]")
+            else:
+                for line in r["errors"]:
+                    err.print(f"[red]{escape(r['spec'])}: {escape(line)}[/red]")
+    if not all(r["valid"] for r in results):
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def explain(
+    spec_path: Path = typer.Argument(..., help="Spec file (YAML).", metavar="SPEC"),
+    overrides: list[str] = typer.Option([], "--set", "-s", help=SET_HELP),
+) -> None:
+    """Write out the actor and critic objectives a spec assembles."""
+    from ppokit.explain import explain as explain_spec
+
+    spec = _load(spec_path, overrides)
+    typer.echo(explain_spec(spec, source=str(spec_path)), nl=False)
+
+
+@app.command()
+@user_errors
+def schema() -> None:
+    """Print the JSON Schema of a spec for the installed components."""
+    from ppokit.schema import spec_schema
+
+    _print_json(spec_schema())
+
+
+@app.command()
+@user_errors
+def plugins(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
+    """Loaded plugins with their version and components, and those that failed."""
+    registry = get_registry()
+    records = [
+        {
+            "name": p.name,
+            "distribution": p.distribution,
+            "version": p.version,
+            "ok": p.ok,
+            "error": p.error,
+            "components": [f"{k}/{n}" for k, n in p.components],
+        }
+        for p in registry.plugins.values()
+    ]
+    conflicts = registry.conflict_errors()
+    if as_json:
+        _print_json({"plugins": records, "conflicts": conflicts})
+        return
+    for r in records:
+        head = f"{r['name']} {r['version'] or ''}".rstrip()
+        if r["distribution"] and r["distribution"] != r["name"]:
+            head += f" ({r['distribution']})"
+        if r["ok"]:
+            out.print(f"[green]{escape(head)}[/green]: {len(r['components'])} component(s)")
+            by_kind: dict[str, list[str]] = {}
+            for comp in r["components"]:
+                kind, _, cname = comp.partition("/")
+                by_kind.setdefault(kind, []).append(cname)
+            for kind, names in by_kind.items():
+                out.print(f"  {kind}: {escape(', '.join(names))}")
+        else:
+            out.print(f"[red]{escape(head)}: failed: {escape(r['error'] or '')}[/red]")
+    for line in conflicts:
+        out.print(f"[red]conflict: {escape(line)}[/red]")
+
+
+@app.command("new-plugin")
+@user_errors
+def new_plugin(
+    name: str = typer.Argument(..., help="Plugin name (the distribution is ppokit-NAME)."),
+    directory: Path = typer.Option(Path("."), "--dir", help="Where to create ppokit-NAME/."),
+) -> None:
+    """Scaffold a plugin distribution with one working component, its tests and a README."""
+    from ppokit.scaffold import new_plugin as scaffold
+
+    root = scaffold(name, directory)
+    out.print(f"created {escape(str(root))}")
+    out.print(f"next: pip install -e {escape(str(root))} && pytest {escape(str(root))}/tests")
+
+
+def _demo_spec() -> dict[str, Any]:
+    """The packaged demo spec, ``ppokit/data/demo.yaml``."""
+    from importlib.resources import files
+
+    import yaml
+
+    resource = files("ppokit") / "data" / "demo.yaml"
+    if not resource.is_file():
+        raise UserError("the packaged demo spec ppokit/data/demo.yaml is missing")
+    data = yaml.safe_load(resource.read_text())
+    if not isinstance(data, dict):
+        raise UserError("the packaged demo spec ppokit/data/demo.yaml is not a mapping")
+    return data
+
+
+@app.command()
+@user_errors
+def train(
+    spec_path: Path | None = typer.Argument(
+        None, help="Spec file (YAML); default: the packaged demo spec.", metavar="[SPEC]"
+    ),
+    overrides: list[str] = typer.Option([], "--set", "-s", help=SET_HELP),
+    out_dir: str | None = typer.Option(None, "--out", help="Output directory (output.dir)."),
+    seed: int | None = typer.Option(None, "--seed", help="Random seed (seed)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint."),
+    smoke: bool = typer.Option(False, "--smoke", help="A minimal run that checks the setup."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run's summary as JSON."),
+) -> None:
+    """Train a policy as the spec describes."""
+    extra = [*overrides]
+    if out_dir is not None:
+        extra.append(f"output.dir={json.dumps(out_dir)}")
+    if seed is not None:
+        extra.append(f"seed={seed}")
+    if spec_path is None:
+        data = apply_overrides(_demo_spec(), extra)
+        try:
+            spec = validate_spec(data)
+        except SpecError as exc:
+            raise SpecError(exc.errors, source="demo.yaml") from None
+    else:
+        spec = _load(spec_path, extra)
+    from ppokit.trainer import train as run_training
+
+    result = run_training(spec, resume=resume, smoke=smoke, overwrite=overwrite)
+    if as_json:
+        _print_json(result)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point."""
+    app(args=argv, prog_name="ppokit")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

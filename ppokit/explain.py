@@ -1,0 +1,189 @@
+"""The assembled actor and critic objectives of a spec, written out as readable text.
+
+:func:`explain` follows the order of a PPO round (docs/design.md): reward → truncation →
+KL placement → advantage → critic target, mask, weight, loss and aggregation → policy loss,
+aggregation, entropy and NLL terms. Each component appears with its effective parameters
+(defaults filled in), its formula and its source. Torch is not imported for components whose
+catalogue entry gives the formula.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from ppokit.registry import ComponentInfo, Registry, get_registry
+from ppokit.spec import ComponentSpec, Spec
+
+__all__ = ["describe_component", "explain"]
+
+_INDENT = "   "
+
+
+def _value(v: Any) -> str:
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def describe_component(comp: ComponentSpec, info: ComponentInfo) -> str:
+    """``name(p=v, ...)`` with every parameter's effective value (defaults filled in)."""
+    values = {**info.defaults(), **comp.params}
+    if not values:
+        return comp.name
+    return f"{comp.name}(" + ", ".join(f"{k}={_value(v)}" for k, v in values.items()) + ")"
+
+
+class _Writer:
+    """Collects the lines of an explanation."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.lines: list[str] = []
+
+    def line(self, text: str = "", level: int = 0) -> None:
+        self.lines.append(_INDENT * level + text if text else "")
+
+    def section(self, number: int, title: str) -> None:
+        self.line()
+        self.line(f"{number}. {title}")
+
+    def component(self, role: str, kind: str, comp: ComponentSpec, level: int = 1) -> str:
+        """Write ``role: name(params)`` with its formula and source; return the short form."""
+        info = self.registry.info(kind, comp.name)
+        self.line(f"{role}: {describe_component(comp, info)}", level)
+        if info.formula:
+            for part in info.formula.strip().splitlines():
+                self.line(part.strip(), level + 1)
+        elif info.summary:
+            self.line(info.summary, level + 1)
+        origin = f"plugin {info.plugin}" if info.plugin != "ppokit" else ""
+        source = "; ".join(s for s in (info.source, origin) if s)
+        if source:
+            for part in textwrap.wrap(f"[{source}]", 92):
+                self.line(part, level + 1)
+        return comp.name
+
+    def text(self) -> str:
+        return "\n".join(self.lines).strip("\n") + "\n"
+
+
+def _rollout(w: _Writer, spec: Spec, source: str | None) -> None:
+    r = spec.rollout
+    w.line(f"ppokit run{': ' + source if source else ''}")
+    w.line(
+        f"model {spec.model.actor!r}; each round samples {r.n} response(s) for each of "
+        f"{r.prompts_per_round} prompts (up to {r.max_new_tokens} new tokens, "
+        f"temperature {r.temperature}, top_p {r.top_p}"
+        + (f", top_k {r.top_k}" if r.top_k else "")
+        + ")"
+    )
+
+
+def _reward(w: _Writer, spec: Spec) -> None:
+    w.section(1, "Reward (an outcome score R on each response's last token)")
+    terms = [f"{r.weight:g}·{r.name}" for r in spec.reward]
+    w.line("R = " + " + ".join(terms), 1)
+    for r in spec.reward:
+        w.component("reward", "reward", r)
+
+
+def _truncation(w: _Writer, spec: Spec) -> None:
+    w.section(2, "Truncation (responses that hit max_new_tokens without EOS)")
+    w.component("rule", "truncation", spec.truncation)
+
+
+def _kl(w: _Writer, spec: Spec) -> str | None:
+    kl = spec.kl
+    if kl is None:
+        w.section(3, "KL to the reference policy: none")
+        return None
+    beta = f"β = {kl.coef:g}" + (
+        f" (adaptive: target {kl.target:g} per sequence, horizon {kl.horizon})"
+        if kl.target is not None
+        else " (fixed)"
+    )
+    if kl.placement == "reward":
+        w.section(3, "KL in the reward")
+        w.line(f"r_t ← r_t − β·{kl.estimator.name}(logp_old, logp_ref), {beta}", 1)
+    else:
+        w.section(3, "KL in the loss (the β term of the actor loss below)")
+        w.line(beta, 1)
+    w.component("estimator", "kl_estimator", kl.estimator)
+    return kl.placement
+
+
+def _advantage(w: _Writer, spec: Spec) -> None:
+    w.section(4, "Advantage A")
+    w.component("estimator", "advantage", spec.advantage)
+
+
+def _critic(w: _Writer, spec: Spec) -> None:
+    c = spec.critic
+    if c is None:
+        w.section(5, "Critic: none (actor only, no value model)")
+        return
+    w.section(5, f"Critic ({spec.model.critic} value model)")
+    w.component("target Y", "critic_target", c.target)
+    w.component("position mask m^V", "position_mask", c.mask)
+    w.component("prompt weight ω", "prompt_weight", c.weight)
+    w.component("regression loss ℓ", "regression_loss", c.loss)
+    w.component("aggregation", "aggregation", c.aggregation)
+    w.line(
+        f"L_V = {spec.train.vf_coef:g} · {c.aggregation.name}("
+        f"{c.loss.name}(V_φ(s_t), Y_t, V_old(s_t)) · ω[:, None], m^V)",
+        1,
+    )
+
+
+def _actor(w: _Writer, spec: Spec, kl_placement: str | None) -> None:
+    p = spec.policy
+    agg = p.aggregation.name
+    weight: ComponentSpec | None = getattr(p, "weight", None)
+    w.section(6, "Actor")
+    w.component("policy loss", "policy_loss", p.loss)
+    w.component("aggregation", "aggregation", p.aggregation)
+    mask = "mask"
+    if weight is not None:
+        w.component("prompt weight ω", "prompt_weight", weight)
+        mask = "mask·ω[:, None]"
+    terms = [f"{agg}({p.loss.name}(logp, logp_old, A, {mask}), {mask})"]
+    if kl_placement == "loss" and spec.kl is not None:
+        terms.append(f"+ {spec.kl.coef:g}·{agg}({spec.kl.estimator.name}(logp, logp_ref), {mask})")
+    if p.entropy_coef:
+        terms.append(f"− {p.entropy_coef:g}·{agg}(entropy, {mask})")
+    if p.nll_coef:
+        terms.append(f"+ {p.nll_coef:g}·{agg}(−logp, {mask}·[R > 0])")
+    w.line("L_π = " + terms[0], 1)
+    for term in terms[1:]:
+        w.line("      " + term, 1)
+
+
+def _updates(w: _Writer, spec: Spec) -> None:
+    t = spec.train
+    batch = spec.rollout.prompts_per_round * spec.rollout.n
+    mb = t.minibatch_size or batch
+    w.section(7, "Updates")
+    w.line(
+        f"{t.ppo_epochs} pass(es) over the round's {batch} responses in minibatches of {mb}"
+        + (f" (micro-batches of {t.micro_batch_size})" if t.micro_batch_size else ""),
+        1,
+    )
+    lr = f"actor lr {t.actor_lr:g}"
+    if spec.critic is not None:
+        lr += f", critic lr {t.critic_lr:g}"
+        if t.critic_warmup_rounds:
+            lr += f", {t.critic_warmup_rounds} critic-only warm-up round(s)"
+    w.line(lr + f"; {t.rounds} rounds", 1)
+
+
+def explain(spec: Spec, registry: Registry | None = None, source: str | None = None) -> str:
+    """The objectives a spec assembles, as text (``source``: where the spec came from)."""
+    w = _Writer(registry or get_registry())
+    _rollout(w, spec, source)
+    _reward(w, spec)
+    _truncation(w, spec)
+    placement = _kl(w, spec)
+    _advantage(w, spec)
+    _critic(w, spec)
+    _actor(w, spec, placement)
+    _updates(w, spec)
+    return w.text()

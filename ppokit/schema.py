@@ -1,0 +1,111 @@
+"""JSON Schema of the spec, built from the installed registry.
+
+Each component slot accepts one of the registered names of its kind as a string, or an
+object ``{name: <const>, ...that component's parameters}`` that admits no other keys. A
+component with a required parameter is accepted only in the object form. The rest of the
+schema comes from the pydantic :class:`ppokit.spec.Spec` model.
+
+Nothing here imports torch (unless a plugin's component has no params model, in which case
+its factory's signature is read).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ppokit.registry import KINDS, ComponentInfo, Registry, get_registry
+from ppokit.spec import SLOT_KINDS, Spec
+
+__all__ = ["component_schema", "spec_schema"]
+
+SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def _def_name(kind: str) -> str:
+    return f"component.{kind}"
+
+
+def _params_schema(info: ComponentInfo, defs: dict[str, Any]) -> dict[str, Any]:
+    """The params model's schema; its nested definitions move into ``defs`` under a prefix."""
+    prefix = f"{info.kind}.{info.name}."
+    schema = info.params.model_json_schema(ref_template="#/$defs/" + prefix + "{model}")
+    for key, sub in schema.pop("$defs", {}).items():
+        defs[prefix + key] = sub
+    return schema
+
+
+def _component_object(
+    info: ComponentInfo, defs: dict[str, Any], extra: dict[str, Any]
+) -> dict[str, Any]:
+    params = _params_schema(info, defs)
+    properties = {"name": {"const": info.name}, **extra, **params.get("properties", {})}
+    obj: dict[str, Any] = {
+        "title": f"{info.kind} {info.name}",
+        "type": "object",
+        "properties": properties,
+        "required": ["name", *params.get("required", [])],
+        "additionalProperties": False,
+    }
+    if info.summary:
+        obj["description"] = info.summary
+    return obj
+
+
+def component_schema(
+    kind: str, registry: Registry | None = None, defs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Schema of one slot of ``kind``: a registered name, or ``{name: ..., params...}``."""
+    registry = registry or get_registry()
+    defs = {} if defs is None else defs
+    extra = {"weight": {"type": "number", "default": 1.0}} if kind == "reward" else {}
+    infos = registry.components(kind)
+    bare = [i.name for i in infos if not i.params.model_json_schema().get("required")]
+    objects = [_component_object(i, defs, extra) for i in infos]
+    return {
+        "title": f"{kind} component",
+        "anyOf": [{"type": "string", "enum": bare}, *objects],
+    }
+
+
+def _replace_slot(schema: dict[str, Any], path: str, kind: str) -> None:
+    """Point the property at ``path`` (``critic.target``) to the kind's definition."""
+    ref = {"$ref": f"#/$defs/{_def_name(kind)}"}
+    section, _, slot = path.rpartition(".")
+    if section:
+        section_ref = _ref_of(schema["properties"][section])
+        holder = schema["$defs"][section_ref]
+    else:
+        holder = schema
+    prop = holder["properties"][slot]
+    keep = {k: v for k, v in prop.items() if k in ("default", "description", "title")}
+    if kind == "reward":
+        holder["properties"][slot] = {
+            **keep,
+            "anyOf": [ref, {"type": "array", "items": ref, "minItems": 1}],
+        }
+    else:
+        holder["properties"][slot] = {**keep, **ref}
+
+
+def _ref_of(prop: dict[str, Any]) -> str:
+    """The definition name a property refers to (directly or through ``anyOf`` with null)."""
+    candidates = [prop, *prop.get("anyOf", [])]
+    for c in candidates:
+        if "$ref" in c:
+            return c["$ref"].rsplit("/", 1)[-1]
+    raise KeyError(f"no $ref in {prop}")
+
+
+def spec_schema(registry: Registry | None = None) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a spec for the components installed now."""
+    registry = registry or get_registry()
+    schema = copy.deepcopy(Spec.model_json_schema())
+    defs: dict[str, Any] = schema.setdefault("$defs", {})
+    for kind in KINDS:
+        defs[_def_name(kind)] = component_schema(kind, registry, defs)
+    for path, kind in SLOT_KINDS.items():
+        _replace_slot(schema, path, kind)
+    for unused in ("ComponentSpec", "RewardSpec"):
+        defs.pop(unused, None)
+    return {"$schema": SCHEMA_DIALECT, **schema}

@@ -1,0 +1,196 @@
+"""Test plugins, spec fixtures and throwaway virtualenvs shared by the core's tests."""
+
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ppokit.hookspecs import Register, hookimpl
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = Path(__file__).resolve().parent / "specs"
+EXAMPLE_PLUGIN = ROOT / "plugins" / "ppokit-example"
+
+
+# ---------------------------------------------------------------------- plugins
+@dataclass(eq=False)
+class Plugin:
+    """An in-process plugin: registers ``components`` (``(args, kwargs)`` pairs) when hooked."""
+
+    components: list[tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
+    fail_with: Exception | None = None
+
+    def add(self, *args: Any, **kwargs: Any) -> Plugin:
+        self.components.append((args, kwargs))
+        return self
+
+    @hookimpl
+    def ppokit_register(self, register: Register) -> None:
+        for args, kwargs in self.components:
+            register(*args, **kwargs)
+        if self.fail_with is not None:
+            raise self.fail_with
+
+
+class ScaleParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    scale: float = Field(1.0, gt=0, le=10, description="a positive scale")
+
+
+class Scaled:
+    """Multiplies by ``scale``: y = scale · x."""
+
+    requires = ("group_ids",)
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+    def __call__(self, x: float) -> float:
+        return self.scale * x
+
+
+def shifted(offset: float, width: int = 2) -> Callable[[float], float]:
+    """A function factory whose signature defines the parameters."""
+    return lambda x: x + offset * width
+
+
+# ---------------------------------------------------------------------- specs
+@dataclass
+class InvalidSpec:
+    path: Path
+    errors: list[str]
+    schema_rejects: bool
+
+
+def valid_specs() -> list[Path]:
+    return sorted((SPECS / "valid").glob("*.yaml"))
+
+
+def invalid_specs() -> list[InvalidSpec]:
+    out = []
+    for path in sorted((SPECS / "invalid").glob("*.yaml")):
+        lines = path.read_text().splitlines()
+        errors = [ln.split("# error:", 1)[1].strip() for ln in lines if ln.startswith("# error:")]
+        rejects = any(ln.strip() == "# schema: reject" for ln in lines)
+        out.append(InvalidSpec(path, errors, rejects))
+    return out
+
+
+# ---------------------------------------------------------------------- virtualenvs
+class Venv:
+    """A throwaway virtualenv that sees the current environment's packages.
+
+    ``python -m venv --system-site-packages`` exposes the base interpreter's packages; a
+    ``.pth`` file adds the running environment's site-packages (torch, ppokit, pytest, pip,
+    setuptools), so installing with ``--no-deps --no-build-isolation`` works offline.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root)],
+            check=True,
+        )
+        self.python = root / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+        own_site = subprocess.run(
+            [str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        parents = [p for p in site.getsitepackages() if Path(p).is_dir()]
+        lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in parents)
+        (Path(own_site) / "_parent_env.pth").write_text(lines)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PPOKIT_")}
+        env.pop("PYTHONPATH", None)
+        env.update(extra)
+        return env
+
+    def run(
+        self, args: Sequence[str], cwd: Path | None = None, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.python), *args],
+            capture_output=True,
+            text=True,
+            env=self.env(**env),
+            cwd=str(cwd) if cwd else None,
+            timeout=600,
+        )
+
+    def ppokit(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return self.run(["-m", "ppokit.cli", *args], **env)
+
+    def install(self, *paths: Path) -> None:
+        result = self.run(
+            [
+                "-m",
+                "pip",
+                "install",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "--disable-pip-version-check",
+                "-q",
+                *map(str, paths),
+            ]
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def write_plugin_dist(root: Path, dist: str, module: str, code: str, ep_name: str) -> Path:
+    """A one-module distribution with an entry point in the ``ppokit`` group."""
+    path = root / dist
+    path.mkdir(parents=True)
+    (path / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            [build-system]
+            requires = ["setuptools>=68"]
+            build-backend = "setuptools.build_meta"
+
+            [project]
+            name = "{dist}"
+            version = "0.0.1"
+
+            [project.entry-points.ppokit]
+            {ep_name} = "{module}"
+
+            [tool.setuptools]
+            py-modules = ["{module}"]
+            """
+        )
+    )
+    (path / f"{module}.py").write_text(textwrap.dedent(code))
+    return path
+
+
+BROKEN_IMPORT = """\
+import ppokit_no_such_module  # the plugin's dependency is missing
+"""
+
+BROKEN_HOOK = """\
+import ppokit
+
+
+@ppokit.hookimpl
+def ppokit_register(register, extra):  # 'extra' is not an argument of the hook
+    register("advantage", "never_registered", "x:y")
+"""
+
+
+def names_of(rows: Iterable[dict[str, Any]], kind: str) -> dict[str, str]:
+    """name -> plugin for the ``list --json`` rows of ``kind``."""
+    return {r["name"]: r["plugin"] for r in rows if r["kind"] == kind}

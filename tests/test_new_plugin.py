@@ -1,0 +1,63 @@
+"""``ppokit new-plugin``: names, the generated files, and the generated distribution
+installed into a throwaway virtualenv, passing its own tests and listed by that venv's CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ppokit.cli import app
+from ppokit.errors import UserError
+from ppokit.scaffold import new_plugin, plugin_names
+from tests.helpers import Venv, names_of
+
+
+@pytest.mark.parametrize(
+    ("name", "dist", "pkg", "component", "cls"),
+    [
+        ("myadv", "ppokit-myadv", "ppokit_myadv", "myadv_centered", "MyadvCentered"),
+        ("my-adv", "ppokit-my-adv", "ppokit_my_adv", "my_adv_centered", "MyAdvCentered"),
+        ("ppokit-x2_y", "ppokit-x2-y", "ppokit_x2_y", "x2_y_centered", "X2YCentered"),
+    ],
+)
+def test_plugin_names(name: str, dist: str, pkg: str, component: str, cls: str) -> None:
+    names = plugin_names(name)
+    assert (names.dist, names.pkg, names.component, names.cls) == (dist, pkg, component, cls)
+    assert names.component.isidentifier() and names.pkg.isidentifier()
+
+
+@pytest.mark.parametrize("name", ["", "My", "1abc", "a b", "a--b", "a.b", "-a", "ünï"])
+def test_bad_plugin_names(name: str) -> None:
+    with pytest.raises(UserError, match="plugin name"):
+        plugin_names(name)
+
+
+def test_generated_files_have_no_placeholders_left(tmp_path: Path) -> None:
+    root = new_plugin("zeta", tmp_path)
+    for path in root.rglob("*"):
+        if path.is_file():
+            text = path.read_text()
+            assert "{{" not in text and "__pkg__" not in str(path), path
+    compile((root / "ppokit_zeta" / "plugin.py").read_text(), "plugin.py", "exec")
+    assert "zeta_centered" in (root / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_generated_plugin_installs_and_passes_its_tests(plugin_venv: Venv, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["new-plugin", "scaffolded", "--dir", str(tmp_path)])
+    assert result.exit_code == 0, result.stderr
+    root = tmp_path / "ppokit-scaffolded"
+    plugin_venv.install(root)
+    tests = plugin_venv.run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=root)
+    assert tests.returncode == 0, tests.stdout[-3000:]
+    assert "4 passed" in tests.stdout
+    listed = plugin_venv.ppokit("list", "advantage", "--json", PPOKIT_LOAD_PLUGINS="scaffolded")
+    assert listed.returncode == 0, listed.stderr
+    assert names_of(json.loads(listed.stdout), "advantage")["scaffolded_centered"] == "scaffolded"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("rollout: {n: 2}\nadvantage: {name: scaffolded_centered, scale: 2.0}\n")
+    valid = plugin_venv.ppokit("validate", str(spec), PPOKIT_LOAD_PLUGINS="scaffolded")
+    assert valid.returncode == 0, valid.stderr
