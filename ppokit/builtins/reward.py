@@ -167,4 +167,6 @@ def register_components(register: Register) -> None:
         "ppokit.tasks.demo:DemoReward",
         params=DemoParams,
         summary="Reward of the built-in demo task",
+        formula="r = |{i < 4 : response[i] = s}| / 4 for the symbol s the prompt shows",
+        source="ppokit's built-in demo task (echo the prompt's symbol)",
     )
