@@ -142,7 +142,9 @@ class ModelSpec(_Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="'auto': bf16 autocast on CUDA, float32 on CPU"
     )
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in the backward pass to save memory"
+    )
     tiny: dict[str, Any] = Field(
         default_factory=dict, description="config overrides for the 'tiny' model"
     )
@@ -151,48 +153,74 @@ class ModelSpec(_Strict):
 class DataSpec(_Strict):
     source: str = Field("demo", description="'demo', 'arithmetic' or a path to a JSONL file")
     chat_template: bool = Field(False, description="wrap prompts in the tokenizer's chat template")
-    system_prompt: str | None = None
+    system_prompt: str | None = Field(
+        None, description="system message placed before each prompt (with chat_template)"
+    )
     options: dict[str, Any] = Field(
         default_factory=dict, description="options of the built-in prompt generator"
     )
-    shuffle: bool = True
+    shuffle: bool = Field(True, description="shuffle the prompts of a JSONL file each epoch")
 
 
 class RolloutSpec(_Strict):
-    prompts_per_round: int = Field(16, ge=1)
+    prompts_per_round: int = Field(16, ge=1, description="prompts sampled each round")
     n: int = Field(4, ge=1, description="samples per prompt")
-    max_new_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(
+        16, ge=1, description="response length limit (longer responses are truncated)"
+    )
+    temperature: float = Field(
+        1.0, gt=0, description="sampling temperature (log-probs use the same temperature)"
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus-sampling probability mass")
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
 
 
 class CriticSpec(_Strict):
-    target: ComponentSpec = ComponentSpec(name="lambda_return")
-    mask: ComponentSpec = ComponentSpec(name="response")
-    weight: ComponentSpec = ComponentSpec(name="uniform")
-    loss: ComponentSpec = ComponentSpec(name="mse")
-    aggregation: ComponentSpec = ComponentSpec(name="token_mean")
+    target: ComponentSpec = Field(
+        ComponentSpec(name="lambda_return"), description="the critic's regression target Y"
+    )
+    mask: ComponentSpec = Field(
+        ComponentSpec(name="response"), description="positions the critic loss counts (m^V)"
+    )
+    weight: ComponentSpec = Field(
+        ComponentSpec(name="uniform"), description="per-prompt weight ω of the critic loss"
+    )
+    loss: ComponentSpec = Field(
+        ComponentSpec(name="mse"), description="the regression loss ℓ(V_φ(s_t), Y_t, V_old(s_t))"
+    )
+    aggregation: ComponentSpec = Field(
+        ComponentSpec(name="token_mean"), description="how the elementwise critic loss is reduced"
+    )
 
 
 class PolicySpec(_Strict):
-    loss: ComponentSpec = ComponentSpec(name="ppo_clip")
-    aggregation: ComponentSpec = ComponentSpec(name="token_mean")
+    loss: ComponentSpec = Field(
+        ComponentSpec(name="ppo_clip"), description="the actor's surrogate loss"
+    )
+    aggregation: ComponentSpec = Field(
+        ComponentSpec(name="token_mean"), description="how the elementwise actor loss is reduced"
+    )
     weight: ComponentSpec = Field(
         ComponentSpec(name="uniform"),
         description="prompt weight of the actor loss: rows of weight 0 leave the loss and its "
         "denominators (DAPO's dynamic sampling with informative_groups)",
     )
-    entropy_coef: float = Field(0.0, ge=0)
+    entropy_coef: float = Field(0.0, ge=0, description="weight of an entropy bonus")
     nll_coef: float = Field(
         0.0, ge=0, description="weight of an NLL term on positive examples (VAPO)"
     )
 
 
 class KLSpec(_Strict):
-    estimator: ComponentSpec = ComponentSpec(name="k1")
-    coef: float = Field(0.05, ge=0, description="beta")
-    placement: Literal["reward", "loss"] = "reward"
+    estimator: ComponentSpec = Field(
+        ComponentSpec(name="k1"), description="the per-token KL estimator"
+    )
+    coef: float = Field(0.05, ge=0, description="beta (the initial beta when adaptive)")
+    placement: Literal["reward", "loss"] = Field(
+        "reward",
+        description="'reward': -beta·kl added to the per-token reward; "
+        "'loss': beta·kl added to the actor loss",
+    )
     target: float | None = Field(
         None, gt=0, description="adaptive beta: target KL per sequence (None = fixed)"
     )
@@ -200,50 +228,67 @@ class KLSpec(_Strict):
 
 
 class TrainSpec(_Strict):
-    rounds: int = Field(50, ge=1)
-    ppo_epochs: int = Field(1, ge=1)
+    rounds: int = Field(50, ge=1, description="rounds of generate-then-update")
+    ppo_epochs: int = Field(1, ge=1, description="passes over each round's responses")
     minibatch_size: int | None = Field(
         None, ge=1, description="responses per optimizer step (None: the whole round)"
     )
     micro_batch_size: int | None = Field(
         None, ge=1, description="responses per forward/backward (gradient accumulation)"
     )
-    actor_lr: float = Field(1e-5, gt=0)
-    critic_lr: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
+    actor_lr: float = Field(1e-5, gt=0, description="actor learning rate (AdamW)")
+    critic_lr: float = Field(1e-5, gt=0, description="critic learning rate (AdamW)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, description="gradient-norm clip, per model (null: none)"
+    )
     warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up, in steps")
     critic_warmup_rounds: int = Field(
         0, ge=0, description="critic-only rounds before the actor trains (value pretraining)"
     )
-    vf_coef: float = Field(0.5, ge=0)
+    vf_coef: float = Field(0.5, ge=0, description="weight of the critic loss")
 
 
 class OutputSpec(_Strict):
-    dir: str = "runs/ppokit"
+    dir: str = Field("runs/ppokit", description="where metrics, samples and checkpoints go")
     save_every: int = Field(10, ge=1, description="checkpoint every N rounds")
     sample_every: int = Field(5, ge=1, description="write sample completions every N rounds")
-    overwrite: bool = False
-    progress: bool = True
+    overwrite: bool = Field(False, description="replace a non-empty output directory")
+    progress: bool = Field(True, description="show a live progress display")
 
 
 class Spec(_Strict):
     """A full ppokit run."""
 
-    seed: int = 0
-    model: ModelSpec = ModelSpec()
-    data: DataSpec = DataSpec()
-    rollout: RolloutSpec = RolloutSpec()
-    reward: list[RewardSpec] = Field(
-        default_factory=lambda: [RewardSpec(name="demo")], min_length=1
+    seed: int = Field(0, description="seed of initialisation, sampling and data order")
+    model: ModelSpec = Field(ModelSpec(), description="the actor (policy) and critic models")
+    data: DataSpec = Field(DataSpec(), description="where the prompts come from")
+    rollout: RolloutSpec = Field(
+        RolloutSpec(), description="how many responses each round samples, and how"
     )
-    advantage: ComponentSpec = ComponentSpec(name="gae")
-    critic: CriticSpec | None = None
-    policy: PolicySpec = PolicySpec()
-    kl: KLSpec | None = None
-    truncation: ComponentSpec = ComponentSpec(name="terminal")
-    train: TrainSpec = TrainSpec()
-    output: OutputSpec = OutputSpec()
+    reward: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="demo")],
+        min_length=1,
+        description="the outcome reward: one component or a list, summed with their `weight`",
+    )
+    advantage: ComponentSpec = Field(
+        ComponentSpec(name="gae"), description="the advantage estimator"
+    )
+    critic: CriticSpec | None = Field(
+        None, description="the value model's objective; absent: no critic (actor only)"
+    )
+    policy: PolicySpec = Field(PolicySpec(), description="the actor's objective")
+    kl: KLSpec | None = Field(
+        None, description="KL to the reference policy; absent: no KL term, no reference model"
+    )
+    truncation: ComponentSpec = Field(
+        ComponentSpec(name="terminal"),
+        description="what happens to responses that hit max_new_tokens without EOS",
+    )
+    train: TrainSpec = Field(TrainSpec(), description="optimisation")
+    output: OutputSpec = Field(
+        OutputSpec(), description="where the run writes metrics, samples and checkpoints"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -254,29 +299,27 @@ class Spec(_Strict):
 
     # ------------------------------------------------------------------ slots
     def slots(self) -> Iterator[tuple[str, str, ComponentSpec]]:
-        """Every component slot in use: (path in the spec, kind, component)."""
-        for i, r in enumerate(self.reward):
-            yield (f"reward.{i}" if len(self.reward) > 1 else "reward"), "reward", r
-        yield "truncation", "truncation", self.truncation
-        if self.kl is not None:
-            yield "kl.estimator", "kl_estimator", self.kl.estimator
-        yield "advantage", "advantage", self.advantage
-        if self.critic is not None:
-            yield "critic.target", "critic_target", self.critic.target
-            yield "critic.mask", "position_mask", self.critic.mask
-            yield "critic.weight", "prompt_weight", self.critic.weight
-            yield "critic.loss", "regression_loss", self.critic.loss
-            yield "critic.aggregation", "aggregation", self.critic.aggregation
-        yield "policy.loss", "policy_loss", self.policy.loss
-        yield "policy.aggregation", "aggregation", self.policy.aggregation
-        yield "policy.weight", "prompt_weight", self.policy.weight
+        """Every component slot in use: (path in the spec, kind, component), in SLOT_KINDS order.
+
+        Slots of an absent section (no ``critic``, no ``kl``) are skipped.
+        """
+        for path, kind in SLOT_KINDS.items():
+            if path == "reward":
+                for i, r in enumerate(self.reward):
+                    yield (f"reward.{i}" if len(self.reward) > 1 else "reward"), kind, r
+                continue
+            section, _, attr = path.rpartition(".")
+            owner = getattr(self, section) if section else self
+            if owner is not None:
+                yield path, kind, getattr(owner, attr)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(), sort_keys=False)
 
 
 # ---------------------------------------------------------------------- checks
-#: Component slots of a spec: path -> kind (``reward`` may also be a list).
+#: Component slots of a spec, path -> kind, in the order a round uses them
+#: (``reward`` may also be a list).
 SLOT_KINDS: dict[str, str] = {
     "reward": "reward",
     "truncation": "truncation",

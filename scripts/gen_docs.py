@@ -90,47 +90,6 @@ KIND_CALLS: dict[str, tuple[str, str]] = {
 }
 
 #: Descriptions of Spec fields whose pydantic model gives none.
-FIELD_NOTES: dict[str, str] = {
-    "seed": "random seed of sampling, initialisation and data order",
-    "model": "the actor (policy) and critic models",
-    "data": "where the prompts come from",
-    "rollout": "how many responses each round samples, and how",
-    "reward": "the outcome reward: one component or a list, summed with their `weight`",
-    "advantage": "the advantage estimator",
-    "critic": "the value model's objective; absent: no critic (actor only)",
-    "policy": "the actor's objective",
-    "kl": "KL to the reference policy; absent: no KL term and no reference model",
-    "truncation": "what happens to responses that hit max_new_tokens without EOS",
-    "train": "optimisation",
-    "output": "where the run writes metrics, samples and checkpoints",
-    "model.gradient_checkpointing": "recompute activations in the backward pass to save memory",
-    "data.system_prompt": "system message placed before each prompt (with chat_template)",
-    "data.shuffle": "shuffle the prompts",
-    "rollout.prompts_per_round": "prompts sampled each round",
-    "rollout.max_new_tokens": "response length limit (longer responses are truncated)",
-    "rollout.temperature": "sampling temperature",
-    "rollout.top_p": "nucleus-sampling probability mass",
-    "critic.target": "the regression target Y of the critic",
-    "critic.mask": "the positions the critic loss counts (m^V)",
-    "critic.weight": "per-prompt weight ω of the critic loss",
-    "critic.loss": "the regression loss ℓ(V_φ(s_t), Y_t, V_old(s_t))",
-    "critic.aggregation": "how the elementwise critic loss is reduced",
-    "policy.loss": "the surrogate loss of the actor",
-    "policy.aggregation": "how the elementwise actor loss is reduced",
-    "policy.entropy_coef": "weight of an entropy bonus",
-    "kl.estimator": "the KL estimator",
-    "kl.placement": "'reward': subtracted from the per-token reward; 'loss': added to the actor loss",
-    "train.rounds": "rounds of generate-then-update",
-    "train.ppo_epochs": "passes over each round's responses",
-    "train.actor_lr": "actor learning rate (AdamW)",
-    "train.critic_lr": "critic learning rate (AdamW)",
-    "train.weight_decay": "AdamW weight decay",
-    "train.max_grad_norm": "gradient-norm clip (null: none)",
-    "train.vf_coef": "weight of the critic loss",
-    "output.dir": "output directory",
-    "output.overwrite": "replace an existing output directory",
-    "output.progress": "show a progress display",
-}
 
 #: What the spec must provide for components that require a batch field (docs/design.md).
 REQUIREMENT_RULES: dict[str, str] = {
@@ -628,7 +587,7 @@ def _field_rows(model: type[BaseModel], prefix: str) -> list[list[str]]:
     rows = []
     for name, f in model.model_fields.items():
         path = f"{prefix}{name}"
-        description = f.description or FIELD_NOTES.get(path, "")
+        description = f.description or ""
         rows.append(
             [
                 f"`{path}`",
@@ -675,7 +634,7 @@ def spec_md() -> str:
             continue
         optional = type(None) in get_args(f.annotation)
         out += ["", f"## `{name}`", ""]
-        note = f.description or FIELD_NOTES.get(name, "")
+        note = f.description or ""
         if note:
             out += [note[0].upper() + note[1:] + ".", ""]
         if optional:

@@ -137,7 +137,7 @@ def register_components(register: Register) -> None:
         formula="A_t = Σ_{s≥t} r_s − R(greedy response)",
         requires=("baseline_rewards",),
         source="ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for "
-        "Aligning Large Language Models (Li et al., 2023), arXiv:2310.10505",
+        "Aligning Large Language Models (Li et al., 2024), arXiv:2310.10505",
     )
     register(
         "advantage",

@@ -44,7 +44,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:Terminal",
         params=NoParams,
         summary="Truncated rows are treated as ended (value after the last token is 0)",
-        formula="bootstrap_values := None",
+        formula="V(s_{L+1}) = 0 for every row, truncated or not",
     )
     register(
         "truncation",
