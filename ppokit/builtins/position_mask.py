@@ -20,6 +20,7 @@ def register_components(register: Register) -> None:
         params=NoParams,
         summary="Every response token",
         formula="m_t = response_mask_t",
+        source="the general critic loss of ppokit's docs/concepts.md; PPO (Schulman et al., 2017), arXiv:1707.06347",
     )
     register(
         "position_mask",
@@ -29,6 +30,7 @@ def register_components(register: Register) -> None:
         summary="Response tokens of rows that ended with EOS (truncated rows get 0)",
         formula="m_t = response_mask_t * (1 - truncated)",
         requires=("truncated",),
+        source="Time Limits in Reinforcement Learning (Pardo et al., 2018), arXiv:1712.00378: no value regression on cut-off returns",
     )
     register(
         "position_mask",
@@ -37,4 +39,5 @@ def register_components(register: Register) -> None:
         params=NoParams,
         summary="Only each row's last response token",
         formula="m_t = 1 if t is the row's last response position else 0",
+        source="ppokit: train the critic on the final state only (an outcome-value critic)",
     )

@@ -30,6 +30,7 @@ def register_components(register: Register) -> None:
         params=NoParams,
         summary="Every prompt weighs 1",
         formula="w = 1",
+        source="the general critic loss of ppokit's docs/concepts.md",
     )
     register(
         "prompt_weight",
@@ -39,6 +40,7 @@ def register_components(register: Register) -> None:
         summary="Bernoulli variance of the group's pass rate: prompts solved half the time weigh most",
         formula="p = clamp(group mean of R, 0, 1); w = p (1 - p), divided by mean(w) if normalize",
         requires=("group_ids",),
+        source="ppokit: the variance p(1-p) of a Bernoulli reward, largest for prompts solved half the time",
     )
     register(
         "prompt_weight",

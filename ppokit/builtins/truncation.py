@@ -45,6 +45,7 @@ def register_components(register: Register) -> None:
         params=NoParams,
         summary="Truncated rows are treated as ended (value after the last token is 0)",
         formula="V(s_{L+1}) = 0 for every row, truncated or not",
+        source="Time Limits in Reinforcement Learning (Pardo et al., 2018), arXiv:1712.00378 (the time-limit-as-terminal baseline)",
     )
     register(
         "truncation",
@@ -74,6 +75,7 @@ def register_components(register: Register) -> None:
         summary="A truncated row's outcome reward is replaced by a fixed value",
         formula="r_{i,t} := value at the row's last position, else 0, for truncated i",
         requires=("truncated",),
+        source="The N+ Implementation Details of RLHF with PPO (Huang et al., 2024), arXiv:2403.17031",
     )
     register(
         "truncation",
