@@ -5,10 +5,15 @@ loop over t implementing the same formula (vectorised over B; group estimators: 
 groups), and of copying the tensors the component reads once (``clone()``). Prints ms and the
 ratios loop/ours and ours/copy.
 
-    python benchmarks/components.py [--quick] [--repeats N]
+    python benchmarks/components.py [--quick] [--repeats N] [--shape BxT ...] [--only NAME ...]
+                                    [--device cpu|cuda]
 
-``--quick`` runs only the smallest shape. At T = 32768 the loop is timed on the first
-``LOOP_SLICE`` positions and scaled linearly in T (marked ``*`` in the table).
+The three timings of a row are interleaved (ours, copy, loop in each round, after a warm-up
+round), so that load from other processes hits them alike; each is the median over the
+rounds. ``--quick`` runs only the smallest shape; ``--shape`` replaces the default shapes;
+``--only`` keeps the components whose name (``gae`` or ``advantage.gae``) is given. On CUDA
+every timing is bracketed by ``torch.cuda.synchronize()``. At T = 32768 the loop is timed on
+the first ``LOOP_SLICE`` positions and scaled linearly in T (marked ``*`` in the table).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ LOOP_SLICE = 4096
 
 # ----------------------------------------------------------------------------- loops
 def _zeros(batch: RolloutBatch) -> Tensor:
-    return torch.zeros(batch.batch_size, batch.seq_len)
+    return torch.zeros(batch.batch_size, batch.seq_len, device=batch.device)
 
 
 def _masked(batch: RolloutBatch, x: Tensor | None) -> Tensor:
@@ -55,7 +60,7 @@ def loop_gae(batch: RolloutBatch, gamma: float, lam: float | Tensor) -> Tensor:
     r, v = _masked(batch, batch.token_rewards), _masked(batch, batch.values)
     out = _zeros(batch)
     v_next = batch.terminal_values.clone()
-    acc = torch.zeros(batch.batch_size)
+    acc = torch.zeros(batch.batch_size, device=batch.device)
     for t in range(batch.seq_len - 1, -1, -1):
         m = mask[:, t]
         delta = r[:, t] + gamma * v_next - v[:, t]
@@ -66,7 +71,9 @@ def loop_gae(batch: RolloutBatch, gamma: float, lam: float | Tensor) -> Tensor:
 
 
 def loop_returns(batch: RolloutBatch, gamma: float, bootstrap: bool) -> Tensor:
-    init = batch.terminal_values if bootstrap else torch.zeros(batch.batch_size)
+    init = (
+        batch.terminal_values if bootstrap else torch.zeros(batch.batch_size, device=batch.device)
+    )
     return loop_scan(_masked(batch, batch.token_rewards), batch.response_mask, gamma, init)
 
 
@@ -156,13 +163,13 @@ TIME_LOOPS = {key for key in LOOPS if key[1] not in {"grpo", "dr_grpo", "rloo", 
 
 
 # ----------------------------------------------------------------------------- timing
-def make_batch(b: int, t: int, seed: int = 0) -> RolloutBatch:
+def make_batch(b: int, t: int, seed: int = 0, device: str = "cpu") -> RolloutBatch:
     """Ragged rows (lengths in [T/2, T]), 10% masked gaps, groups of 8, some truncated."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(t // 2, t + 1, (b, 1), generator=gen)
     mask = torch.arange(t)[None, :] < lengths
     mask &= torch.rand(b, t, generator=gen) > 0.1
-    return RolloutBatch(
+    batch = RolloutBatch(
         response_mask=mask,
         token_rewards=torch.randn(b, t, generator=gen),
         values=torch.randn(b, t, generator=gen),
@@ -171,16 +178,40 @@ def make_batch(b: int, t: int, seed: int = 0) -> RolloutBatch:
         bootstrap_values=torch.randn(b, generator=gen),
         baseline_rewards=torch.randn(b, generator=gen),
     )
+    return batch.to(device)
 
 
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
+class Timer:
+    """Wall-clock seconds of a call, synchronising the device around it on CUDA."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+
+def interleaved_ms(
+    fns: list[Callable[[], object]], repeats: list[int], timer: Timer
+) -> list[float]:
+    """Median ms of each function; one warm-up round, then rounds that run each in turn.
+
+    ``repeats[i]``: timed runs of ``fns[i]`` (a function stops once it has its count).
+    """
+    for fn in fns:
+        fn()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
+    for round_ in range(max(repeats)):
+        for fn, want, acc in zip(fns, repeats, times, strict=True):
+            if round_ < want:
+                acc.append(timer(fn))
+    return [1e3 * statistics.median(acc) for acc in times]
 
 
 def read_fields(kind: str, name: str) -> tuple[str, ...]:
@@ -198,19 +229,27 @@ class Row:
     scaled: bool
 
 
-def bench(kind: str, name: str, batch: RolloutBatch, repeats: int) -> Row:
+def bench(kind: str, name: str, batch: RolloutBatch, repeats: int, timer: Timer) -> Row:
     component = get_registry().create(kind, name)
     fields = [getattr(batch, f) for f in read_fields(kind, name)]
-    ours = median_ms(lambda: component(batch.replace()), repeats)
-    copy = median_ms(lambda: [f.clone() for f in fields], repeats)
     loop_fn = LOOPS[(kind, name)]
     t = batch.seq_len
     scaled = (kind, name) in TIME_LOOPS and t > LOOP_SLICE
+    part = batch
     if scaled:
         part = batch.replace(**{f: getattr(batch, f)[:, :LOOP_SLICE] for f in _token_fields(batch)})
-        loop = median_ms(lambda: loop_fn(part.replace()), 1) * t / LOOP_SLICE
-    else:
-        loop = median_ms(lambda: loop_fn(batch.replace()), max(1, repeats // 3))
+    loop_repeats = max(3, repeats // 3) if (kind, name) in TIME_LOOPS else repeats
+    ours, copy, loop = interleaved_ms(
+        [
+            lambda: component(batch.replace()),
+            lambda: [f.clone() for f in fields],
+            lambda: loop_fn(part.replace()),
+        ],
+        [repeats, repeats, loop_repeats],
+        timer,
+    )
+    if scaled:
+        loop *= t / LOOP_SLICE
     return Row(f"{kind}.{name}", tuple(batch.response_mask.shape), ours, loop, copy, scaled)
 
 
@@ -222,19 +261,44 @@ def _token_fields(batch: RolloutBatch) -> list[str]:
     ]
 
 
+def _shape(text: str) -> tuple[int, int]:
+    b, t = text.lower().split("x")
+    return int(b), int(t)
+
+
+def _selected(kind: str, name: str, only: list[str] | None) -> bool:
+    return not only or name in only or f"{kind}.{name}" in only
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="only the smallest shape")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement")
+    parser.add_argument("--repeats", type=int, default=15, help="timed runs per measurement")
+    parser.add_argument(
+        "--shape", type=_shape, action="append", help="B x T to run, e.g. 256x4096 (repeatable)"
+    )
+    parser.add_argument(
+        "--only", action="append", help="component name, e.g. gae or critic_target.td0"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
-    shapes = SHAPES[:1] if args.quick else SHAPES
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}")
+    if args.repeats < 7:
+        parser.error("--repeats must be at least 7")
+    shapes = args.shape or (SHAPES[:1] if args.quick else SHAPES)
+    keys = [key for key in LOOPS if _selected(*key, args.only)]
+    if not keys:
+        parser.error(f"--only matches no component of {[n for _, n in LOOPS]}")
+    timer = Timer(args.device)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
+        f"median of {args.repeats} interleaved runs"
+    )
     header = f"{'component':<38}{'B x T':>12}{'ours ms':>10}{'loop ms':>11}{'copy ms':>9}"
     print(header + f"{'loop/ours':>11}{'ours/copy':>11}")
     for b, t in shapes:
-        batch = make_batch(b, t)
-        for kind, name in LOOPS:
-            row = bench(kind, name, batch, args.repeats)
+        batch = make_batch(b, t, device=args.device)
+        for kind, name in keys:
+            row = bench(kind, name, batch, args.repeats, timer)
             mark = "*" if row.scaled else " "
             print(
                 f"{row.component:<38}{f'{b}x{t}':>12}{row.ours:>10.2f}{row.loop:>10.1f}{mark}"

@@ -7,21 +7,27 @@ are skipped as if absent) and 0 after the row's last True position. Masked posit
 Algorithm (no loop over time steps):
 
 1. Compaction. Each row's True positions are moved to the left with one scatter
-   (``cumsum(mask)`` is the 1-based slot of every True position). Gaps disappear and the
-   problem becomes y_j = x_j + d * y_{j+1} on a dense row, zero-padded on the right (zeros
-   after the row's length keep y = 0 there, so no length bookkeeping is needed).
-2. Chunks. The dense row is cut into chunks of ``CHUNK`` positions. Inside a chunk the scan
-   is one batched matmul with the upper-triangular matrix of discount powers d^(s-t).
-3. Carry. The chunk heads y_local[chunk k, 0] form the same recurrence at the chunk level
-   with discount d^CHUNK, solved by the same function recursively (a second level suffices
-   up to CHUNK^2 positions, a third up to CHUNK^3). The carry into chunk k, y at the first
-   position of chunk k+1, enters position t of chunk k with the factor d^(CHUNK - t).
-4. Expansion. One gather puts the results back at the original positions.
+   (``cumsum(mask)`` is the 1-based slot of every True position; masked positions go to the
+   spare slot 0, which is cleared afterwards). Gaps disappear and the problem becomes
+   y_j = x_j + d * y_{j+1} on a dense row, zero-padded on the right (zeros after the row's
+   length keep y = 0 there, so no length bookkeeping is needed). The slot index is built
+   once per component call and shared by every tensor of that call.
+2. Carry. The dense row is cut into chunks of ``CHUNK`` positions. The chunk sums
+   S_k = sum_s d^s x_{kC+s} are computed in the accumulation dtype (float64: float32 sums
+   would add their rounding errors along the whole row) and form the same recurrence at the
+   chunk level, Y_k = S_k + d^C Y_{k+1}, solved by the same function recursively. Y_{k+1}
+   (y at the head of chunk k + 1) enters chunk k as d * Y_{k+1} added to its last x.
+3. Chunks. Inside a chunk the scan is then one matmul with the upper-triangular matrix of
+   discount powers d^(s-t), in the input dtype. In float32 its partial sums must stay small
+   for the 1e-6 absolute tolerance: C = 16 keeps it (C = 32 does not, measured).
+4. Expansion. One gather puts the results back at the original positions; masked positions
+   read the spare slot, which holds 0.
 
 Discount powers are computed in float64 from the discount itself (d^(C*j) directly, never
 by dividing by a power or by raising a rounded d^C again), so long rows whose powers underflow
-are exact up to float rounding. Sums accumulate in float64 (float32 on devices without it,
-such as MPS); results are float32.
+are exact up to float rounding; powers below the smallest normal float32 are flushed to 0
+(denormal arithmetic is slow and they change nothing at float32 precision). The carry uses
+float64 (float32 on devices without it, such as MPS); results are float32.
 """
 
 from __future__ import annotations
@@ -44,54 +50,62 @@ __all__ = [
     "gae",
     "next_values",
     "returns_to_go",
+    "whiten_rows",
 ]
 
-#: Chunk length of the matmul scan (measured fastest on a 2-core CPU among 32, 64, 128).
-CHUNK = 32
+#: Chunk length of the matmul scan: the largest that keeps float32 within tolerance.
+CHUNK = 16
+#: Powers below this (the smallest normal float32) are flushed to 0.
+_TINY = torch.finfo(torch.float32).tiny
 
 
 def accumulate_dtype(device: torch.device) -> torch.dtype:
-    """float64 (float32 sums over 32k positions miss the 1e-5 tolerance), float32 on MPS."""
+    """float64 for the cross-chunk carry, float32 on MPS (which has no float64)."""
     return torch.float32 if device.type == "mps" else torch.float64
 
 
 Discount = float | Tensor
 
 
-def _as_float64(discount: Discount, device: torch.device) -> float | Tensor:
+def _as_carry(discount: Discount, device: torch.device) -> float | Tensor:
     if isinstance(discount, Tensor):
-        return discount.detach().to(device=device, dtype=torch.float64)
+        return discount.detach().to(device=device, dtype=accumulate_dtype(device))
     return float(discount)
 
 
 @lru_cache(maxsize=64)
-def _scalar_matrices(d: float, size: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Lower-triangular powers W[s, t] = d^(s - t) (s >= t) and tail[t] = d^(size - t)."""
-    return _power_matrices(torch.tensor(d, dtype=torch.float64, device=device), size)
+def _scalar_matrices(
+    d: float, size: int, device: torch.device, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """The power matrix of a float discount in ``dtype``, and its first column d^s (carry)."""
+    weights = _power_matrices(torch.tensor(d, dtype=accumulate_dtype(device), device=device), size)
+    return weights.to(dtype), weights[:, 0].contiguous()
 
 
-def _power_matrices(d: Tensor, size: int) -> tuple[Tensor, Tensor]:
-    """Powers of a float64 discount d (scalar or [B]).
+def _power_matrices(d: Tensor, size: int) -> Tensor:
+    """W[..., s, t] = d^(s - t) for s >= t else 0, of a discount d (scalar or [B]).
 
-    W[..., s, t] = d^(s - t) for s >= t else 0, so that (x @ W)[t] = sum_{s>=t} d^(s-t) x_s;
-    tail[..., t] = d^(size - t), the factor of the carry entering position t.
+    In d's dtype; (x @ W)[t] = sum_{s>=t} d^(s-t) x_s. Powers below the smallest normal
+    float32 are 0.
     """
-    k = torch.arange(size, device=d.device, dtype=torch.float64)
+    k = torch.arange(size, device=d.device, dtype=d.dtype)
     diff = k[:, None] - k[None, :]
-    base = d.reshape(*d.shape, 1, 1)
-    weights = torch.pow(base, diff.clamp_min(0)) * (diff >= 0)
-    tail = torch.pow(d.reshape(*d.shape, 1), size - k)
-    return weights, tail
+    weights = torch.pow(d.reshape(*d.shape, 1, 1), diff.clamp_min(0)) * (diff >= 0)
+    zero = torch.zeros((), dtype=d.dtype, device=d.device)
+    return torch.where(weights >= _TINY, weights, zero)
 
 
-def dense_reverse_scan(x: Tensor, discount: Discount, chunk: int = CHUNK) -> Tensor:
+def dense_reverse_scan(
+    x: Tensor, discount: Discount, chunk: int = CHUNK, *, overwrite: bool = False
+) -> Tensor:
     """y_t = x_t + d * y_{t+1} along the last axis of a dense [B, L] tensor, y_L = 0.
 
-    ``discount``: a float, or a per-row [B] tensor. Chunked matmul scan (see module doc);
-    ``chunk`` >= 2.
+    ``x``: float32 or float64 (the result has x's dtype). ``discount``: a float, or a per-row
+    [B] tensor. Chunked matmul scan (see module doc); ``chunk`` >= 2. ``overwrite``: x may be
+    used as scratch space (saves a copy when L is a whole number of chunks).
     """
     b, length = x.shape
-    d = _as_float64(discount, x.device)
+    d = _as_carry(discount, x.device)
     if length == 0:
         return x.clone()
     size = min(chunk, length)
@@ -99,63 +113,108 @@ def dense_reverse_scan(x: Tensor, discount: Discount, chunk: int = CHUNK) -> Ten
     padded = n_chunks * size
     if padded != length:
         x = torch.nn.functional.pad(x, (0, padded - length))
-    if isinstance(d, Tensor):
-        weights, tail = (m.to(x.dtype) for m in _power_matrices(d, size))  # [B,C,C], [B,C]
-        local = torch.bmm(x.view(b, n_chunks, size), weights)
-        tail = tail[:, None, :]
     else:
-        weights, tail = (m.to(x.dtype) for m in _scalar_matrices(d, size, x.device))
-        local = (x.view(b * n_chunks, size) @ weights).view(b, n_chunks, size)
+        x = x.contiguous() if overwrite else x.clone(memory_format=torch.contiguous_format)
+    x = x.view(b, n_chunks, size)
+    if isinstance(d, Tensor):
+        weights = _power_matrices(d, size)  # [B, C, C] in the carry dtype
+        matrix, first, step = weights.to(x.dtype), weights[:, :, :1], d[:, None]
+    else:
+        matrix, first = _scalar_matrices(d, size, x.device, x.dtype)
+        first, step = first[:, None], d
     if n_chunks > 1:
-        heads = dense_reverse_scan(local[:, :, 0].contiguous(), d**size, chunk)
-        carry = torch.nn.functional.pad(heads[:, 1:], (0, 1))
-        local = torch.addcmul(local, carry[:, :, None], tail)
+        # y at the head of chunk k + 1 enters chunk k as d * y_head added to its last x.
+        # The chunk sums are recomputed in the carry dtype: float32 sums would add their
+        # rounding errors along the whole row.
+        carry_dtype = torch.promote_types(x.dtype, accumulate_dtype(x.device))
+        wide = x.to(carry_dtype)  # contiguous: a strided conversion is several times slower
+        first = first.to(carry_dtype)
+        if first.dim() == 2:
+            sums = torch.mv(wide.view(-1, size), first[:, 0]).view(b, n_chunks)
+        else:
+            sums = torch.bmm(wide, first).view(b, n_chunks)
+        heads = dense_reverse_scan(sums[:, 1:], d**size, chunk, overwrite=True)
+        x[:, :-1, -1] += (step * heads).to(x.dtype)
+    if isinstance(d, Tensor):
+        local = torch.bmm(x, matrix)
+    else:
+        local = (x.view(b * n_chunks, size) @ matrix).view(b, n_chunks, size)
     return local.view(b, padded)[:, :length]
 
 
 class Compaction:
     """Each row's True positions moved to the left, in order: the index built once per mask.
 
-    ``compact(x)`` is a dense [B, W] tensor (W >= T + 1, whole chunks): slot 0 of every row is a spare slot, slots
-    1..length(b) hold x at the True positions of row b in their order, then zeros.
-    ``expand(y)`` puts a dense result back at the True positions. The spare slot keeps empty
-    rows and masked positions free of special cases: a masked position points at the slot of
-    the row's previous True position (or the spare slot) and only ever adds 0 there.
+    ``compact(x)`` is a dense [B, W] tensor (W >= T + 1, whole chunks): slot 0 of every row is
+    a spare slot holding 0, slots 1..length(b) hold x at the True positions of row b in their
+    order, then zeros. ``expand(y)`` puts a dense result back at the True positions. Masked
+    positions point at the spare slot: they write there (cleared afterwards) and read 0 there.
     """
 
     def __init__(self, mask: Tensor) -> None:
         self.mask = mask
-        counts = mask.cumsum(dim=1, dtype=torch.int32)
-        self.lengths = counts[:, -1].long() if mask.shape[1] else counts.sum(dim=1).long()
-        #: 1-based slot of each True position among its row's True positions
-        self.slots = counts.long()
+        t = mask.shape[1]
+        counts = mask.cumsum(dim=1)
+        #: True positions per row, long [B]
+        self.lengths = counts[:, -1].clone() if t else counts.sum(dim=1)
+        #: slot of each position: 1-based rank among its row's True positions, 0 when masked
+        self.slots = counts.mul_(mask)
         #: width of the compacted rows: T + 1 rounded up to whole chunks (no padding later)
-        self.width = -(-(mask.shape[1] + 1) // CHUNK) * CHUNK
+        self.width = -(-(t + 1) // CHUNK) * CHUNK
 
-    def compact(self, x: Tensor) -> Tensor:
-        """x at the True positions, left-aligned after the spare slot, [B, W].
+    def compact(self, x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """x at the True positions, left-aligned after the spare slot, [B, W] in ``dtype``.
 
-        In the accumulation dtype; masked entries of x never matter.
+        Masked entries of x never matter (they land in the spare slot, which is cleared).
         """
-        dtype = accumulate_dtype(x.device)
-        zero = torch.zeros((), dtype=dtype, device=x.device)
-        src = torch.where(self.mask, x.to(dtype), zero)
         out = torch.zeros(self.mask.shape[0], self.width, dtype=dtype, device=x.device)
-        return out.scatter_add_(1, self.slots, src)
+        out.scatter_(1, self.slots, x.to(dtype))
+        out[:, 0] = 0
+        return out
 
     def expand(self, y: Tensor) -> Tensor:
-        """A dense [B, W] result back at the True positions, 0 elsewhere, float32 [B, T]."""
-        out = y.float().gather(1, self.slots)
-        return torch.where(self.mask, out, torch.zeros((), dtype=out.dtype, device=out.device))
+        """A dense [B, W] result back at the True positions, 0 elsewhere, float32 [B, T].
+
+        Clears y's spare slot in place (the masked positions read it).
+        """
+        y[:, 0] = 0
+        return y.gather(1, self.slots).float()
 
     def add_at_last(self, dense: Tensor, value: Tensor) -> Tensor:
         """dense plus ``value`` [B] at each row's last slot (the spare slot for an empty row)."""
-        return dense.scatter_add(1, self.lengths[:, None], value.to(dense.dtype)[:, None])
+        return dense.scatter_add_(1, self.lengths[:, None], value.to(dense.dtype)[:, None])
 
     def shift(self, dense: Tensor, terminal: Tensor) -> Tensor:
         """The next entry of each compacted row, ``terminal`` [B] after the row's last one."""
         nxt = torch.nn.functional.pad(dense[:, 1:], (0, 1))
         return self.add_at_last(nxt, terminal)
+
+    def whiten(self, dense: Tensor, eps: float = 1e-8) -> Tensor:
+        """``batch_whiten`` in compacted space: over slots 1..length of each row.
+
+        ``dense`` must be 0 beyond each row's length (as every scan result is). Returns a new
+        [B, W] float32 tensor, ready for ``expand``.
+        """
+        dense[:, 0] = 0
+        return _whiten_flat(dense, self.lengths.sum(), eps)
+
+
+def _whiten_flat(x: Tensor, n: Tensor, eps: float) -> Tensor:
+    """(x - mean) / sqrt(var + eps) with mean and unbiased var of n values summing as x does.
+
+    One pass for the sum and one for the sum of squares (float32 accumulation, combined in
+    float64 scalars), one pass to centre, one to scale (in place). Entries outside the n
+    values become -mean / sqrt(var + eps): the caller masks or never reads them.
+    """
+    flat = x.reshape(-1)
+    carry = accumulate_dtype(x.device)
+    total = flat.sum().to(carry)
+    squares = torch.dot(flat, flat).to(carry)
+    n = n.to(carry)
+    mean = total / n.clamp_min(1)
+    var = ((squares - total * mean) / (n - 1).clamp_min(1)).clamp_min(0)
+    centred = x - mean.to(x.dtype)
+    return centred.mul_(torch.rsqrt(var + eps).to(x.dtype))
 
 
 def discounted_reverse_cumsum(x: Tensor, mask: Tensor, discount: Discount) -> Tensor:
@@ -165,7 +224,7 @@ def discounted_reverse_cumsum(x: Tensor, mask: Tensor, discount: Discount) -> Te
     give 0 and their x never matters. ``discount``: float in [0, 1] or a per-row [B] tensor.
     """
     rows = Compaction(mask)
-    return rows.expand(dense_reverse_scan(rows.compact(x), discount))
+    return rows.expand(dense_reverse_scan(rows.compact(x), discount, overwrite=True))
 
 
 def next_values(values: Tensor, mask: Tensor, terminal: Tensor) -> Tensor:
@@ -185,42 +244,77 @@ def batch_whiten(x: Tensor, maskf: Tensor, eps: float = 1e-8) -> Tensor:
     ``maskf``: the response mask as float32. var uses Bessel's correction (0 with fewer than
     two positions). Returns float32 [B, T].
     """
-    flat_mask = maskf.reshape(-1)
-    n = flat_mask.sum()
-    mean = x.sum() / n.clamp_min(1)
-    centred = (x - mean).mul_(maskf)
-    flat = centred.reshape(-1)
-    var = torch.dot(flat, flat) / (n - 1).clamp_min(1)
-    return centred.mul_(torch.rsqrt(var + eps))
+    return _whiten_flat(x, maskf.sum(), eps).mul_(maskf)
 
 
-def gae(batch: RolloutBatch, gamma: float, lam: Discount, *, plus_values: bool = False) -> Tensor:
-    """Unwhitened GAE, float32 [B, T]: A_t = delta_t + gamma * lam * A_next over True positions.
+def whiten_rows(per_row: Tensor, lengths: Tensor, eps: float = 1e-8) -> Tensor:
+    """``batch_whiten`` of a per-row constant broadcast over the row, computed per row.
+
+    Row i counts ``lengths[i]`` times. Returns the whitened per-row value, float32 [B].
+    """
+    w = lengths.to(per_row.dtype)
+    n = w.sum()
+    carry = accumulate_dtype(per_row.device)
+    mean = ((w * per_row).sum() / n.clamp_min(1)).to(carry)
+    centred = per_row.to(carry) - mean
+    var = (w.to(carry) * centred * centred).sum() / (n.to(carry) - 1).clamp_min(1)
+    return (centred * torch.rsqrt(var + eps)).float()
+
+
+def gae(
+    batch: RolloutBatch,
+    gamma: float,
+    lam: Discount,
+    *,
+    plus_values: bool = False,
+    whiten: bool = False,
+) -> Tensor:
+    """GAE, float32 [B, T]: A_t = delta_t + gamma * lam * A_next over True positions.
 
     delta_t = r_t + gamma * V(next) - V_t with V(next) the value at the next True position of
     the row (``batch.terminal_values`` after the last). ``lam``: float or per-row [B] tensor.
-    ``plus_values``: return V_t + A_t (the lambda-return) instead.
+    ``plus_values``: return V_t + A_t (the lambda-return) instead; ``whiten``: batch-whiten A.
     """
     if batch.values is None:
         raise ValueError("GAE needs batch.values (a critic)")
     rows = Compaction(batch.response_mask)
     values = rows.compact(batch.values)
-    deltas = rows.shift(values, batch.terminal_values).mul_(gamma)
-    deltas.add_(rows.compact(batch.token_rewards)).sub_(values)
-    adv = dense_reverse_scan(deltas, gamma * lam)
-    return rows.expand(adv.add_(values) if plus_values else adv)
+    deltas = rows.compact(batch.token_rewards).sub_(values)
+    deltas[:, :-1].add_(values[:, 1:], alpha=gamma)
+    rows.add_at_last(deltas, gamma * batch.terminal_values)
+    adv = dense_reverse_scan(deltas, gamma * lam, overwrite=True)
+    if plus_values:
+        adv.add_(values)
+    return rows.expand(rows.whiten(adv) if whiten else adv)
 
 
-def returns_to_go(batch: RolloutBatch, gamma: float, *, bootstrap: bool) -> Tensor:
+def returns_to_go(
+    batch: RolloutBatch,
+    gamma: float,
+    *,
+    bootstrap: bool,
+    minus_values: bool = False,
+    baseline: Tensor | None = None,
+    whiten: bool = False,
+) -> Tensor:
     """G_t = r_t + gamma * G_next over True positions, float32 [B, T].
 
     After a row's last True position G is ``batch.terminal_values`` when ``bootstrap``, else 0.
+    ``minus_values``: return G_t - V_t; ``baseline`` [B]: subtract a per-row constant;
+    ``whiten``: batch-whiten the result. All in the compacted layout, expanded once.
     """
     rows = Compaction(batch.response_mask)
     rewards = rows.compact(batch.token_rewards)
     if bootstrap:
-        rewards = rows.add_at_last(rewards, gamma * batch.terminal_values.double())
-    return rows.expand(dense_reverse_scan(rewards, gamma))
+        rows.add_at_last(rewards, gamma * batch.terminal_values)
+    returns = dense_reverse_scan(rewards, gamma, overwrite=True)
+    if minus_values:
+        if batch.values is None:
+            raise ValueError("G - V needs batch.values (a critic)")
+        returns.sub_(rows.compact(batch.values))
+    if baseline is not None:
+        returns.sub_(baseline.to(returns.dtype)[:, None])
+    return rows.expand(rows.whiten(returns) if whiten else returns)
 
 
 def broadcast_rows(per_row: Tensor, mask: Tensor) -> Tensor:

@@ -1,9 +1,12 @@
 """Advantage estimators: ``est(batch) -> A [B, T]`` float32, detached, 0 at masked positions.
 
-Token-level estimators run the reverse discounted scan of :mod:`ppokit.components._scan`;
-group estimators compare each response's score R_i = batch.scores with statistics of its
-group (``batch.group_mean`` / ``group_std``) and broadcast the result over the row. A group of
-one response has baseline 0 (and, for GRPO, standard deviation 1).
+Token-level estimators run the reverse discounted scan of :mod:`ppokit.components._scan`
+(whitening, when asked, happens in the scan's compacted layout). Group estimators compare
+each response's score R_i = batch.scores with statistics of its group and broadcast the
+result over the row. Group statistics count only the responses with at least one token: an
+empty row (all of its mask False, e.g. one cleared by the ``exclude`` truncation rule) is not
+a response with reward 0. A group with a single non-empty response has baseline 0 (and, for
+GRPO, standard deviation 1).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ppokit.batch import RolloutBatch
-from ppokit.components._scan import batch_whiten, broadcast_rows, gae, returns_to_go
+from ppokit.components._scan import broadcast_rows, gae, returns_to_go, whiten_rows
 
 __all__ = [
     "GAE",
@@ -28,23 +31,50 @@ __all__ = [
 ]
 
 
+class GroupStats:
+    """Statistics of the scores over each row's group, counting non-empty rows only.
+
+    ``weights`` [B] (default: 1 per non-empty row) weight the mean; rows without tokens
+    always weigh 0. All results are per row, float32 [B].
+    """
+
+    def __init__(self, batch: RolloutBatch, weights: Tensor | None = None) -> None:
+        self.batch = batch
+        self.nonempty = batch.lengths > 0
+        live = self.nonempty.float()
+        #: number of non-empty rows in the row's group
+        self.count = batch.group_sum(live)
+        self.weights = live if weights is None else weights.float() * live
+        self.scores = batch.scores
+
+    def centred(self) -> Tensor:
+        """R_i - (weighted) mean_g R; R_i itself when the group has one non-empty row.
+
+        The mean is taken of R - max_g R and shifted back, so that a group of equal scores
+        gives exactly 0 (a rounded mean would leave a residue that GRPO's 1/std turns into
+        noise). 0 on empty rows.
+        """
+        batch, scores = self.batch, self.scores
+        shift = _group_max(batch, torch.where(self.nonempty, scores, -torch.inf))
+        shift = torch.where(self.count > 0, shift, torch.zeros_like(shift))
+        shifted = torch.where(self.nonempty, scores - shift, torch.zeros_like(scores))
+        centred = shifted - batch.group_mean(shifted, weights=self.weights)
+        centred = torch.where(self.count > 1, centred, scores)
+        return torch.where(self.nonempty, centred, torch.zeros_like(centred))
+
+    def std(self) -> Tensor:
+        """Unbiased std of R over the group's non-empty rows; 1 with fewer than two."""
+        centred = self.centred()
+        n = self.count
+        var = self.batch.group_sum(centred * centred) / (n - 1).clamp_min(1)
+        return torch.where(n > 1, var.sqrt(), torch.ones_like(var))
+
+
 def _group_max(batch: RolloutBatch, x: Tensor) -> Tensor:
     """Per-row maximum of x [B] over the row's group, float32 [B]."""
     out = torch.full_like(x, -torch.inf)
     out = out.scatter_reduce(0, batch.group_index, x, reduce="amax")
     return out[batch.group_index]
-
-
-def _centred_scores(batch: RolloutBatch, weights: Tensor | None = None) -> Tensor:
-    """R_i - (weighted) mean_g R, float32 [B]; R_i itself for a group of one (baseline 0).
-
-    The mean is taken of R - max_g R and shifted back, so that a group of equal scores gives
-    exactly 0 (a rounded mean would leave a residue that GRPO's 1/std turns into noise).
-    """
-    scores = batch.scores
-    shift = _group_max(batch, scores)
-    centred = (scores - shift) - batch.group_mean(scores - shift, weights=weights)
-    return torch.where(batch.group_sizes > 1, centred, scores)
 
 
 class GAE:
@@ -60,8 +90,7 @@ class GAE:
         self.gamma, self.lam, self.whiten = gamma, lam, whiten
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        adv = gae(batch, self.gamma, self.lam)
-        return batch_whiten(adv, batch.maskf) if self.whiten else adv
+        return gae(batch, self.gamma, self.lam, whiten=self.whiten)
 
 
 class MonteCarlo:
@@ -77,11 +106,9 @@ class MonteCarlo:
         self.gamma, self.whiten = gamma, whiten
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        assert batch.values is not None
-        mask = batch.response_mask
-        returns = returns_to_go(batch, self.gamma, bootstrap=True)
-        adv = torch.where(mask, returns - batch.values.float(), torch.zeros_like(returns))
-        return batch_whiten(adv, batch.maskf) if self.whiten else adv
+        return returns_to_go(
+            batch, self.gamma, bootstrap=True, minus_values=True, whiten=self.whiten
+        )
 
 
 class LengthAdaptiveGAE:
@@ -102,15 +129,14 @@ class LengthAdaptiveGAE:
         return (1.0 - 1.0 / (self.alpha * lengths)).clamp(0.0, 1.0)
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        adv = gae(batch, self.gamma, self.lam(batch))
-        return batch_whiten(adv, batch.maskf) if self.whiten else adv
+        return gae(batch, self.gamma, self.lam(batch), whiten=self.whiten)
 
 
 class GRPO:
     """A_i = (R_i - mean_g R) / (std_g R + eps), std unbiased, broadcast over the row.
 
-    Source: DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models
-    (Shao et al., 2024), arXiv:2402.03300.
+    Group statistics over the non-empty rows. Source: DeepSeekMath: Pushing the Limits of
+    Mathematical Reasoning in Open Language Models (Shao et al., 2024), arXiv:2402.03300.
     """
 
     requires = ("group_ids",)
@@ -119,38 +145,39 @@ class GRPO:
         self.eps = eps
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        std = torch.where(batch.group_sizes > 1, batch.group_std(batch.scores), 1.0)
-        adv = _centred_scores(batch) / (std + self.eps)
+        stats = GroupStats(batch)
+        adv = stats.centred() / (stats.std() + self.eps)
         return broadcast_rows(adv, batch.response_mask)
 
 
 class DrGRPO:
     """A_i = R_i - mean_g R, broadcast over the row (GRPO without the std normalisation).
 
-    Source: Understanding R1-Zero-Like Training: A Critical Perspective (Liu et al., 2025),
-    arXiv:2503.20783.
+    Group mean over the non-empty rows. Source: Understanding R1-Zero-Like Training: A
+    Critical Perspective (Liu et al., 2025), arXiv:2503.20783.
     """
 
     requires = ("group_ids",)
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        return broadcast_rows(_centred_scores(batch), batch.response_mask)
+        return broadcast_rows(GroupStats(batch).centred(), batch.response_mask)
 
 
 class RLOO:
     """A_i = R_i - mean_{j != i} R_j = n / (n - 1) * (R_i - mean_g R); A_i = R_i alone.
 
-    Source: Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human
-    Feedback in LLMs (Ahmadian et al., 2024), arXiv:2402.14740.
+    n counts the group's non-empty rows. Source: Back to Basics: Revisiting REINFORCE Style
+    Optimization for Learning from Human Feedback in LLMs (Ahmadian et al., 2024),
+    arXiv:2402.14740.
     """
 
     requires = ("group_ids",)
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        n = batch.group_sizes
+        stats = GroupStats(batch)
+        n = stats.count
         scale = torch.where(n > 1, n / (n - 1).clamp_min(1), 1.0)
-        adv = scale * _centred_scores(batch)
-        return broadcast_rows(adv, batch.response_mask)
+        return broadcast_rows(scale * stats.centred(), batch.response_mask)
 
 
 class ReinforcePP:
@@ -164,22 +191,21 @@ class ReinforcePP:
         self.gamma = gamma
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        returns = returns_to_go(batch, self.gamma, bootstrap=False)
-        return batch_whiten(returns, batch.maskf)
+        return returns_to_go(batch, self.gamma, bootstrap=False, whiten=True)
 
 
 class ReinforcePPBaseline:
-    """A_i = R_i - mean_g R broadcast over the row, then batch-whitened.
+    """A_i = R_i - mean_g R broadcast over the row, then batch-whitened over all tokens.
 
-    Source: REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models
+    Group mean over the non-empty rows. Source: REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models
     (Hu, 2025), arXiv:2501.03262 (the group-baseline variant).
     """
 
     requires = ("group_ids",)
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        adv = broadcast_rows(_centred_scores(batch), batch.response_mask)
-        return batch_whiten(adv, batch.maskf)
+        centred = GroupStats(batch).centred()
+        return broadcast_rows(whiten_rows(centred, batch.lengths), batch.response_mask)
 
 
 class ReMax:
@@ -192,21 +218,19 @@ class ReMax:
     requires = ("baseline_rewards",)
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        assert batch.baseline_rewards is not None
-        mask = batch.response_mask
-        returns = returns_to_go(batch, 1.0, bootstrap=False)
-        return returns - broadcast_rows(batch.baseline_rewards, mask)
+        return returns_to_go(batch, 1.0, bootstrap=False, baseline=batch.baseline_rewards)
 
 
 class OPO:
     """A_i = R_i - sum_j l_j R_j / sum_j l_j over the group, l = response length.
 
-    The length-weighted baseline is optimal for sequence-level rewards. Source: On-Policy RL
+    The length-weighted baseline is optimal for sequence-level rewards; a group with one
+    non-empty row has baseline 0. Source: On-Policy RL
     with Optimal Reward Baseline (Hao et al., 2025), arXiv:2505.23585.
     """
 
     requires = ("group_ids",)
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        adv = _centred_scores(batch, weights=batch.lengths)
+        adv = GroupStats(batch, weights=batch.lengths).centred()
         return broadcast_rows(adv, batch.response_mask)

@@ -59,4 +59,4 @@ class TD0:
         rows = Compaction(batch.response_mask)
         rewards = rows.compact(batch.token_rewards)
         following = rows.shift(rows.compact(batch.values), batch.terminal_values)
-        return rows.expand(rewards + self.gamma * following)
+        return rows.expand(rewards.add_(following, alpha=self.gamma))

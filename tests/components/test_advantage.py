@@ -246,10 +246,12 @@ def test_remax_reward_to_go_minus_baseline(batch):
 
 # ---------------------------------------------------------------- group estimators
 def _group_reference(batch: RolloutBatch, name: str) -> torch.Tensor:
+    """Group statistics over the non-empty rows of each group (empty rows give 0)."""
     scores = batch.scores.double().tolist()
     lengths = batch.lengths.double().tolist()
     per_row = [0.0] * batch.batch_size
-    for rows in reference.group_rows(batch):
+    for group in reference.group_rows(batch):
+        rows = [i for i in group if lengths[i] > 0]
         n = len(rows)
         s = [scores[i] for i in rows]
         mean = sum(s) / n if n > 1 else 0.0
@@ -279,41 +281,66 @@ def test_group_estimators_equal_reference(batch, name):
     assert close(make(name)(batch), _group_reference(batch, name), 1e-4)
 
 
+def _nonempty_count(batch: RolloutBatch) -> torch.Tensor:
+    """Number of non-empty rows in each row's group, float64 [B]."""
+    return group_sums(batch, (batch.lengths > 0).double())[batch.group_index]
+
+
 @FAST
 @given(batches(min_group=2), st.sampled_from(("grpo", "dr_grpo", "rloo")))
 def test_group_advantages_sum_to_zero(batch, name):
+    """Over the non-empty rows of every group with at least two of them."""
     per_row = row_values(batch, make(name)(batch))
-    nonempty = batch.lengths > 0
-    # empty rows have a score of 0 and still count in their group: use the row constant
-    per_row = torch.where(nonempty, per_row, _empty_row_value(batch, name))
-    assert torch.allclose(
-        group_sums(batch, per_row), torch.zeros(batch.batch_size, dtype=torch.float64), atol=1e-4
+    several = (_nonempty_count(batch) > 1).double()
+    sums = group_sums(batch, per_row * several)
+    assert torch.allclose(sums, torch.zeros(batch.batch_size, dtype=torch.float64), atol=1e-4)
+
+
+@FAST
+@given(batches(), st.sampled_from(GROUPED), st.integers(0, 11), st.integers(1, 4))
+def test_empty_rows_do_not_count_in_their_group(batch, name, which, extra):
+    """Appending all-masked rows to a group leaves every other row's advantage unchanged."""
+    est = make(name)
+    adv = est(batch)
+    b, t = batch.response_mask.shape
+    row = torch.full((extra,), which % b)
+    added = batch.rows(row)
+    added = added.replace(
+        response_mask=torch.zeros(extra, t, dtype=torch.bool),
+        token_rewards=torch.randn(extra, t).to(batch.token_rewards.dtype) * 10,
     )
-
-
-def _empty_row_value(batch: RolloutBatch, name: str) -> torch.Tensor:
-    mean = batch.group_mean(batch.scores)
-    n = batch.group_sizes
-    value = -mean
-    if name == "grpo":
-        value = value / (batch.group_std(batch.scores) + 1e-6)
-    if name == "rloo":
-        value = value * n / (n - 1)
-    return value
+    fields = {
+        f: torch.cat([getattr(batch, f), getattr(added, f)])
+        for f in (
+            "response_mask",
+            "token_rewards",
+            "values",
+            "logp_old",
+            "logp_ref",
+            "group_ids",
+            "truncated",
+            "bootstrap_values",
+            "baseline_rewards",
+        )
+    }
+    grown = est(RolloutBatch(**fields))
+    assert torch.allclose(grown[:b], adv, atol=1e-5, rtol=1e-5)
+    assert bool((grown[b:] == 0).all())
 
 
 @FAST
 @given(batches(min_group=2))
 def test_opo_length_weighted_sum_is_zero(batch):
     per_row = row_values(batch, make("opo")(batch))
-    weighted = group_sums(batch, per_row * batch.lengths)
+    several = (_nonempty_count(batch) > 1).double()  # one non-empty row: baseline 0
+    weighted = group_sums(batch, per_row * batch.lengths * several)
     assert torch.allclose(weighted, torch.zeros_like(weighted), atol=1e-3)
 
 
 @FAST
 @given(batches())
 def test_rloo_is_scaled_dr_grpo(batch):
-    n = batch.group_sizes[:, None]
+    n = _nonempty_count(batch).float()[:, None]
     scale = torch.where(n > 1, n / (n - 1).clamp_min(1), 1.0)
     assert torch.allclose(make("rloo")(batch), scale * make("dr_grpo")(batch), atol=1e-5)
 
@@ -422,6 +449,32 @@ def _scores_batch() -> RolloutBatch:
 )
 def test_group_hand_computed(name, per_row):
     batch = _scores_batch()
+    expected = torch.tensor(per_row)[:, None] * batch.maskf
+    assert torch.allclose(make(name)(batch), expected)
+
+
+@pytest.mark.parametrize(
+    ("name", "per_row"),
+    [
+        ("grpo", [0.0, -1 / (1 + 1e-6), 1 / (1 + 1e-6), 5 / (1 + 1e-6), 0.0, 3 / (1 + 1e-6), 0.0]),
+        ("dr_grpo", [0.0, -1.0, 1.0, 5.0, 0.0, 3.0, 0.0]),
+        ("rloo", [0.0, -1.5, 1.5, 5.0, 0.0, 3.0, 0.0]),
+        ("opo", [0.25, -0.75, 1.25, 5.0, 0.0, 3.0, 0.0]),
+    ],
+)
+def test_group_hand_computed_with_empty_rows(name, per_row):
+    """_scores_batch plus an empty row in group a (reward 9 at a masked position, it does not
+    count: n = 3 there), and group c of one scored row (3) and one empty row (alone)."""
+    base = _scores_batch()
+    batch = RolloutBatch(
+        response_mask=torch.cat(
+            [base.response_mask, torch.tensor([[0, 0], [1, 0], [0, 0]], dtype=torch.bool)]
+        ),
+        token_rewards=torch.cat(
+            [base.token_rewards, torch.tensor([[9.0, 0.0], [3.0, 0.0], [0.0, 0.0]])]
+        ),
+        group_ids=torch.tensor([0, 0, 0, 1, 0, 2, 2]),
+    )
     expected = torch.tensor(per_row)[:, None] * batch.maskf
     assert torch.allclose(make(name)(batch), expected)
 

@@ -14,6 +14,7 @@ from ppokit.components._scan import (
     dense_reverse_scan,
     discounted_reverse_cumsum,
     next_values,
+    whiten_rows,
 )
 from tests.components import reference
 
@@ -146,3 +147,22 @@ def test_batch_whiten_hand_computed():
     out = batch_whiten(x, mask)
     expected = torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]) / (1 + 1e-8) ** 0.5
     assert torch.allclose(out, expected, atol=1e-7)
+
+
+@settings(max_examples=50, deadline=None)
+@given(scan_inputs(max_len=20))
+def test_whiten_rows_is_batch_whiten_of_the_broadcast(inputs):
+    x, mask = inputs
+    per_row = x[:, 0]
+    broadcast = torch.where(mask, per_row[:, None], 0.0)
+    expected = reference.whiten(broadcast, mask)
+    got = torch.where(mask, whiten_rows(per_row, mask.sum(dim=1))[:, None], 0.0)
+    assert torch.allclose(got.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_dense_scan_overwrite_only_when_asked():
+    x = torch.randn(2, 64)
+    kept = x.clone()
+    y = dense_reverse_scan(x, 0.9)
+    assert torch.equal(x, kept)
+    assert torch.allclose(dense_reverse_scan(x, 0.9, overwrite=True), y)
