@@ -76,9 +76,7 @@ class RolloutBatch:
     def __post_init__(self) -> None:
         mask = self.response_mask
         if not isinstance(mask, Tensor) or mask.dim() != 2:
-            raise BatchError(
-                f"response_mask must be a [B, T] tensor, got {_describe(mask)}"
-            )
+            raise BatchError(f"response_mask must be a [B, T] tensor, got {_describe(mask)}")
         if mask.dtype != torch.bool:
             raise BatchError(f"response_mask must be bool, got {mask.dtype}")
         shape = tuple(mask.shape)
@@ -101,15 +99,11 @@ class RolloutBatch:
             raise BatchError(f"{name} must be a tensor, got {type(t).__name__}")
         if tuple(t.shape) != shape:
             dims = "[B, T]" if len(shape) == 2 else "[B]"
-            raise BatchError(
-                f"{name} must have shape {dims} = {list(shape)}, got {list(t.shape)}"
-            )
+            raise BatchError(f"{name} must have shape {dims} = {list(shape)}, got {list(t.shape)}")
         if _kind(t) != kind:
             raise BatchError(f"{name} must be a {kind} tensor, got {t.dtype}")
         if t.device != device:
-            raise BatchError(
-                f"{name} is on {t.device} but response_mask is on {device}"
-            )
+            raise BatchError(f"{name} is on {t.device} but response_mask is on {device}")
 
     # ------------------------------------------------------------------ basics
     @property
@@ -141,10 +135,7 @@ class RolloutBatch:
         """The sub-batch of the given rows (every present field indexed along B)."""
         return dataclasses.replace(
             self,
-            **{
-                f: (None if getattr(self, f) is None else getattr(self, f)[index])
-                for f in FIELDS
-            },
+            **{f: (None if getattr(self, f) is None else getattr(self, f)[index]) for f in FIELDS},
         )
 
     def has(self, field: str) -> bool:
@@ -213,10 +204,23 @@ class RolloutBatch:
     def group_sum(self, x: Tensor) -> Tensor:
         """Per-row sum of ``x`` [B] over the row's group, float32 [B]."""
         x = x.float()
-        sums = torch.zeros(self.batch_size, device=x.device).index_add_(
-            0, self.group_index, x
-        )
+        sums = torch.zeros(self.batch_size, device=x.device).index_add_(0, self.group_index, x)
         return sums[self.group_index]
+
+    def group_max(self, x: Tensor) -> Tensor:
+        """Per-row maximum of ``x`` [B] over the row's group, float32 [B]."""
+        return self._group_reduce(x, "amax")
+
+    def group_min(self, x: Tensor) -> Tensor:
+        """Per-row minimum of ``x`` [B] over the row's group, float32 [B]."""
+        return self._group_reduce(x, "amin")
+
+    def _group_reduce(self, x: Tensor, reduce: str) -> Tensor:
+        x = x.float()
+        out = torch.zeros_like(x).scatter_reduce(
+            0, self.group_index, x, reduce=reduce, include_self=False
+        )
+        return out[self.group_index]
 
     @cached_property
     def group_sizes(self) -> Tensor:

@@ -80,7 +80,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:GRPO",
         params=GRPOParams,
         summary="Group-normalised outcome reward (GRPO)",
-        formula="A_i = (R_i − mean_g R) / (std_g R + ε), broadcast over the response",
+        formula="A_i = (R_i − mean_g R) / (std_g R + ε), broadcast over the response; g: the group's non-empty responses",
         requires=("group_ids",),
         source="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language "
         "Models (Shao et al., 2024), arXiv:2402.03300",
@@ -91,7 +91,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:DrGRPO",
         params=NoParams,
         summary="Group-centred outcome reward without std normalisation (Dr. GRPO)",
-        formula="A_i = R_i − mean_g R, broadcast over the response",
+        formula="A_i = R_i − mean_g R, broadcast over the response; g: the group's non-empty responses",
         requires=("group_ids",),
         source="Understanding R1-Zero-Like Training: A Critical Perspective "
         "(Liu et al., 2025), arXiv:2503.20783",
@@ -102,7 +102,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:RLOO",
         params=NoParams,
         summary="REINFORCE leave-one-out baseline",
-        formula="A_i = R_i − mean_{j≠i} R_j = n/(n−1) (R_i − mean_g R)",
+        formula="A_i = R_i − mean_{j≠i} R_j = n/(n−1) (R_i − mean_g R); n: the group's non-empty responses",
         requires=("group_ids",),
         source="Back to Basics: Revisiting REINFORCE Style Optimization for Learning from "
         "Human Feedback in LLMs (Ahmadian et al., 2024), arXiv:2402.14740",
@@ -123,7 +123,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:ReinforcePPBaseline",
         params=NoParams,
         summary="Group-centred outcome reward, batch-whitened (REINFORCE++ with baseline)",
-        formula="A_t = whiten(R_i − mean_g R) over all response tokens of the batch",
+        formula="A_t = whiten(R_i − mean_g R) over all response tokens of the batch; g: non-empty responses",
         requires=("group_ids",),
         source="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language "
         "Models (Hu, 2025), arXiv:2501.03262",
@@ -145,7 +145,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:OPO",
         params=NoParams,
         summary="Outcome reward minus the length-weighted group mean (optimal baseline)",
-        formula="A_i = R_i − Σ_j l_j R_j / Σ_j l_j over the group, l = response length",
+        formula="A_i = R_i − Σ_j l_j R_j / Σ_j l_j over the group, l = response length (empty rows weigh 0)",
         requires=("group_ids",),
         source="On-Policy RL with Optimal Reward Baseline (Hao et al., 2025), arXiv:2505.23585",
     )

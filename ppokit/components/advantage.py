@@ -55,7 +55,7 @@ class GroupStats:
         noise). 0 on empty rows.
         """
         batch, scores = self.batch, self.scores
-        shift = _group_max(batch, torch.where(self.nonempty, scores, -torch.inf))
+        shift = batch.group_max(torch.where(self.nonempty, scores, -torch.inf))
         shift = torch.where(self.count > 0, shift, torch.zeros_like(shift))
         shifted = torch.where(self.nonempty, scores - shift, torch.zeros_like(scores))
         centred = shifted - batch.group_mean(shifted, weights=self.weights)
@@ -68,13 +68,6 @@ class GroupStats:
         n = self.count
         var = self.batch.group_sum(centred * centred) / (n - 1).clamp_min(1)
         return torch.where(n > 1, var.sqrt(), torch.ones_like(var))
-
-
-def _group_max(batch: RolloutBatch, x: Tensor) -> Tensor:
-    """Per-row maximum of x [B] over the row's group, float32 [B]."""
-    out = torch.full_like(x, -torch.inf)
-    out = out.scatter_reduce(0, batch.group_index, x, reduce="amax")
-    return out[batch.group_index]
 
 
 class GAE:

@@ -46,8 +46,4 @@ class InformativeGroups:
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
         scores = batch.scores
-        index = batch.group_index
-        empty = torch.zeros_like(scores)
-        high = empty.scatter_reduce(0, index, scores, reduce="amax", include_self=False)
-        low = empty.scatter_reduce(0, index, scores, reduce="amin", include_self=False)
-        return (high[index] > low[index]).to(torch.float32)
+        return (batch.group_max(scores) > batch.group_min(scores)).to(torch.float32)
