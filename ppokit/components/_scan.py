@@ -252,12 +252,13 @@ def whiten_rows(per_row: Tensor, lengths: Tensor, eps: float = 1e-8) -> Tensor:
 
     Row i counts ``lengths[i]`` times. Returns the whitened per-row value, float32 [B].
     """
-    w = lengths.to(per_row.dtype)
-    n = w.sum()
     carry = accumulate_dtype(per_row.device)
-    mean = ((w * per_row).sum() / n.clamp_min(1)).to(carry)
+    w = lengths.to(carry)
+    n = w.sum()
+    # [B]-sized: accumulate in the carry dtype, so equal values give exactly 0
+    mean = (w * per_row.to(carry)).sum() / n.clamp_min(1)
     centred = per_row.to(carry) - mean
-    var = (w.to(carry) * centred * centred).sum() / (n.to(carry) - 1).clamp_min(1)
+    var = (w * centred * centred).sum() / (n - 1).clamp_min(1)
     return (centred * torch.rsqrt(var + eps)).float()
 
 
