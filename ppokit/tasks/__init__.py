@@ -1,0 +1,1 @@
+"""Built-in synthetic tasks (prompt generators and their rewards)."""

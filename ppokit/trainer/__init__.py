@@ -1,0 +1,23 @@
+"""The trainer: a validated spec becomes a PPO run on transformers models (CPU or GPU).
+
+``train(spec, *, resume=False, smoke=False, overwrite=False) -> dict`` is the entry point;
+torch and transformers are imported only when it is called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["train"]
+
+if TYPE_CHECKING:
+    from ppokit.spec import Spec
+
+
+def train(
+    spec: Spec, *, resume: bool = False, smoke: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Run the spec (see :func:`ppokit.trainer.loop.train`)."""
+    from ppokit.trainer.loop import train as run
+
+    return run(spec, resume=resume, smoke=smoke, overwrite=overwrite)

@@ -1,0 +1,47 @@
+"""Small specs and learners on the tiny model for the trainer tests."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ppokit.spec import Spec, load_spec
+from ppokit.trainer.components import Components
+from ppokit.trainer.models import build_models
+from ppokit.trainer.round import Learner
+
+DEMO = Path(__file__).resolve().parents[2] / "ppokit" / "data" / "demo.yaml"
+
+#: A small, fast version of the demo spec.
+SMALL = [
+    "output.progress=false",
+    "train.rounds=1",
+    "rollout.prompts_per_round=4",
+    "rollout.n=2",
+    "rollout.max_new_tokens=4",
+    "train.minibatch_size=null",
+    "model.tiny.hidden_size=32",
+    "model.tiny.intermediate_size=64",
+]
+
+
+def small_spec(tmp: Path | None = None, *overrides: str) -> Spec:
+    out = [f"output.dir={tmp}"] if tmp is not None else []
+    return load_spec(DEMO, [*SMALL, *out, *overrides])
+
+
+def learner(spec: Spec) -> Learner:
+    random.seed(spec.seed)
+    torch.manual_seed(spec.seed)
+    comps = Components.from_spec(spec)
+    return Learner(spec, build_models(spec, comps.head_size), comps)
+
+
+def demo_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    from ppokit.tasks.demo import make_row
+
+    rng = random.Random(seed)
+    return [make_row(rng) for _ in range(n)]

@@ -1,0 +1,161 @@
+"""One round of each advantage family, gradient accumulation, value positions, truncation
+and both KL placements on the tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ppokit.trainer import train
+from ppokit.trainer.metrics import read_metrics
+from ppokit.trainer.rollout import Rollout
+
+from .helpers import demo_rows, learner, small_spec
+
+#: A reward that differs between responses of a random tiny model.
+VARIED_REWARD = ["reward.name=regex", "reward.pattern='[a-m]'"]
+
+FAMILIES = {
+    "gae_separate": [],
+    "gae_shared": ["model.critic=shared"],
+    "grpo": ["advantage=grpo", "critic=null"],
+    "remax": ["advantage=remax", "critic=null"],
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_one_round_per_family(tmp_path, family: str) -> None:
+    spec = small_spec(tmp_path, "rollout.n=4", "output.sample_every=1", *FAMILIES[family])
+    result = train(spec)
+    (record,) = read_metrics(tmp_path)
+    assert result["rounds"] == 1 and record["round"] == 1
+    for key in ("reward_mean", "entropy", "policy_loss", "approx_kl", "grad_norm_actor"):
+        assert record[key] is not None, key
+    assert record["clipfrac"] is not None  # ppo_clip declares `clipped`
+    has_critic = family.startswith("gae")
+    assert (record["value_loss"] is not None) == has_critic
+    assert (record["grad_norm_critic"] is not None) == has_critic
+    assert (tmp_path / "checkpoint" / "actor.safetensors").is_file()
+    assert (tmp_path / "checkpoint" / "critic.safetensors").is_file() == has_critic
+    assert (tmp_path / "samples.jsonl").read_text().strip()
+    assert (tmp_path / "curves.png").is_file()
+
+
+def _grads(lrn, data, micro: int) -> list[torch.Tensor]:
+    b = data.batch.batch_size
+    lrn.accumulate(data, torch.arange(b), micro, train_actor=True)
+    params = [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["model.critic=shared", "policy.aggregation=seq_mean_token_mean"],
+        ["advantage=grpo", "critic=null", "policy.aggregation=seq_mean_token_sum_norm"],
+        ["kl.coef=0.2", "kl.placement=loss", "policy.nll_coef=0.3", "policy.entropy_coef=0.1"],
+    ],
+)
+def test_micro_batches_give_the_minibatch_gradient(tmp_path, extra: list[str]) -> None:
+    spec = small_spec(tmp_path, "rollout.n=4", "rollout.max_new_tokens=6", *VARIED_REWARD, *extra)
+    lrn = learner(spec)
+    rows = demo_rows(4)
+    data, _ = lrn.collect(rows, [r["prompt"] for r in rows])
+    # perturb the policy so ratios differ from 1 (clipping and KL terms are active)
+    with torch.no_grad():
+        for p in lrn.models.actor.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    whole = _grads(lrn, data, 16)
+    micro = _grads(lrn, data, 4)
+    assert any(g.abs().sum() > 0 for g in whole)
+    for a, b in zip(whole, micro, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_value_at_t_depends_only_on_the_prefix(tmp_path) -> None:
+    for kind in ("separate", "shared"):
+        lrn = learner(small_spec(tmp_path, f"model.critic={kind}"))
+        tok = lrn.models.tokenizer
+        enc = tok(["ab=", "c="], padding=True, return_tensors="pt")
+        resp = torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 13, 14]])
+        mask = torch.ones_like(resp, dtype=torch.bool)
+        t = 2
+        changed = resp.clone()
+        changed[:, t] = 40
+        outs = []
+        with torch.no_grad():
+            for r in (resp, changed):
+                ro = Rollout(enc.input_ids, enc.attention_mask, r, mask, mask[:, 0], None)
+                shared = None
+                if lrn.models.shared_critic:
+                    shared = lrn.actor_forward(lrn.models.actor, ro)[2]
+                outs.append(lrn.comps.value(lrn.critic_head_out(ro, shared)))
+        # V(s_u) for u <= t reads tokens before u only: unchanged; V(s_{t+1}) sees token t
+        torch.testing.assert_close(outs[0][:, : t + 1], outs[1][:, : t + 1])
+        assert not torch.allclose(outs[0][:, t + 1], outs[1][:, t + 1])
+
+
+@pytest.mark.parametrize("rule", ["terminal", "bootstrap", "exclude", "penalty"])
+def test_truncation_flags_and_rules(tmp_path, rule: str) -> None:
+    spec = small_spec(tmp_path, f"truncation={rule}", "rollout.max_new_tokens=2", "rollout.n=4")
+    lrn = learner(spec)
+    rows = demo_rows(4)
+    data, _ = lrn.collect(rows, [r["prompt"] for r in rows])
+    ro = data.rollout
+    eos = lrn.models.tokenizer.eos_token_id
+    has_eos = (ro.response_ids == eos).any(1)
+    assert torch.equal(ro.truncated, ~has_eos)
+    assert ro.truncated.any()  # a random tiny model rarely ends within 2 tokens
+    assert torch.equal(ro.truncated, ro.response_mask.all(1) & ~has_eos)
+    batch = data.batch
+    assert torch.isfinite(data.advantages).all()
+    trunc = ro.truncated
+    if rule == "bootstrap":  # V(s_T) kept on truncated rows only
+        assert torch.equal(batch.terminal_values[~trunc], torch.zeros(int((~trunc).sum())))
+        torch.testing.assert_close(batch.terminal_values[trunc], batch.bootstrap_values[trunc])
+    elif rule == "exclude":  # truncated rows leave both losses
+        assert not data.actor_mask[trunc].any()
+        assert not data.value_mask[trunc].any()
+        assert data.actor_mask[~trunc].any(1).all()
+    elif rule == "penalty":
+        last = batch.token_rewards[batch.last_mask]
+        assert torch.equal(last[trunc], torch.full((int(trunc.sum()),), -1.0))
+    else:
+        assert torch.equal(batch.terminal_values, torch.zeros(batch.batch_size))
+
+
+def test_kl_in_the_reward(tmp_path) -> None:
+    spec = small_spec(tmp_path, "kl.coef=0.5", "kl.placement=reward", "kl.estimator=k1")
+    lrn = learner(spec)
+    with torch.no_grad():  # make the actor differ from the reference
+        for p in lrn.models.actor.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    rows = demo_rows(4)
+    data, result = lrn.collect(rows, [r["prompt"] for r in rows])
+    b = data.batch
+    outcome = torch.where(b.last_mask, result.scores[:, None], 0.0)
+    k1 = (b.logp_old - b.logp_ref) * b.maskf
+    torch.testing.assert_close(b.token_rewards, outcome - 0.5 * k1)
+    assert k1.abs().sum() > 0
+    torch.testing.assert_close(result.metrics["kl"], k1.sum(1).mean())
+
+
+def test_kl_in_the_loss_and_adaptive_coefficient(tmp_path) -> None:
+    spec = small_spec(
+        tmp_path,
+        "kl.coef=0.1",
+        "kl.placement=loss",
+        "kl.target=0.01",
+        "kl.horizon=100",
+        "train.rounds=3",
+        "train.actor_lr=0.01",
+    )
+    train(spec)
+    history = read_metrics(tmp_path)
+    assert [h["round"] for h in history] == [1, 2, 3]
+    assert history[0]["kl"] == pytest.approx(0.0, abs=1e-5)  # the reference is the initial actor
+    assert history[-1]["kl"] > 0
+    # round 3 saw a KL above target: beta grew by (1 + 0.2 * B / horizon) per round
+    assert history[0]["kl_coef"] == pytest.approx(0.1)
+    assert history[-1]["kl_coef"] > history[1]["kl_coef"] or history[1]["kl"] <= 0.01

@@ -1,0 +1,133 @@
+"""Whole runs: resume equivalence, output-directory safety, bad checkpoints, smoke, demo."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ppokit.errors import UserError
+from ppokit.spec import load_spec
+from ppokit.trainer import train
+from ppokit.trainer.metrics import TIMING, read_metrics
+
+from .helpers import DEMO, small_spec
+
+RUN = ["rollout.n=4", "train.minibatch_size=4", "train.micro_batch_size=2", "train.ppo_epochs=2"]
+
+
+def _untimed(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path) -> None:
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    extra = [*RUN, "kl.coef=0.05", "kl.target=0.5", "train.warmup_steps=3"]
+    train(small_spec(whole, "train.rounds=4", *extra))
+    train(small_spec(split, "train.rounds=2", "output.save_every=1", *extra))
+    (split / "metrics.jsonl").open("a").write('{"round": 3, "reward_mean": 9.0}\n')  # stale
+    result = train(small_spec(split, "train.rounds=4", *extra), resume=True)
+    assert result["resumed_from"] == 2
+    a, b = read_metrics(whole), read_metrics(split)
+    assert [h["round"] for h in b] == [1, 2, 3, 4]
+    assert _untimed(a) == _untimed(b)
+
+
+def test_refuses_a_non_empty_output_dir(tmp_path) -> None:
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(UserError, match="not empty"):
+        train(small_spec(tmp_path))
+    train(small_spec(tmp_path), overwrite=True)
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+    assert len(read_metrics(tmp_path)) == 1
+
+
+def test_resume_without_checkpoint_is_a_user_error(tmp_path) -> None:
+    with pytest.raises(UserError, match="nothing to resume"):
+        train(small_spec(tmp_path), resume=True)
+
+
+@pytest.mark.parametrize("damage", ["weights", "state", "incompatible"])
+def test_bad_checkpoint_is_a_user_error_and_loses_nothing(tmp_path, damage: str) -> None:
+    train(small_spec(tmp_path, "train.rounds=2"))
+    ckpt = tmp_path / "checkpoint"
+    metrics_before = (tmp_path / "metrics.jsonl").read_text()
+    if damage == "weights":
+        (ckpt / "actor.safetensors").write_bytes(b"not a safetensors file")
+    elif damage == "state":
+        (ckpt / "state.json").write_text("{")
+    files_before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    overrides = ["train.rounds=3"]
+    if damage == "incompatible":
+        overrides.append("model.tiny.hidden_size=48")
+    with pytest.raises(UserError, match="checkpoint"):
+        train(small_spec(tmp_path, *overrides), resume=True)
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics_before
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == files_before
+
+
+def test_checkpoint_contents(tmp_path) -> None:
+    train(small_spec(tmp_path, "train.rounds=2", "output.save_every=1", "kl.coef=0.1"))
+    ckpt = tmp_path / "checkpoint"
+    names = {p.name for p in ckpt.iterdir()}
+    assert {
+        "actor.safetensors",
+        "critic.safetensors",
+        "optim.pt",
+        "rng.pt",
+        "state.json",
+        "spec.yaml",
+    } <= names
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["round"] == 2 and state["kl_coef"] == pytest.approx(0.1)
+    assert not any(p.name.startswith(".checkpoint") for p in tmp_path.iterdir())
+
+
+def test_smoke_runs_two_small_rounds(tmp_path) -> None:
+    spec = load_spec(
+        DEMO,
+        [
+            f"output.dir={tmp_path / 'real'}",
+            "output.progress=false",
+            "data.source=arithmetic",
+            "data.chat_template=true",
+            "reward=math_verify",
+            "advantage=rloo",
+            "critic=null",
+            "rollout.n=8",
+            "rollout.prompts_per_round=8",
+            "train.minibatch_size=16",
+            "train.micro_batch_size=8",
+        ],
+    )
+    result = train(spec, smoke=True)
+    history = read_metrics(result["output_dir"])
+    assert result["smoke"] and [h["round"] for h in history] == [1, 2]
+    assert not (tmp_path / "real").exists()  # the spec's own output is untouched
+    assert all(h["response_length_mean"] <= 8 for h in history)
+
+
+def test_short_demo_run_reward_rises(tmp_path) -> None:
+    spec = load_spec(
+        DEMO,
+        [
+            f"output.dir={tmp_path}",
+            "output.progress=false",
+            "train.rounds=16",
+            "train.actor_lr=0.003",
+        ],
+    )
+    train(spec)
+    rewards = [h["reward_mean"] for h in read_metrics(tmp_path)]
+    assert rewards[0] <= 0.3
+    assert sum(rewards[-3:]) / 3 > rewards[0] + 0.15
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_demo_learns(tmp_path, seed: int) -> None:
+    spec = load_spec(DEMO, [f"output.dir={tmp_path}", "output.progress=false", f"seed={seed}"])
+    train(spec)
+    rewards = [h["reward_mean"] for h in read_metrics(tmp_path)]
+    assert rewards[0] <= 0.3
+    assert sum(rewards[-5:]) / 5 >= 0.8
