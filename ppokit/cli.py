@@ -340,17 +340,17 @@ def new_plugin(
 
 
 def _demo_spec() -> dict[str, Any]:
-    """The packaged demo spec, ``ppokit/data/demo.yaml``."""
+    """The packaged demo spec, ``ppokit/specs/demo.yaml``."""
     from importlib.resources import files
 
     import yaml
 
-    resource = files("ppokit") / "data" / "demo.yaml"
+    resource = files("ppokit") / "specs" / "demo.yaml"
     if not resource.is_file():
-        raise UserError("the packaged demo spec ppokit/data/demo.yaml is missing")
+        raise UserError("the packaged demo spec ppokit/specs/demo.yaml is missing")
     data = yaml.safe_load(resource.read_text())
     if not isinstance(data, dict):
-        raise UserError("the packaged demo spec ppokit/data/demo.yaml is not a mapping")
+        raise UserError("the packaged demo spec ppokit/specs/demo.yaml is not a mapping")
     return data
 
 
@@ -384,7 +384,7 @@ def train(
         spec = _load(spec_path, extra)
     from ppokit.trainer import train as run_training
 
-    result = run_training(spec, resume=resume, smoke=smoke, overwrite=overwrite)
+    result = run_training(spec, resume=resume, smoke=smoke, overwrite=overwrite, smoke_out=out_dir)
     if as_json:
         _print_json(result)
 

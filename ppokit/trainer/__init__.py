@@ -14,10 +14,8 @@ if TYPE_CHECKING:
     from ppokit.spec import Spec
 
 
-def train(
-    spec: Spec, *, resume: bool = False, smoke: bool = False, overwrite: bool = False
-) -> dict[str, Any]:
-    """Run the spec (see :func:`ppokit.trainer.loop.train`)."""
+def train(spec: Spec, **options: Any) -> dict[str, Any]:
+    """Run the spec (see :func:`ppokit.trainer.loop.train` for the options)."""
     from ppokit.trainer.loop import train as run
 
-    return run(spec, resume=resume, smoke=smoke, overwrite=overwrite)
+    return run(spec, **options)

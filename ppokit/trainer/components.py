@@ -32,7 +32,7 @@ class Components:
     advantage: Callable[..., Any]
     policy_loss: Callable[..., Any]
     policy_agg: Callable[..., Any]
-    policy_weight: Callable[..., Any] | None
+    policy_weight: Callable[..., Any]
     kl: Callable[..., Any] | None
     critic_target: Callable[..., Any] | None
     critic_mask: Callable[..., Any] | None
@@ -47,9 +47,6 @@ class Components:
         requires: set[str] = set()
         for _path, kind, comp in spec.slots():
             requires.update(registry.info(kind, comp.name).requires)
-        weight_spec = getattr(spec.policy, "weight", None)
-        if weight_spec is not None:
-            requires.update(registry.info("prompt_weight", weight_spec.name).requires)
         rewards = [(r.name, _create("reward", r), float(r.weight)) for r in spec.reward]
         critic = spec.critic
         return cls(
@@ -58,7 +55,7 @@ class Components:
             advantage=_create("advantage", spec.advantage),
             policy_loss=_create("policy_loss", spec.policy.loss),
             policy_agg=_create("aggregation", spec.policy.aggregation),
-            policy_weight=None if weight_spec is None else _create("prompt_weight", weight_spec),
+            policy_weight=_create("prompt_weight", spec.policy.weight),
             kl=None if spec.kl is None else _create("kl_estimator", spec.kl.estimator),
             critic_target=None if critic is None else _create("critic_target", critic.target),
             critic_mask=None if critic is None else _create("position_mask", critic.mask),

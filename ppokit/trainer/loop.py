@@ -33,8 +33,12 @@ __all__ = ["smoke_spec", "train"]
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "curves.png", "spec.yaml", CHECKPOINT)
 
 
-def smoke_spec(spec: Spec) -> Spec:
-    """Two rounds of the spec's own components on the tiny model with small batches."""
+def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
+    """Two rounds of the spec's own components on the tiny model with small batches.
+
+    They write to ``out`` when given, else to a new temporary directory, never to the
+    spec's own output directory.
+    """
     data = spec.model_dump()
     n = max(2, min(spec.rollout.n, 4))
     data["model"].update(
@@ -57,8 +61,11 @@ def smoke_spec(spec: Spec) -> Spec:
         minibatch_size=minibatch,
         micro_batch_size=micro,
     )
-    out = tempfile.mkdtemp(prefix="ppokit-smoke-")
-    data["output"].update(dir=out, save_every=1, sample_every=1, overwrite=True)
+    if out is None:
+        data["output"].update(dir=tempfile.mkdtemp(prefix="ppokit-smoke-"), overwrite=True)
+    else:
+        data["output"].update(dir=out)
+    data["output"].update(save_every=1, sample_every=1)
     return validate_spec(data)
 
 
@@ -91,12 +98,18 @@ def _seed_all(seed: int) -> None:
 
 
 def train(
-    spec: Spec, *, resume: bool = False, smoke: bool = False, overwrite: bool = False
+    spec: Spec,
+    *,
+    resume: bool = False,
+    smoke: bool = False,
+    overwrite: bool = False,
+    smoke_out: str | None = None,
 ) -> dict[str, Any]:
     """Run the PPO loop the spec describes; returns a JSON-serialisable summary.
 
     ``resume`` continues from ``output.dir/checkpoint``; ``smoke`` runs two small rounds on
-    the tiny model in a temporary directory; ``overwrite`` replaces an existing output.
+    the tiny model in ``smoke_out`` (default: a temporary directory); ``overwrite`` replaces
+    an existing output.
     """
     from transformers.utils import logging as hf_logging
 
@@ -104,7 +117,7 @@ def train(
 
     hf_logging.set_verbosity_error()
     if smoke:
-        spec = smoke_spec(spec)
+        spec = smoke_spec(spec, smoke_out)
         resume = False
     out = Path(spec.output.dir).expanduser()
     _prepare_output(out, resume, overwrite or spec.output.overwrite)

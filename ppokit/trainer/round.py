@@ -285,9 +285,7 @@ class Learner:
                     self.kl_coef, kl_seq, spec.kl.target, spec.kl.horizon, b
                 )
         adv = comps.advantage(batch).float().detach()
-        w_pol = torch.ones(b, device=self.device)
-        if comps.policy_weight is not None:
-            w_pol = comps.policy_weight(batch).float().detach()
+        w_pol = comps.policy_weight(batch).float().detach()
         actor_mask = batch.response_mask & (w_pol > 0)[:, None]
         nll_mask = None
         if spec.policy.nll_coef > 0:
@@ -460,7 +458,7 @@ class Learner:
             add("entropy_count", maskf.sum())
             clipped = getattr(comps.policy_loss, "clipped", None)
             if clipped is not None:
-                add("clipfrac_num", (clipped(logp, logp_old, adv) & mask).float().sum())
+                add("clipfrac_num", (clipped(logp, logp_old, adv, mask) & mask).float().sum())
                 add("clipfrac_count", maskf.sum())
         return loss
 

