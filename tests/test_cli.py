@@ -271,11 +271,24 @@ def fake_trainer(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     module = types.ModuleType("ppokit.trainer")
 
     def train(
-        spec: Any, *, resume: bool = False, smoke: bool = False, overwrite: bool = False
+        spec: Any,
+        *,
+        resume: bool = False,
+        smoke: bool = False,
+        overwrite: bool = False,
+        smoke_out: str | None = None,
     ) -> dict[str, Any]:
         if spec.seed == 666:
             raise UserError("output directory runs/x exists: pass --overwrite or --resume")
-        calls.append({"spec": spec, "resume": resume, "smoke": smoke, "overwrite": overwrite})
+        calls.append(
+            {
+                "spec": spec,
+                "resume": resume,
+                "smoke": smoke,
+                "overwrite": overwrite,
+                "smoke_out": smoke_out,
+            }
+        )
         return {"rounds": spec.train.rounds}
 
     module.train = train  # type: ignore[attr-defined]
@@ -293,6 +306,7 @@ def test_train_a_spec_with_overrides(fake_trainer: list[dict[str, Any]], tmp_pat
     spec = call["spec"]
     assert (spec.train.rounds, spec.seed, spec.output.dir) == (2, 5, str(tmp_path / "o ut"))
     assert (call["resume"], call["smoke"], call["overwrite"]) == (False, True, True)
+    assert call["smoke_out"] == str(tmp_path / "o ut")
     assert json.loads(result.stdout) == {"rounds": 2}
 
 
