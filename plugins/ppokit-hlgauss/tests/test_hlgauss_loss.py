@@ -6,7 +6,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from ppokit_hlgauss.loss import HLGaussLoss
 
 targets = st.lists(st.floats(-3.0, 3.0, allow_nan=False), min_size=1, max_size=16)

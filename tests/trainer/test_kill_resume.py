@@ -1,0 +1,60 @@
+"""A run killed with SIGKILL mid-way resumes from its last checkpoint and ends with the same
+metrics as a run that was never interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ppokit.trainer.metrics import TIMING, read_metrics
+
+from .helpers import DEMO, SMALL
+
+ROUNDS = 6
+ARGS = [*SMALL, f"train.rounds={ROUNDS}", "output.save_every=2", "rollout.n=4"]
+
+
+def _cli(out: Path, *extra: str) -> list[str]:
+    sets = [a for item in ARGS for a in ("--set", item)]
+    return [sys.executable, "-m", "ppokit.cli", "train", str(DEMO), *sets, "--out", str(out), *extra]
+
+
+def _untimed(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run(_cli(whole), check=True, env=env, capture_output=True)
+
+    proc = subprocess.Popen(_cli(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    metrics = killed / "metrics.jsonl"
+    # kill once the round after the first checkpoint is being written (rounds 3..5)
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        pytest.skip("the run finished before it could be killed")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    done = len(read_metrics(killed))
+    assert 3 <= done < ROUNDS
+
+    result = subprocess.run(_cli(killed, "--resume"), env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "resumed at round" in result.stdout + result.stderr
+    history = read_metrics(killed)
+    assert [h["round"] for h in history] == list(range(1, ROUNDS + 1))
+    assert _untimed(history) == _untimed(read_metrics(whole))
