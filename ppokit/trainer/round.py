@@ -18,7 +18,12 @@ from torch import Tensor, nn
 
 from ppokit.batch import RolloutBatch
 from ppokit.trainer.components import Components, aggregate, as_scores, denominator
-from ppokit.trainer.logprobs import response_hidden, token_logprobs, trunk_hidden
+from ppokit.trainer.logprobs import (
+    response_hidden,
+    sampled_logprobs,
+    token_logprobs,
+    trunk_hidden,
+)
 from ppokit.trainer.models import Models, autocast, trunk_of
 from ppokit.trainer.rollout import Rollout, generate
 
@@ -76,7 +81,10 @@ class UpdateData:
 
 @dataclass
 class RoundResult:
-    """Metric tensors of a round (read once at its end) plus texts for samples."""
+    """Metric tensors of a round (read once at its end), host-side measurements (seconds
+    per phase ``time_*``; on CUDA ``peak_memory_gb``, the caching allocator's peak of
+    allocated memory so far, a host-side counter read without device synchronisation) and
+    texts for samples."""
 
     metrics: dict[str, Tensor]
     timings: dict[str, float]
@@ -117,15 +125,30 @@ class Learner:
     def temperature(self) -> float:
         return float(self.spec.rollout.temperature)
 
-    def actor_forward(self, model: nn.Module, ro: Rollout) -> tuple[Tensor, Tensor, Tensor]:
-        """(log π [B,T], entropy [B,T], hidden states [B,T+1,H]) of the responses."""
+    def actor_hidden(self, model: nn.Module, ro: Rollout) -> Tensor:
+        """The trunk's hidden states ``[B, T+1, H]`` of the responses (no LM head)."""
         ids, attn = ro.inputs()
         with autocast(self.models.runtime):
-            hidden = response_hidden(trunk_hidden(trunk_of(model), ids, attn), ro.prompt_len)
+            return response_hidden(trunk_hidden(trunk_of(model), ids, attn), ro.prompt_len)
+
+    def actor_forward(self, model: nn.Module, ro: Rollout) -> tuple[Tensor, Tensor, Tensor]:
+        """(log π [B,T], entropy [B,T], hidden states [B,T+1,H]) of the responses."""
+        hidden = self.actor_hidden(model, ro)
+        with autocast(self.models.runtime):
             logp, ent = token_logprobs(
                 hidden[:, :-1], model.get_output_embeddings(), ro.response_ids, self.temperature
             )
         return logp, ent, hidden
+
+    def reference_logprobs(self, ro: Rollout) -> Tensor:
+        """log π_ref [B,T] of the responses (no entropy pass)."""
+        ref = self.models.ref
+        assert ref is not None
+        hidden = self.actor_hidden(ref, ro)
+        with autocast(self.models.runtime):
+            return sampled_logprobs(
+                hidden[:, :-1], ref.get_output_embeddings(), ro.response_ids, self.temperature
+            )
 
     def critic_head_out(self, ro: Rollout, shared_hidden: Tensor | None) -> Tensor:
         """The value head's output ``[B, T+1, head_size]`` (state before each token, then the
@@ -139,6 +162,12 @@ class Learner:
                     trunk_hidden(critic.trunk, ids, attn), ro.prompt_len
                 )
             return critic(shared_hidden)
+
+    def eval_mode(self) -> None:
+        """Actor and critic in eval mode (the reference always is)."""
+        self.models.actor.eval()
+        if self.models.critic is not None:
+            self.models.critic.eval()
 
     # ------------------------------------------------------------------ rollout
     def sample(self, prompts: list[str], n: int) -> Rollout:
@@ -222,6 +251,7 @@ class Learner:
         n = spec.rollout.n
         timings: dict[str, float] = {}
         metrics: dict[str, Tensor] = {}
+        self.eval_mode()  # sampling and scoring see no dropout
         start = time.perf_counter()
         with torch.no_grad():
             ro = self.sample(formatted, n)
@@ -259,7 +289,7 @@ class Learner:
             if models.critic is not None:
                 shared = None
                 if models.shared_critic:
-                    _, _, shared = self.actor_forward(models.actor, ro)
+                    shared = self.actor_hidden(models.actor, ro)  # the trunk only
                 head_out = self.critic_head_out(ro, shared)
                 v_all = comps.value(head_out)
                 rows_idx = torch.arange(b, device=self.device)
@@ -268,8 +298,7 @@ class Learner:
                     bootstrap_values=v_all[rows_idx, batch.last_index + 1],
                 )
             if models.ref is not None:
-                logp_ref, _, _ = self.actor_forward(models.ref, ro)
-                batch = batch.replace(logp_ref=logp_ref * mask)
+                batch = batch.replace(logp_ref=self.reference_logprobs(ro) * mask)
         timings["time_logprob"] = time.perf_counter() - start
 
         batch = comps.truncation(batch)
@@ -350,6 +379,8 @@ class Learner:
             else:
                 result.metrics[name] = torch.stack(values).mean()
         result.timings["time_update"] = time.perf_counter() - start
+        if self.device.type == "cuda":
+            result.timings["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
 
     def accumulate(
         self,
