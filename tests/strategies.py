@@ -22,7 +22,9 @@ class BatchCase:
     seed: int
 
 
-def _rng_tensor(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> torch.Tensor:
+def _rng_tensor(
+    rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0
+) -> torch.Tensor:
     return torch.from_numpy(rng.standard_normal(shape).astype(np.float32) * scale)
 
 

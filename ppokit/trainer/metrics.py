@@ -39,8 +39,9 @@ REQUIRED = (
     "time_update",
     "time_round",
 )
-#: Timing fields (excluded when comparing runs).
+#: Timing and memory measurements (excluded when comparing runs).
 TIMING = (
+    "peak_memory_gb",
     "tokens_per_s",
     "time_generate",
     "time_score",

@@ -8,6 +8,8 @@ need and one read of the stacked metric tensors at its end.
 from __future__ import annotations
 
 import math
+import resource
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +55,14 @@ def explained_variance(target: Tensor, pred: Tensor, mask: Tensor) -> Tensor:
     vy = var(target.float())
     resid = var(target.float() - pred.float())
     return torch.where(vy > 0, 1 - resid / vy.clamp_min(1e-30), torch.full_like(vy, math.nan))
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak memory so far: the CUDA caching allocator's peak, else the process's max RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 def kl_controller_step(
@@ -379,8 +389,7 @@ class Learner:
             else:
                 result.metrics[name] = torch.stack(values).mean()
         result.timings["time_update"] = time.perf_counter() - start
-        if self.device.type == "cuda":
-            result.timings["peak_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        result.timings["peak_memory_gb"] = peak_memory_gb(self.device)
 
     def accumulate(
         self,

@@ -3,6 +3,7 @@ metrics as a run that was never interrupted."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,7 +23,17 @@ ARGS = [*SMALL, f"train.rounds={ROUNDS}", "output.save_every=2", "rollout.n=4"]
 
 def _cli(out: Path, *extra: str) -> list[str]:
     sets = [a for item in ARGS for a in ("--set", item)]
-    return [sys.executable, "-m", "ppokit.cli", "train", str(DEMO), *sets, "--out", str(out), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "ppokit.cli",
+        "train",
+        str(DEMO),
+        *sets,
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _untimed(history: list[dict]) -> list[dict]:
@@ -36,7 +47,9 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     subprocess.run(_cli(whole), check=True, env=env, capture_output=True)
 
-    proc = subprocess.Popen(_cli(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _cli(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 300
     metrics = killed / "metrics.jsonl"
     # kill once the round after the first checkpoint is being written (rounds 3..5)
@@ -52,9 +65,13 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     done = len(read_metrics(killed))
     assert 3 <= done < ROUNDS
 
-    result = subprocess.run(_cli(killed, "--resume"), env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        _cli(killed, "--resume", "--json"), env=env, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
-    assert "resumed at round" in result.stdout + result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["resumed_from"] in (2, 4)
+    assert summary["resumed_from"] <= done
     history = read_metrics(killed)
     assert [h["round"] for h in history] == list(range(1, ROUNDS + 1))
     assert _untimed(history) == _untimed(read_metrics(whole))
