@@ -9,3 +9,7 @@ class Params(BaseModel):
     """Parameters of a component: validated, immutable, no unknown keys."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoParams(Params):
+    """A component without parameters."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ppokit.builtins._base import Params
+from ppokit.builtins._base import NoParams, Params
 from ppokit.hookspecs import Register
 
 MODULE = "ppokit.components.advantage"
@@ -35,10 +35,6 @@ class GRPOParams(Params):
 
 class GammaParams(Params):
     gamma: float = Gamma
-
-
-class NoParams(Params):
-    pass
 
 
 def register_components(register: Register) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ppokit.builtins._base import Params
+from ppokit.builtins._base import NoParams, Params
 from ppokit.hookspecs import Register
 
 MODULE = "ppokit.components.aggregation"
@@ -13,10 +13,6 @@ DR_GRPO = (
     "Understanding R1-Zero-Like Training: A Critical Perspective (Liu et al., 2025), "
     "arXiv:2503.20783"
 )
-
-
-class NoParams(Params):
-    pass
 
 
 class SeqMeanTokenSumNormParams(Params):

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from ppokit.builtins._base import Params
+from ppokit.builtins._base import NoParams
 from ppokit.hookspecs import Register
 
 MODULE = "ppokit.components.position_mask"
-
-
-class NoParams(Params):
-    pass
 
 
 def register_components(register: Register) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ppokit.builtins._base import Params
+from ppokit.builtins._base import NoParams, Params
 from ppokit.hookspecs import Register
 
 MODULE = "ppokit.components.prompt_weight"
@@ -12,10 +12,6 @@ DAPO = (
     "DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al., 2025), "
     "arXiv:2503.14476"
 )
-
-
-class NoParams(Params):
-    pass
 
 
 class PassRateVarianceParams(Params):

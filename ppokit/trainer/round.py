@@ -180,21 +180,27 @@ class Learner:
             self.models.critic.eval()
 
     # ------------------------------------------------------------------ rollout
-    def sample(self, prompts: list[str], n: int) -> Rollout:
-        r = self.spec.rollout
-        tok = self.models.tokenizer
-        enc = tok(
+    def encode(self, prompts: list[str], n: int = 1) -> tuple[Tensor, Tensor]:
+        """Left-padded prompt ids and attention mask on the device, each prompt ``n`` times
+        (the chat template already holds its special tokens)."""
+        enc = self.models.tokenizer(
             prompts,
             padding=True,
             return_tensors="pt",
             add_special_tokens=not self.spec.data.chat_template,
         )
-        ids = enc["input_ids"].to(self.device).repeat_interleave(n, 0)
-        attn = enc["attention_mask"].to(self.device).repeat_interleave(n, 0)
+        ids, attn = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        if n > 1:
+            ids, attn = ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
+        return ids, attn
+
+    def sample(self, prompts: list[str], n: int) -> Rollout:
+        r = self.spec.rollout
+        ids, attn = self.encode(prompts, n)
         with autocast(self.models.runtime):
             return generate(
                 self.models.actor,
-                tok,
+                self.models.tokenizer,
                 ids,
                 attn,
                 max_new_tokens=r.max_new_tokens,
@@ -204,19 +210,13 @@ class Learner:
             )
 
     def greedy(self, prompts: list[str]) -> Rollout:
-        tok = self.models.tokenizer
-        enc = tok(
-            prompts,
-            padding=True,
-            return_tensors="pt",
-            add_special_tokens=not self.spec.data.chat_template,
-        )
+        ids, attn = self.encode(prompts)
         with autocast(self.models.runtime):
             return generate(
                 self.models.actor,
-                tok,
-                enc["input_ids"].to(self.device),
-                enc["attention_mask"].to(self.device),
+                self.models.tokenizer,
+                ids,
+                attn,
                 max_new_tokens=self.spec.rollout.max_new_tokens,
                 greedy=True,
             )

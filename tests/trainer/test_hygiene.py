@@ -123,7 +123,7 @@ def test_a_round_reads_the_host_only_for_the_rewards_and_the_metrics(tmp_path, m
     assert values["reward_mean"] is not None
     assert calls == ALLOWED
     # on CUDA the round also records the allocator's peak, a host-side counter (no tensor read)
-    assert ("peak_memory_gb" in result.timings) == (lrn.device.type == "cuda")
+    assert result.timings["peak_memory_gb"] > 0  # CUDA allocator peak, or max RSS on CPU
 
 
 def test_the_counter_sees_a_host_read_in_ppokit_code(monkeypatch) -> None:
