@@ -29,6 +29,7 @@ REQUIRED = (
     "value_loss",
     "vf_clipfrac",
     "explained_variance",
+    "value_error",
     "grad_norm_actor",
     "grad_norm_critic",
     "tokens_per_s",

@@ -338,6 +338,10 @@ class Learner:
             metrics["explained_variance"] = explained_variance(
                 data.targets, batch.values, batch.response_mask
             )
+            # mean |Y - V_old|: stays meaningful when Var[Y] is near 0 and EV is not
+            metrics["value_error"] = ((data.targets - batch.values).abs() * batch.maskf).sum() / (
+                batch.maskf.sum().clamp_min(1)
+            )
         maskf = mask.float()
         metrics["reward_mean"] = scores.mean()
         metrics["reward_std"] = scores.std() if b > 1 else torch.zeros((), device=self.device)
