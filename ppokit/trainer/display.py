@@ -75,6 +75,10 @@ class Display:
             values = [h.get(key) for h in history if h.get(key) is not None]
             if not values:
                 continue
-            best = max(values) if key in ("reward_mean", "explained_variance") else min(values)
+            best = (
+                max(values)
+                if key in ("reward_mean", "explained_variance", "tokens_per_s")
+                else min(values)
+            )
             table.add_row(key, _fmt(values[0]), _fmt(values[-1]), _fmt(best))
         self.console.print(table)
