@@ -57,7 +57,7 @@ CURVES = (
     "kl",
     "entropy",
     "value_loss",
-    "explained_variance",
+    "value_error",
     "clipfrac",
     "grad_norm_actor",
 )
