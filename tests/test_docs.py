@@ -3,34 +3,19 @@ tutorial (docs/plugins.md) works when followed literally."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.helpers import ROOT, Venv
+from tests.helpers import ROOT, Venv, load_gen_docs
 
 TUTORIAL = ROOT / "docs" / "plugins.md"
 REGENERATE = "run `python scripts/gen_docs.py` and commit the result"
-
-
-def load_gen_docs() -> ModuleType:
-    """scripts/gen_docs.py as a module (scripts/ is not a package)."""
-    if "gen_docs" in sys.modules:
-        return sys.modules["gen_docs"]
-    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_docs"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 import tempfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
@@ -19,7 +16,7 @@ from ppokit.cli import app
 from ppokit.explain import explain
 from ppokit.registry import Registry, get_registry
 from ppokit.spec import Spec, SpecError, load_spec
-from tests.helpers import ROOT
+from tests.helpers import load_gen_docs
 
 ARXIV = re.compile(r"arXiv:\d{4}\.\d{4,5}")
 #: The methods docs/variants.md promises (ppo_hlgauss is optional).
@@ -38,18 +35,6 @@ REQUIRED = (
     "gspo",
     "cispo",
 )
-
-
-def load_gen_docs() -> ModuleType:
-    """scripts/gen_docs.py as a module (scripts/ is not a package)."""
-    if "gen_docs" in sys.modules:
-        return sys.modules["gen_docs"]
-    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_docs"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 GEN_DOCS = load_gen_docs()
