@@ -1,6 +1,6 @@
 """RolloutBatch: the tensors every component reads.
 
-B responses, T = padded response length. See docs/concepts.md for the conventions every
+B responses, T = padded response length. See docs/design.md for the conventions every
 component keeps (masked positions give 0 and are carried through; the value after a row's
 last token is 0 unless the truncation rule bootstraps it).
 

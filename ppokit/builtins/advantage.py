@@ -44,7 +44,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:GAE",
         params=GAEParams,
         summary="Generalized advantage estimation with a critic",
-        formula="A_t = δ_t + γλ A_{t+1}, δ_t = r_t + γ V(s_{t+1}) − V(s_t); batch-whitened",
+        formula="A_t = δ_t + γλ A_{t+1}, δ_t = r_t + γ V(s_{t+1}) − V(s_t); batch-whitened if whiten",
         requires=("values",),
         source="High-Dimensional Continuous Control Using Generalized Advantage Estimation "
         "(Schulman et al., 2015), arXiv:1506.02438",
@@ -55,7 +55,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:MonteCarlo",
         params=MonteCarloParams,
         summary="Monte-Carlo return-to-go minus the critic's value",
-        formula="A_t = Σ_{s≥t} γ^{s−t} r_s + γ^{T−t} V_T − V(s_t)",
+        formula="A_t = Σ_{s≥t} γ^{s−t} r_s + γ^{T−t} V_T − V(s_t); batch-whitened if whiten",
         requires=("values",),
         source="Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347",
     )
@@ -65,7 +65,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:LengthAdaptiveGAE",
         params=LengthAdaptiveGAEParams,
         summary="GAE whose lambda grows with the response length (VAPO)",
-        formula="GAE with λ_i = clamp(1 − 1/(α l_i), 0, 1), l_i = response length",
+        formula="GAE with λ_i = clamp(1 − 1/(α l_i), 0, 1), l_i = response length; batch-whitened if whiten",
         requires=("values",),
         source="VAPO: Efficient and Reliable Reinforcement Learning for Advanced Reasoning "
         "Tasks (Yue et al., 2025), arXiv:2504.05118",

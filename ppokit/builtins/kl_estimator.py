@@ -24,7 +24,7 @@ ESTIMATORS = (
         "k3",
         "K3",
         "exp(d) - d - 1: unbiased and non-negative",
-        "k3 = clamp(exp(d) - d - 1, -10, 10), d = clamp(logp_ref - logp, -20, 20)",
+        "k3 = clamp(exp(d) - d - 1, 0, 10), d = clamp(logp_ref - logp, -20, 20)",
     ),
     ("abs", "AbsKL", "Absolute log-ratio", "|logp - logp_ref|"),
 )

@@ -190,8 +190,9 @@ class ReinforcePP:
 class ReinforcePPBaseline:
     """A_i = R_i - mean_g R broadcast over the row, then batch-whitened over all tokens.
 
-    Group mean over the non-empty rows. Source: REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models
-    (Hu, 2025), arXiv:2501.03262 (the group-baseline variant).
+    Group mean over the non-empty rows. Source: REINFORCE++: A Simple and Efficient Approach
+    for Aligning Large Language Models (Hu, 2025), arXiv:2501.03262 (the group-baseline
+    variant).
     """
 
     requires = ("group_ids",)
@@ -205,7 +206,7 @@ class ReMax:
     """A_t = sum_{s >= t} r_s - b_i, with b_i the score of the greedy baseline response.
 
     Source: ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
-    Large Language Models (Li et al., 2023), arXiv:2310.10505.
+    Large Language Models (Li et al., 2024), arXiv:2310.10505.
     """
 
     requires = ("baseline_rewards",)
@@ -218,8 +219,8 @@ class OPO:
     """A_i = R_i - sum_j l_j R_j / sum_j l_j over the group, l = response length.
 
     The length-weighted baseline is optimal for sequence-level rewards; a group with one
-    non-empty row has baseline 0. Source: On-Policy RL
-    with Optimal Reward Baseline (Hao et al., 2025), arXiv:2505.23585.
+    non-empty row has baseline 0. Source: On-Policy RL with Optimal Reward Baseline (Hao et
+    al., 2025), arXiv:2505.23585.
     """
 
     requires = ("group_ids",)

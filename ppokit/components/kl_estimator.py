@@ -63,8 +63,8 @@ class K2(KLEstimator):
 
 
 class K3(KLEstimator):
-    """k3 = exp(d) - d - 1 with d = clamp(logp_ref - logp, -20, 20), clamped to [-10, 10]
-    (unbiased, >= 0; the lower bound never binds).
+    """k3 = exp(d) - d - 1 with d = clamp(logp_ref - logp, -20, 20), clamped to [0, 10]
+    (>= 0; unbiased where the clamps do not bind).
 
     Approximating KL Divergence (J. Schulman, 2020).
     """

@@ -1,5 +1,5 @@
-"""Prompt weights for the critic loss: ``w(batch) -> float32 [B]``, one weight per response
-(responses to one prompt share it)."""
+"""Prompt weights for the actor loss (``policy.weight``) and the critic loss (``critic.weight``):
+``w(batch) -> float32 [B]``, one weight per response (responses to one prompt share it)."""
 
 from __future__ import annotations
 
