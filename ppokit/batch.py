@@ -158,6 +158,11 @@ class RolloutBatch:
         return self.response_mask.sum(dim=1)
 
     @cached_property
+    def nonempty(self) -> Tensor:
+        """bool [B]: rows with at least one True position (an empty row is no response)."""
+        return self.lengths > 0
+
+    @cached_property
     def last_index(self) -> Tensor:
         """Index of each row's last True position, long [B] (0 for an empty row)."""
         positions = torch.arange(1, self.seq_len + 1, device=self.device)

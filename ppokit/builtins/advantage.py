@@ -30,7 +30,11 @@ class LengthAdaptiveGAEParams(Params):
 
 
 class GRPOParams(Params):
-    eps: float = Field(default=1e-6, ge=0.0, description="added to the group std")
+    eps: float = Field(
+        default=1e-6,
+        gt=0.0,
+        description="added to the group std (> 0: a group of equal rewards has std 0)",
+    )
 
 
 class GammaParams(Params):

@@ -25,7 +25,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:Uniform",
         params=NoParams,
         summary="Every prompt weighs 1",
-        formula="w = 1",
+        formula="w = 1 (0 for a row without tokens)",
         source="the general critic loss of ppokit's docs/concepts.md",
     )
     register(
@@ -34,7 +34,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:PassRateVariance",
         params=PassRateVarianceParams,
         summary="Bernoulli variance of the group's pass rate: prompts solved half the time weigh most",
-        formula="p = clamp(group mean of R, 0, 1); w = p (1 - p), divided by mean(w) if normalize",
+        formula="p = clamp(group mean of R, 0, 1); w = p (1 - p), divided by mean(w) if normalize; over non-empty rows",
         requires=("group_ids",),
         source="ppokit: the variance p(1-p) of a Bernoulli reward, largest for prompts solved half the time",
     )
@@ -44,7 +44,7 @@ def register_components(register: Register) -> None:
         f"{MODULE}:InformativeGroups",
         params=NoParams,
         summary="1 for groups whose rewards are not all equal, else 0 (dynamic sampling as a weight)",
-        formula="w = 1[max_group R > min_group R]",
+        formula="w = 1[max_group R > min_group R] over the group's non-empty rows",
         requires=("group_ids",),
         source=DAPO,
     )

@@ -40,7 +40,7 @@ class GroupStats:
 
     def __init__(self, batch: RolloutBatch, weights: Tensor | None = None) -> None:
         self.batch = batch
-        self.nonempty = batch.lengths > 0
+        self.nonempty = batch.nonempty
         live = self.nonempty.float()
         #: number of non-empty rows in the row's group
         self.count = batch.group_sum(live)

@@ -49,6 +49,18 @@ def test_pass_rate_is_clamped_to_zero_one():
     )
 
 
+def test_empty_rows_do_not_count_in_their_group():
+    """Two real responses scoring 1 and two rows emptied (say by the exclude rule): the
+    group's pass rate is 1, so neither weight sees an informative group."""
+    batch = _outcome_batch([1.0, 1.0, 0.0, 0.0], [0, 0, 0, 0])
+    emptied = batch.replace(
+        response_mask=batch.response_mask & torch.tensor([1, 1, 0, 0]).bool()[:, None]
+    )
+    assert torch.equal(PassRateVariance(normalize=False)(emptied), torch.zeros(4))
+    assert torch.equal(InformativeGroups()(emptied), torch.zeros(4))
+    assert torch.equal(Uniform()(emptied), torch.tensor([1.0, 1.0, 0.0, 0.0]))
+
+
 def test_all_zero_weights_stay_zero():
     batch = _outcome_batch([1.0, 1.0, 0.0, 0.0], [0, 0, 1, 1])
     out = PassRateVariance()(batch)
@@ -56,32 +68,35 @@ def test_all_zero_weights_stay_zero():
     assert torch.equal(InformativeGroups()(batch), torch.zeros(4))
 
 
-def _reference_informative(scores: list[float], groups: list[int]) -> list[float]:
+def _reference_informative(scores: list[float], groups: list[int], live: list[bool]) -> list[float]:
     values: dict[int, set[float]] = {}
-    for s, g in zip(scores, groups, strict=True):
-        values.setdefault(g, set()).add(s)
-    return [1.0 if len(values[g]) > 1 else 0.0 for g in groups]
+    for s, g, ok in zip(scores, groups, live, strict=True):
+        if ok:
+            values.setdefault(g, set()).add(s)
+    return [1.0 if ok and len(values[g]) > 1 else 0.0 for g, ok in zip(groups, live, strict=True)]
 
 
 @SETTINGS
 @given(batches(outcome_only=True), st.booleans())
 def test_weights_are_per_group_and_bounded(batch, normalize):
     index = batch.group_index
+    live = batch.nonempty
     for w in (Uniform()(batch), PassRateVariance(normalize)(batch), InformativeGroups()(batch)):
         assert w.dtype == torch.float32
         assert w.shape == (batch.batch_size,)
-        # one weight per prompt: constant over each group
-        torch.testing.assert_close(batch.group_mean(w), w)
+        # one weight per prompt: constant over each group's responses; empty rows weigh 0
+        torch.testing.assert_close(batch.group_mean(w, weights=live.float())[live], w[live])
+        assert torch.equal(w[~live], torch.zeros_like(w[~live]))
         assert (w >= 0).all()
     raw = PassRateVariance(normalize=False)(batch)
     assert (raw <= 0.25).all()
     norm = PassRateVariance()(batch)
     if (raw > 0).any():
-        torch.testing.assert_close(norm.mean(), torch.tensor(1.0))
-        torch.testing.assert_close(norm * raw.mean(), raw)
+        torch.testing.assert_close(norm[live].mean(), torch.tensor(1.0))
+        torch.testing.assert_close(norm * raw[live].mean(), raw)
     else:
         assert torch.equal(norm, torch.zeros_like(norm))
-    expected = _reference_informative(batch.scores.tolist(), index.tolist())
+    expected = _reference_informative(batch.scores.tolist(), index.tolist(), live.tolist())
     assert InformativeGroups()(batch).tolist() == expected
 
 
