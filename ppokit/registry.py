@@ -51,7 +51,8 @@ KINDS: tuple[str, ...] = (
     "aggregation",
 )
 
-#: Batch fields a component may require, plus ``critic`` (needs a value head at all).
+#: Batch fields a component may require: the optional fields of ``ppokit.batch.FIELDS``
+#: (repeated here so that the registry stays torch-free; a test keeps the two equal).
 REQUIREMENTS: tuple[str, ...] = (
     "values",
     "logp_old",

@@ -342,3 +342,11 @@ def test_reset_registry_rebuilds(fake_entry_points: None, monkeypatch: pytest.Mo
     monkeypatch.setenv("PPOKIT_LOAD_PLUGINS", "good_a")
     reset_registry()
     assert get_registry().has("advantage", "from_a")
+
+
+def test_requirements_are_the_optional_batch_fields() -> None:
+    """The torch-free registry repeats RolloutBatch's optional fields: keep them equal."""
+    from ppokit.batch import FIELDS
+    from ppokit.registry import REQUIREMENTS
+
+    assert set(REQUIREMENTS) == set(FIELDS) - {"response_mask", "token_rewards"}

@@ -195,7 +195,15 @@ class Learner:
         return ids, attn
 
     def sample(self, prompts: list[str], n: int) -> Rollout:
+        """``n`` sampled responses per prompt, under the spec's sampling settings."""
         r = self.spec.rollout
+        return self._generate(prompts, n, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
+
+    def greedy(self, prompts: list[str]) -> Rollout:
+        """One greedy response per prompt (the baseline of ``baseline_rewards``)."""
+        return self._generate(prompts, 1, greedy=True)
+
+    def _generate(self, prompts: list[str], n: int, **sampling: Any) -> Rollout:
         ids, attn = self.encode(prompts, n)
         with autocast(self.models.runtime):
             return generate(
@@ -203,22 +211,8 @@ class Learner:
                 self.models.tokenizer,
                 ids,
                 attn,
-                max_new_tokens=r.max_new_tokens,
-                temperature=r.temperature,
-                top_k=r.top_k,
-                top_p=r.top_p,
-            )
-
-    def greedy(self, prompts: list[str]) -> Rollout:
-        ids, attn = self.encode(prompts)
-        with autocast(self.models.runtime):
-            return generate(
-                self.models.actor,
-                self.models.tokenizer,
-                ids,
-                attn,
                 max_new_tokens=self.spec.rollout.max_new_tokens,
-                greedy=True,
+                **sampling,
             )
 
     def decode(self, ro: Rollout) -> tuple[list[str], list[int], list[bool]]:

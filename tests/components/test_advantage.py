@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppokit.batch import RolloutBatch
+from ppokit.batch import FIELDS, RolloutBatch
 from ppokit.registry import get_registry
 from tests.components import reference
 from tests.strategies import batches
@@ -309,20 +309,7 @@ def test_empty_rows_do_not_count_in_their_group(batch, name, which, extra):
         response_mask=torch.zeros(extra, t, dtype=torch.bool),
         token_rewards=torch.randn(extra, t).to(batch.token_rewards.dtype) * 10,
     )
-    fields = {
-        f: torch.cat([getattr(batch, f), getattr(added, f)])
-        for f in (
-            "response_mask",
-            "token_rewards",
-            "values",
-            "logp_old",
-            "logp_ref",
-            "group_ids",
-            "truncated",
-            "bootstrap_values",
-            "baseline_rewards",
-        )
-    }
+    fields = {f: torch.cat([getattr(batch, f), getattr(added, f)]) for f in FIELDS}
     grown = est(RolloutBatch(**fields))
     assert torch.allclose(grown[:b], adv, atol=1e-5, rtol=1e-5)
     assert bool((grown[b:] == 0).all())
