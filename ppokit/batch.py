@@ -18,6 +18,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from ppokit import _native
+
 __all__ = ["BatchError", "RolloutBatch"]
 
 #: Optional [B, T] float fields.
@@ -149,13 +151,22 @@ class RolloutBatch:
 
     @cached_property
     def scores(self) -> Tensor:
-        """R_i = sum_t r_{i,t} over the mask, float32 [B]."""
-        return (self.token_rewards.float() * self.maskf).sum(dim=1)
+        """R_i = sum_t r_{i,t} over the mask, float32 [B] (masked entries never matter)."""
+        if _native.applies(self.token_rewards, self.response_mask):
+            sums, counts = _native.row_sums(self.token_rewards, self.response_mask)
+            self.__dict__.setdefault("lengths", counts)  # the same pass gives both
+            return sums
+        zero = torch.zeros((), dtype=torch.float32, device=self.device)
+        return torch.where(self.response_mask, self.token_rewards.float(), zero).sum(dim=1)
 
     @cached_property
     def lengths(self) -> Tensor:
         """Number of True positions per row, long [B]."""
-        return self.response_mask.sum(dim=1)
+        if _native.applies(self.token_rewards, self.response_mask):
+            sums, counts = _native.row_sums(self.token_rewards, self.response_mask)
+            self.__dict__.setdefault("scores", sums)  # the same pass gives both
+            return counts
+        return torch.count_nonzero(self.response_mask, dim=1)
 
     @cached_property
     def nonempty(self) -> Tensor:

@@ -1,5 +1,10 @@
 """The vectorised reverse discounted scan behind every return, GAE and reward-to-go.
 
+Each function here first asks ``ppokit._native`` whether its fused C kernel applies (CPU
+tensors, no autograd, the kernels built): it then computes the same result in one pass over
+the batch with float64 accumulation. Otherwise, on GPUs among others, the chunked PyTorch scan
+below runs. Both are checked against one float64 per-step reference in the tests.
+
 ``discounted_reverse_cumsum(x, mask, d)`` computes, for every row, y_t = x_t + d * y_next over
 the masked positions only: y_next is y at the next True position of the same row (masked gaps
 are skipped as if absent) and 0 after the row's last True position. Masked positions give 0.
@@ -37,6 +42,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from ppokit import _native
 from ppokit.batch import RolloutBatch
 
 __all__ = [
@@ -202,14 +208,15 @@ class Compaction:
 def _whiten_flat(x: Tensor, n: Tensor, eps: float) -> Tensor:
     """(x - mean) / sqrt(var + eps) with mean and unbiased var of n values summing as x does.
 
-    One pass for the sum and one for the sum of squares (float32 accumulation, combined in
-    float64 scalars), one pass to centre, one to scale (in place). Entries outside the n
+    The sum and the sum of squares accumulate in the carry dtype (float64 but on MPS): in
+    float32, sum x^2 - n mean^2 loses every digit of a variance that is small against the
+    squared mean. Then one pass to centre and one to scale (in place). Entries outside the n
     values become -mean / sqrt(var + eps): the caller masks or never reads them.
     """
-    flat = x.reshape(-1)
     carry = accumulate_dtype(x.device)
-    total = flat.sum().to(carry)
-    squares = torch.dot(flat, flat).to(carry)
+    flat = x.reshape(-1).to(carry)
+    total = flat.sum()
+    squares = torch.dot(flat, flat)
     n = n.to(carry)
     mean = total / n.clamp_min(1)
     var = ((squares - total * mean) / (n - 1).clamp_min(1)).clamp_min(0)
@@ -223,6 +230,8 @@ def discounted_reverse_cumsum(x: Tensor, mask: Tensor, discount: Discount) -> Te
     y_next is y at the next True position of the row (0 after the last); masked positions
     give 0 and their x never matters. ``discount``: float in [0, 1] or a per-row [B] tensor.
     """
+    if _native.applies(x, mask, discount):
+        return _native.scan(x, mask, discount)[0]
     rows = Compaction(mask)
     return rows.expand(dense_reverse_scan(rows.compact(x), discount, overwrite=True))
 
@@ -233,6 +242,8 @@ def next_values(values: Tensor, mask: Tensor, terminal: Tensor) -> Tensor:
     The next state of a True position is the next True position of its row; after the row's
     last True position it is ``terminal`` [B].
     """
+    if _native.applies(values, mask, terminal):
+        return _native.next_values(values, mask, terminal)
     rows = Compaction(mask)
     return rows.expand(rows.shift(rows.compact(values), terminal))
 
@@ -278,6 +289,12 @@ def gae(
     """
     if batch.values is None:
         raise ValueError("GAE needs batch.values (a critic)")
+    mask, values, terminal = batch.response_mask, batch.values, batch.terminal_values
+    if _native.applies(batch.token_rewards, values, mask, terminal, lam):
+        adv, stats = _native.gae(
+            batch.token_rewards, values, mask, terminal, gamma, lam, plus_values=plus_values
+        )
+        return _native.whiten_(adv, mask, stats) if whiten else adv
     rows = Compaction(batch.response_mask)
     values = rows.compact(batch.values)
     deltas = rows.compact(batch.token_rewards).sub_(values)
@@ -304,15 +321,27 @@ def returns_to_go(
     ``minus_values``: return G_t - V_t; ``baseline`` [B]: subtract a per-row constant;
     ``whiten``: batch-whiten the result. All in the compacted layout, expanded once.
     """
+    mask, terminal = batch.response_mask, batch.terminal_values
+    values = batch.values if minus_values else None
+    if minus_values and values is None:
+        raise ValueError("G - V needs batch.values (a critic)")
+    if _native.applies(batch.token_rewards, mask, terminal, values, baseline):
+        out, stats = _native.scan(
+            batch.token_rewards,
+            mask,
+            gamma,
+            terminal if bootstrap else None,
+            values=values,
+            baseline=baseline,
+        )
+        return _native.whiten_(out, mask, stats) if whiten else out
     rows = Compaction(batch.response_mask)
     rewards = rows.compact(batch.token_rewards)
     if bootstrap:
         rows.add_at_last(rewards, gamma * batch.terminal_values)
     returns = dense_reverse_scan(rewards, gamma, overwrite=True)
-    if minus_values:
-        if batch.values is None:
-            raise ValueError("G - V needs batch.values (a critic)")
-        returns.sub_(rows.compact(batch.values))
+    if values is not None:
+        returns.sub_(rows.compact(values))
     if baseline is not None:
         returns.sub_(baseline.to(returns.dtype)[:, None])
     return rows.expand(rows.whiten(returns) if whiten else returns)
@@ -320,5 +349,7 @@ def returns_to_go(
 
 def broadcast_rows(per_row: Tensor, mask: Tensor) -> Tensor:
     """A per-row value [B] on every True position of its row, 0 elsewhere, float32 [B, T]."""
+    if _native.applies(per_row, mask):
+        return _native.broadcast_rows(per_row, mask)
     per_row = per_row.float()[:, None]
     return torch.where(mask, per_row, torch.zeros((), dtype=per_row.dtype, device=mask.device))

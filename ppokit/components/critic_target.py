@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ppokit.batch import RolloutBatch
-from ppokit.components._scan import Compaction, gae, returns_to_go
+from ppokit.components._scan import gae, returns_to_go
 
 __all__ = ["TD0", "LambdaReturn", "MonteCarloReturn"]
 
@@ -55,8 +55,5 @@ class TD0:
         self.gamma = gamma
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        assert batch.values is not None
-        rows = Compaction(batch.response_mask)
-        rewards = rows.compact(batch.token_rewards)
-        following = rows.shift(rows.compact(batch.values), batch.terminal_values)
-        return rows.expand(rewards.add_(following, alpha=self.gamma))
+        # the lambda-return with lam = 0: V_t + delta_t = r_t + gamma * V(next state)
+        return gae(batch, self.gamma, 0.0, plus_values=True)

@@ -1,0 +1,416 @@
+/*
+ * Fused CPU kernels for the reverse discounted scans of ppokit.components._scan.
+ *
+ * Every scan of _scan.py is one instance of a carry-through recurrence over a row:
+ *
+ *     Z_t = u_t + d Z_{t+1}  at True positions,   Z_t = Z_{t+1}  at masked positions,
+ *     u_t = p V_t + q x_t,   Z after the row's end = head  (per row: p, q, d, head, base),
+ *     out_t = alpha x_t + beta V_t + g Z' - base at True positions, 0 at masked positions,
+ *
+ * with Z' = Z_t, or Z_{t+1} (the carry at the next position: for a True t, the value of the
+ * next True position, since masked positions carry it through). Masked positions are thus
+ * skipped as if absent; their inputs never reach a result (selects, not multiplications, so
+ * NaN there does no harm). The instances:
+ *
+ *   reverse scan   y_t = x_t + d y_next:            p 0, q 1, Z' = Z_t, out = Z - beta V - base
+ *   GAE            A_t = delta_t + g lam A_next:      p 1 - lam, q lam, d g lam, head V_term,
+ *                  out = r_t - V_t + g Z_{t+1}        (Z_t = (1 - lam) V_t + lam G^lam_t: the
+ *                  lambda-return recursion; out + V_t = G^lam_t when beta = 0)
+ *   next value     out = Z_{t+1} with p 1, q 0, d 0   (V at the next True position)
+ *
+ * One pass over the row, backwards, in float64. Blocks of four positions are solved inside
+ * vector registers (two doubling steps of the affine recurrence, then the carry from the block
+ * after), so the sequential dependency is one fused multiply-add per four positions; two rows
+ * are interleaved to overlap those chains. The row's top T mod 4 positions run the scalar
+ * recurrence. Per row the sum, sum of squares and count of out over True positions are
+ * accumulated, from which whiten() batch-whitens the result in a second pass.
+ *
+ * Rows are split between threads by ppokit/_native.py, which calls these functions
+ * with the GIL released; tensors are passed as addresses.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define VECTOR 1 /* AVX2 + FMA blocks, chosen at run time when the CPU has them */
+#define AVX2 __attribute__((target("avx2,fma")))
+#else
+#define VECTOR 0
+#endif
+
+/* 1: the vector path when the CPU has it; 0: the scalar path everywhere (set_vector). */
+static int allow_vector = 1;
+
+static int use_vector(void) {
+#if VECTOR
+    return allow_vector && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    const float *x;      /* x, rewards; any valid array when q = alpha = 0 */
+    const float *v;      /* values; any valid array when p = beta = 0 */
+    const uint8_t *m;    /* mask, one byte per position */
+    const double *row;   /* [B, 5]: p, q, d, head, base */
+    double alpha, beta, g;
+    int shift;           /* Z' = Z_{t+1} */
+    float *out;
+    double *stats;       /* [B, 3]: sum, sum of squares, count of out over True positions */
+    int64_t T;
+} Job;
+
+typedef struct {
+    double p, q, d, base, z, sum, sq;
+    int64_t cnt;
+} Row;
+
+static void row_start(const Job *job, int64_t b, Row *s) {
+    const double *c = job->row + 5 * b;
+    s->p = c[0];
+    s->q = c[1];
+    s->d = c[2];
+    s->z = c[3];
+    s->base = c[4];
+    s->sum = s->sq = 0.0;
+    s->cnt = 0;
+}
+
+static void row_finish(const Job *job, int64_t b, const Row *s) {
+    double *st = job->stats + 3 * b;
+    st[0] += s->sum;
+    st[1] += s->sq;
+    st[2] += (double)s->cnt;
+}
+
+/* Positions hi - 1 down to lo of row b, one at a time. */
+static void scalar_steps(const Job *job, int64_t b, int64_t lo, int64_t hi, Row *s) {
+    const int64_t base = b * job->T;
+    for (int64_t t = hi - 1; t >= lo; t--) {
+        const int64_t k = base + t;
+        if (!job->m[k]) {
+            job->out[k] = 0.0f;
+            continue;
+        }
+        const double x = job->x[k], v = job->v[k];
+        const double next = s->z;
+        s->z = s->p * v + s->q * x + s->d * next;
+        const double zsel = job->shift ? next : s->z;
+        const float o = (float)(job->alpha * x + job->beta * v + job->g * zsel - s->base);
+        job->out[k] = o;
+        s->sum += o;
+        s->sq += (double)o * o;
+        s->cnt += 1;
+    }
+}
+
+#if VECTOR
+typedef struct {
+    __m256d p, q, d, base, carry, sum, sq;
+    __m256i cnt;
+} Lanes;
+
+/* [a1, a2, a3, f3] and [a2, a3, f2, f3]: the next one and two positions, f past the block */
+#define NEXT1(a, f) _mm256_blend_pd(_mm256_permute4x64_pd((a), 0xF9), (f), 0x8)
+#define NEXT2(a, f) _mm256_blend_pd(_mm256_permute4x64_pd((a), 0xFE), (f), 0xC)
+
+static inline AVX2 void lanes_start(const Row *s, Lanes *l) {
+    l->p = _mm256_set1_pd(s->p);
+    l->q = _mm256_set1_pd(s->q);
+    l->d = _mm256_set1_pd(s->d);
+    l->base = _mm256_set1_pd(s->base);
+    l->carry = _mm256_set1_pd(s->z);
+    l->sum = l->sq = _mm256_setzero_pd();
+    l->cnt = _mm256_setzero_si256();
+}
+
+static inline AVX2 double hsum(__m256d a) {
+    const __m128d pair = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)));
+}
+
+static inline AVX2 void lanes_finish(const Lanes *l, Row *s) {
+    int64_t cnt[4];
+    _mm256_storeu_si256((__m256i *)cnt, l->cnt);
+    s->sum += hsum(l->sum);
+    s->sq += hsum(l->sq);
+    s->cnt += cnt[0] + cnt[1] + cnt[2] + cnt[3];
+}
+
+/* One block of four positions [t, t + 4) of one row, k = its first index. */
+static inline AVX2 void block(const Job *job, int64_t k, Lanes *l) {
+    const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0);
+    const __m256d x = _mm256_cvtps_pd(_mm_loadu_ps(job->x + k));
+    const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(job->v + k));
+    int32_t bytes;
+    memcpy(&bytes, job->m + k, sizeof bytes);
+    const __m256i wide = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(bytes));
+    const __m256i on_i = _mm256_cmpgt_epi64(wide, _mm256_setzero_si256());
+    const __m256d on = _mm256_castsi256_pd(on_i);
+
+    /* the maps Z -> u + c Z of the four positions, composed by doubling */
+    __m256d u = _mm256_and_pd(_mm256_fmadd_pd(l->p, v, _mm256_mul_pd(l->q, x)), on);
+    __m256d c = _mm256_blendv_pd(one, l->d, on);
+    u = _mm256_fmadd_pd(c, NEXT1(u, zero), u);
+    c = _mm256_mul_pd(c, NEXT1(c, one));
+    u = _mm256_fmadd_pd(c, NEXT2(u, zero), u);
+    c = _mm256_mul_pd(c, NEXT2(c, one));
+    const __m256d z = _mm256_fmadd_pd(c, l->carry, u);
+    const __m256d zsel = job->shift ? NEXT1(z, l->carry) : z;
+    l->carry = _mm256_permute4x64_pd(z, 0x00);
+
+    __m256d o = _mm256_fmsub_pd(_mm256_set1_pd(job->alpha), x, l->base);
+    o = _mm256_fmadd_pd(_mm256_set1_pd(job->beta), v, o);
+    o = _mm256_and_pd(_mm256_fmadd_pd(_mm256_set1_pd(job->g), zsel, o), on);
+    const __m128 of = _mm256_cvtpd_ps(o);
+    _mm_storeu_ps(job->out + k, of);
+    const __m256d od = _mm256_cvtps_pd(of);
+    l->sum = _mm256_add_pd(l->sum, od);
+    l->sq = _mm256_fmadd_pd(od, od, l->sq);
+    l->cnt = _mm256_sub_epi64(l->cnt, on_i);
+}
+
+/* Rows [r0, r1) with the vector blocks; two rows at a time overlap their carry chains. */
+static AVX2 void run_vector(const Job *job, int64_t r0, int64_t r1) {
+    const int64_t T = job->T;
+    const int64_t body = T - T % 4; /* [0, body) in blocks of four, [body, T) scalar */
+    int64_t b = r0;
+    for (; b < r1; b += 2) {
+        const int pair = b + 1 < r1;
+        Row s[2];
+        Lanes l[2];
+        for (int i = 0; i <= pair; i++) {
+            row_start(job, b + i, &s[i]);
+            scalar_steps(job, b + i, body, T, &s[i]);
+            lanes_start(&s[i], &l[i]);
+        }
+        if (pair) {
+            for (int64_t t = body - 4; t >= 0; t -= 4) {
+                block(job, b * T + t, &l[0]);
+                block(job, (b + 1) * T + t, &l[1]);
+            }
+        } else {
+            for (int64_t t = body - 4; t >= 0; t -= 4)
+                block(job, b * T + t, &l[0]);
+        }
+        for (int i = 0; i <= pair; i++) {
+            lanes_finish(&l[i], &s[i]);
+            row_finish(job, b + i, &s[i]);
+        }
+    }
+}
+#endif
+
+/* Rows [r0, r1). */
+static void run(const Job *job, int64_t r0, int64_t r1) {
+#if VECTOR
+    if (use_vector()) {
+        run_vector(job, r0, r1);
+        return;
+    }
+#endif
+    for (int64_t b = r0; b < r1; b++) {
+        Row s;
+        row_start(job, b, &s);
+        scalar_steps(job, b, 0, job->T, &s);
+        row_finish(job, b, &s);
+    }
+}
+
+static void *ptr(unsigned long long address) { return (void *)(uintptr_t)address; }
+
+/* scan(x, v, m, row, alpha, beta, g, shift, out, stats, T, r0, r1); addresses as ints */
+static PyObject *kernel_scan(PyObject *self, PyObject *args) {
+    unsigned long long x, v, m, row, out, stats;
+    double alpha, beta, g;
+    int shift;
+    long long T, r0, r1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKKdddpKKLLL", &x, &v, &m, &row, &alpha, &beta, &g, &shift,
+                          &out, &stats, &T, &r0, &r1))
+        return NULL;
+    if (!x || !v || !m || !row || !out || !stats || T < 0 || r0 < 0 || r1 < r0) {
+        PyErr_SetString(PyExc_ValueError, "scan kernel: bad arguments");
+        return NULL;
+    }
+    Job job = {ptr(x), ptr(v), ptr(m), ptr(row), alpha, beta, g, shift, ptr(out), ptr(stats),
+               (int64_t)T};
+    Py_BEGIN_ALLOW_THREADS
+    run(&job, (int64_t)r0, (int64_t)r1);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static inline float keep_if(int on, float a) {
+    union { float f; uint32_t u; } bits;
+    bits.f = a;
+    bits.u &= (uint32_t)0 - (uint32_t)on;
+    return bits.f;
+}
+
+/* whiten(y, m, stats, rows, eps, start, stop): batch whitening of y over its True positions,
+ * from the per-row statistics of the scan: y = (y - mean) / sqrt(var + eps) where m, else 0,
+ * over the flat range [start, stop). var has Bessel's correction (0 below two positions). */
+static PyObject *kernel_whiten(PyObject *self, PyObject *args) {
+    unsigned long long y, m, stats;
+    long long rows, start, stop;
+    double eps;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKLdLL", &y, &m, &stats, &rows, &eps, &start, &stop))
+        return NULL;
+    if (!y || !m || !stats || rows < 0 || start < 0 || stop < start) {
+        PyErr_SetString(PyExc_ValueError, "whiten kernel: bad arguments");
+        return NULL;
+    }
+    float *restrict yy = ptr(y);
+    const uint8_t *restrict mm = ptr(m);
+    const double *st = ptr(stats);
+    Py_BEGIN_ALLOW_THREADS
+    double total = 0.0, squares = 0.0, n = 0.0;
+    for (int64_t b = 0; b < rows; b++) {
+        total += st[3 * b];
+        squares += st[3 * b + 1];
+        n += st[3 * b + 2];
+    }
+    const double mean = total / (n > 1.0 ? n : 1.0);
+    double var = (squares - total * mean) / (n - 1.0 > 1.0 ? n - 1.0 : 1.0);
+    var = var > 0.0 ? var : 0.0;
+    const float shift = (float)mean, scale = (float)(1.0 / sqrt(var + eps));
+    for (int64_t k = start; k < stop; k++)
+        yy[k] = keep_if(mm[k] != 0, (yy[k] - shift) * scale); /* a select: NaN there gives 0 */
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* Sum over True positions and their count of one row of length T. */
+static void row_sum_scalar(const float *x, const uint8_t *m, int64_t T, double *sum, int64_t *n) {
+    double acc = 0.0;
+    int64_t count = 0;
+    for (int64_t t = 0; t < T; t++)
+        if (m[t]) {
+            acc += x[t];
+            count++;
+        }
+    *sum = acc;
+    *n = count;
+}
+
+#if VECTOR
+static AVX2 void row_sum_vector(const float *x, const uint8_t *m, int64_t T, double *sum,
+                                int64_t *n) {
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    __m256i count = _mm256_setzero_si256();
+    int64_t t = 0;
+    for (; t + 8 <= T; t += 8) {
+        int64_t bytes;
+        memcpy(&bytes, m + t, sizeof bytes);
+        const __m256i on = _mm256_cmpgt_epi32(
+            _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes)), _mm256_setzero_si256());
+        const __m256 v = _mm256_and_ps(_mm256_loadu_ps(x + t), _mm256_castsi256_ps(on));
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        count = _mm256_sub_epi32(count, on);
+    }
+    int32_t c[8];
+    _mm256_storeu_si256((__m256i *)c, count);
+    double rest;
+    int64_t rest_n;
+    row_sum_scalar(x + t, m + t, T - t, &rest, &rest_n);
+    *sum = hsum(_mm256_add_pd(lo, hi)) + rest;
+    *n = (int64_t)c[0] + c[1] + c[2] + c[3] + c[4] + c[5] + c[6] + c[7] + rest_n;
+}
+#endif
+
+/* rowsum(x, m, sums, counts, T, r0, r1): per row of [r0, r1), the float64 sum of x over its
+ * True positions and their count, in a fixed order (the same for any split of the rows). */
+static PyObject *kernel_rowsum(PyObject *self, PyObject *args) {
+    unsigned long long x, m, sums, counts;
+    long long T, r0, r1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKKLLL", &x, &m, &sums, &counts, &T, &r0, &r1))
+        return NULL;
+    if (!x || !m || !sums || !counts || T < 0 || r0 < 0 || r1 < r0) {
+        PyErr_SetString(PyExc_ValueError, "rowsum kernel: bad arguments");
+        return NULL;
+    }
+    const float *xx = ptr(x);
+    const uint8_t *mm = ptr(m);
+    double *ss = ptr(sums);
+    int64_t *cc = ptr(counts);
+    Py_BEGIN_ALLOW_THREADS
+    const int vector = use_vector();
+    for (int64_t b = r0; b < r1; b++) {
+#if VECTOR
+        if (vector) {
+            row_sum_vector(xx + b * T, mm + b * T, T, ss + b, cc + b);
+            continue;
+        }
+#endif
+        row_sum_scalar(xx + b * T, mm + b * T, T, ss + b, cc + b);
+    }
+    (void)vector;
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* fill(c, m, out, T, r0, r1): out = c_b at the True positions of row b, 0 elsewhere. */
+static PyObject *kernel_fill(PyObject *self, PyObject *args) {
+    unsigned long long c, m, out;
+    long long T, r0, r1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKLLL", &c, &m, &out, &T, &r0, &r1))
+        return NULL;
+    if (!c || !m || !out || T < 0 || r0 < 0 || r1 < r0) {
+        PyErr_SetString(PyExc_ValueError, "fill kernel: bad arguments");
+        return NULL;
+    }
+    const float *cc = ptr(c);
+    const uint8_t *restrict mm = ptr(m);
+    float *restrict oo = ptr(out);
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t b = r0; b < r1; b++) {
+        const float value = cc[b];
+        for (int64_t t = 0; t < T; t++)
+            oo[b * T + t] = keep_if(mm[b * T + t] != 0, value);
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *kernel_vectorised(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyBool_FromLong(use_vector());
+}
+
+/* set_vector(flag): allow (1) or forbid (0) the vector path; returns the previous setting. */
+static PyObject *kernel_set_vector(PyObject *self, PyObject *args) {
+    int flag;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "p", &flag))
+        return NULL;
+    const int before = allow_vector;
+    allow_vector = flag;
+    return PyBool_FromLong(before);
+}
+
+static PyMethodDef methods[] = {
+    {"scan", kernel_scan, METH_VARARGS, "Fused carry-through scan over a block of rows."},
+    {"whiten", kernel_whiten, METH_VARARGS, "Batch whitening from the scan's statistics."},
+    {"rowsum", kernel_rowsum, METH_VARARGS, "Per-row sums and counts over True positions."},
+    {"fill", kernel_fill, METH_VARARGS, "A per-row value at the True positions of each row."},
+    {"vectorised", kernel_vectorised, METH_NOARGS, "Whether the AVX2 blocks run here."},
+    {"set_vector", kernel_set_vector, METH_VARARGS, "Allow or forbid the AVX2 blocks."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",
+                                    "Fused CPU kernels of the reverse discounted scans.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
