@@ -3,14 +3,18 @@
 For each component and shape: the median time of the component, of a direct per-step Python
 loop over t implementing the same formula (vectorised over B; group estimators: a loop over
 groups), and of copying the tensors the component reads once (``clone()``). Prints ms and the
-ratios loop/ours and ours/copy.
+ratios loop/ours and ours/copy. Where the C kernels apply (a CPU build with them), the last
+column times the same component with them disabled: the chunked PyTorch scan, which is what
+runs on a GPU and on an install without a C compiler.
 
     python benchmarks/components.py [--quick] [--repeats N] [--shape BxT ...] [--only NAME ...]
                                     [--device cpu|cuda]
 
-The three timings of a row are interleaved (ours, copy, loop in each round, after a warm-up
+The timings of a row are interleaved (ours, copy, loop, torch in each round, after a warm-up
 round), so that load from other processes hits them alike; each is the median over the
-rounds. ``--quick`` runs only the smallest shape; ``--shape`` replaces the default shapes;
+rounds. Within a round, ours, the copy and torch are each timed on their second of two calls in a
+row, so both find the inputs in cache (as a component does in a round, right after the
+scoring passes wrote them) and neither inherits the cache the other left behind. ``--quick`` runs only the smallest shape; ``--shape`` replaces the default shapes;
 ``--only`` keeps the components whose name (``gae`` or ``advantage.gae``) is given. On CUDA
 every timing is bracketed by ``torch.cuda.synchronize()``. At T = 32768 the loop is timed on
 the first ``LOOP_SLICE`` positions and scaled linearly in T (marked ``*`` in the table).
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ppokit import _native
 from ppokit.batch import RolloutBatch
 from ppokit.registry import get_registry
 
@@ -198,18 +203,25 @@ class Timer:
 
 
 def interleaved_ms(
-    fns: list[Callable[[], object]], repeats: list[int], timer: Timer
+    fns: list[Callable[[], object]],
+    repeats: list[int],
+    timer: Timer,
+    warm: list[bool] | None = None,
 ) -> list[float]:
     """Median ms of each function; one warm-up round, then rounds that run each in turn.
 
-    ``repeats[i]``: timed runs of ``fns[i]`` (a function stops once it has its count).
+    ``repeats[i]``: timed runs of ``fns[i]`` (a function stops once it has its count);
+    ``warm[i]``: an untimed call of ``fns[i]`` right before each timed one.
     """
+    warm = warm or [False] * len(fns)
     for fn in fns:
         fn()  # warm-up
     times: list[list[float]] = [[] for _ in fns]
     for round_ in range(max(repeats)):
-        for fn, want, acc in zip(fns, repeats, times, strict=True):
+        for fn, want, acc, twice in zip(fns, repeats, times, warm, strict=True):
             if round_ < want:
+                if twice:
+                    fn()
                 acc.append(timer(fn))
     return [1e3 * statistics.median(acc) for acc in times]
 
@@ -227,6 +239,7 @@ class Row:
     loop: float
     copy: float
     scaled: bool
+    torch_only: float | None = None
 
 
 def bench(kind: str, name: str, batch: RolloutBatch, repeats: int, timer: Timer) -> Row:
@@ -239,18 +252,24 @@ def bench(kind: str, name: str, batch: RolloutBatch, repeats: int, timer: Timer)
     if scaled:
         part = batch.replace(**{f: getattr(batch, f)[:, :LOOP_SLICE] for f in _token_fields(batch)})
     loop_repeats = max(3, repeats // 3) if (kind, name) in TIME_LOOPS else repeats
-    ours, copy, loop = interleaved_ms(
-        [
-            lambda: component(batch.replace()),
-            lambda: [f.clone() for f in fields],
-            lambda: loop_fn(part.replace()),
-        ],
-        [repeats, repeats, loop_repeats],
-        timer,
-    )
+
+    def torch_only() -> object:
+        with _native.disabled():
+            return component(batch.replace())
+
+    fns = [
+        lambda: component(batch.replace()),
+        lambda: [f.clone() for f in fields],
+        lambda: loop_fn(part.replace()),
+    ]
+    counts, warm = [repeats, repeats, loop_repeats], [True, True, False]
+    if with_torch := _native.applies(batch.response_mask):
+        fns, counts, warm = [*fns, torch_only], [*counts, repeats], [*warm, True]
+    ours, copy, loop, *rest = interleaved_ms(fns, counts, timer, warm=warm)
     if scaled:
         loop *= t / LOOP_SLICE
-    return Row(f"{kind}.{name}", tuple(batch.response_mask.shape), ours, loop, copy, scaled)
+    shape = tuple(batch.response_mask.shape)
+    return Row(f"{kind}.{name}", shape, ours, loop, copy, scaled, rest[0] if with_torch else None)
 
 
 def _token_fields(batch: RolloutBatch) -> list[str]:
@@ -294,7 +313,7 @@ def main() -> None:
         f"median of {args.repeats} interleaved runs"
     )
     header = f"{'component':<38}{'B x T':>12}{'ours ms':>10}{'loop ms':>11}{'copy ms':>9}"
-    print(header + f"{'loop/ours':>11}{'ours/copy':>11}")
+    print(header + f"{'loop/ours':>11}{'ours/copy':>11}{'torch ms':>10}")
     for b, t in shapes:
         batch = make_batch(b, t, device=args.device)
         for kind, name in keys:
@@ -302,10 +321,13 @@ def main() -> None:
             mark = "*" if row.scaled else " "
             print(
                 f"{row.component:<38}{f'{b}x{t}':>12}{row.ours:>10.2f}{row.loop:>10.1f}{mark}"
-                f"{row.copy:>9.2f}{row.loop / row.ours:>11.1f}{row.ours / row.copy:>11.2f}",
+                f"{row.copy:>9.2f}{row.loop / row.ours:>11.1f}{row.ours / row.copy:>11.2f}"
+                + ("" if row.torch_only is None else f"{row.torch_only:>10.2f}"),
                 flush=True,
             )
     print(f"* loop timed on the first {LOOP_SLICE} positions and scaled linearly in T")
+    if _native.applies(torch.zeros(1, device=args.device)):
+        print("torch ms: the same component with the C kernels disabled (the chunked PyTorch scan)")
 
 
 if __name__ == "__main__":
