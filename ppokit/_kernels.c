@@ -142,66 +142,71 @@ static inline AVX2 void lanes_finish(const Lanes *l, Row *s) {
     s->cnt += cnt[0] + cnt[1] + cnt[2] + cnt[3];
 }
 
-/* One block of four positions [t, t + 4) of one row, k = its first index. */
-static inline AVX2 void block(const Job *job, int64_t k, Lanes *l) {
+/* One row's blocks of four positions, from [body - 4, body) down to [0, 4); x, v, m, out
+ * point at the row's start. Everything the loop reads is a local (Python builds with
+ * -fno-strict-aliasing: a field of job would be reloaded after every store to out). */
+static inline AVX2 void blocks(const float *restrict x, const float *restrict v,
+                               const uint8_t *restrict m, float *restrict out, int64_t body,
+                               const Job *job, Lanes *l, const int shift) {
     const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0);
-    const __m256d x = _mm256_cvtps_pd(_mm_loadu_ps(job->x + k));
-    const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(job->v + k));
-    int32_t bytes;
-    memcpy(&bytes, job->m + k, sizeof bytes);
-    const __m256i wide = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(bytes));
-    const __m256i on_i = _mm256_cmpgt_epi64(wide, _mm256_setzero_si256());
-    const __m256d on = _mm256_castsi256_pd(on_i);
+    const __m256d alpha = _mm256_set1_pd(job->alpha), beta = _mm256_set1_pd(job->beta);
+    const __m256d g = _mm256_set1_pd(job->g);
+    const __m256d p = l->p, q = l->q, d = l->d, base = l->base;
+    __m256d carry = l->carry, sum = l->sum, sq = l->sq;
+    __m256i cnt = l->cnt;
+    for (int64_t t = body - 4; t >= 0; t -= 4) {
+        const __m256d xs = _mm256_cvtps_pd(_mm_loadu_ps(x + t));
+        const __m256d vs = _mm256_cvtps_pd(_mm_loadu_ps(v + t));
+        int32_t bytes;
+        memcpy(&bytes, m + t, sizeof bytes);
+        const __m256i on_i = _mm256_cmpgt_epi64(_mm256_cvtepu8_epi64(_mm_cvtsi32_si128(bytes)),
+                                                _mm256_setzero_si256());
+        const __m256d on = _mm256_castsi256_pd(on_i);
 
-    /* the maps Z -> u + c Z of the four positions, composed by doubling */
-    __m256d u = _mm256_and_pd(_mm256_fmadd_pd(l->p, v, _mm256_mul_pd(l->q, x)), on);
-    __m256d c = _mm256_blendv_pd(one, l->d, on);
-    u = _mm256_fmadd_pd(c, NEXT1(u, zero), u);
-    c = _mm256_mul_pd(c, NEXT1(c, one));
-    u = _mm256_fmadd_pd(c, NEXT2(u, zero), u);
-    c = _mm256_mul_pd(c, NEXT2(c, one));
-    const __m256d z = _mm256_fmadd_pd(c, l->carry, u);
-    const __m256d zsel = job->shift ? NEXT1(z, l->carry) : z;
-    l->carry = _mm256_permute4x64_pd(z, 0x00);
+        /* the maps Z -> u + c Z of the four positions, composed by doubling */
+        __m256d u = _mm256_and_pd(_mm256_fmadd_pd(p, vs, _mm256_mul_pd(q, xs)), on);
+        __m256d c = _mm256_blendv_pd(one, d, on);
+        u = _mm256_fmadd_pd(c, NEXT1(u, zero), u);
+        c = _mm256_mul_pd(c, NEXT1(c, one));
+        u = _mm256_fmadd_pd(c, NEXT2(u, zero), u);
+        c = _mm256_mul_pd(c, NEXT2(c, one));
+        const __m256d z = _mm256_fmadd_pd(c, carry, u);
+        const __m256d zsel = shift ? NEXT1(z, carry) : z;
+        carry = _mm256_permute4x64_pd(z, 0x00);
 
-    __m256d o = _mm256_fmsub_pd(_mm256_set1_pd(job->alpha), x, l->base);
-    o = _mm256_fmadd_pd(_mm256_set1_pd(job->beta), v, o);
-    o = _mm256_and_pd(_mm256_fmadd_pd(_mm256_set1_pd(job->g), zsel, o), on);
-    const __m128 of = _mm256_cvtpd_ps(o);
-    _mm_storeu_ps(job->out + k, of);
-    const __m256d od = _mm256_cvtps_pd(of);
-    l->sum = _mm256_add_pd(l->sum, od);
-    l->sq = _mm256_fmadd_pd(od, od, l->sq);
-    l->cnt = _mm256_sub_epi64(l->cnt, on_i);
+        __m256d o = _mm256_fmsub_pd(alpha, xs, base);
+        o = _mm256_fmadd_pd(beta, vs, o);
+        o = _mm256_and_pd(_mm256_fmadd_pd(g, zsel, o), on);
+        const __m128 of = _mm256_cvtpd_ps(o);
+        _mm_storeu_ps(out + t, of);
+        const __m256d od = _mm256_cvtps_pd(of);
+        sum = _mm256_add_pd(sum, od);
+        sq = _mm256_fmadd_pd(od, od, sq);
+        cnt = _mm256_sub_epi64(cnt, on_i);
+    }
+    l->carry = carry;
+    l->sum = sum;
+    l->sq = sq;
+    l->cnt = cnt;
 }
 
-/* Rows [r0, r1) with the vector blocks; two rows at a time overlap their carry chains. */
+/* Rows [r0, r1) with the vector blocks. */
 static AVX2 void run_vector(const Job *job, int64_t r0, int64_t r1) {
     const int64_t T = job->T;
     const int64_t body = T - T % 4; /* [0, body) in blocks of four, [body, T) scalar */
-    int64_t b = r0;
-    for (; b < r1; b += 2) {
-        const int pair = b + 1 < r1;
-        Row s[2];
-        Lanes l[2];
-        for (int i = 0; i <= pair; i++) {
-            row_start(job, b + i, &s[i]);
-            scalar_steps(job, b + i, body, T, &s[i]);
-            lanes_start(&s[i], &l[i]);
-        }
-        if (pair) {
-            for (int64_t t = body - 4; t >= 0; t -= 4) {
-                block(job, b * T + t, &l[0]);
-                block(job, (b + 1) * T + t, &l[1]);
-            }
-        } else {
-            for (int64_t t = body - 4; t >= 0; t -= 4)
-                block(job, b * T + t, &l[0]);
-        }
-        for (int i = 0; i <= pair; i++) {
-            lanes_finish(&l[i], &s[i]);
-            row_finish(job, b + i, &s[i]);
-        }
+    for (int64_t b = r0; b < r1; b++) {
+        Row s;
+        Lanes l;
+        row_start(job, b, &s);
+        scalar_steps(job, b, body, T, &s);
+        lanes_start(&s, &l);
+        const int64_t k = b * T;
+        if (job->shift)
+            blocks(job->x + k, job->v + k, job->m + k, job->out + k, body, job, &l, 1);
+        else
+            blocks(job->x + k, job->v + k, job->m + k, job->out + k, body, job, &l, 0);
+        lanes_finish(&l, &s);
+        row_finish(job, b, &s);
     }
 }
 #endif

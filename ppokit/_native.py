@@ -240,7 +240,6 @@ def whiten_(y: Tensor, mask: Tensor, stats: Tensor, eps: float = 1e-8) -> Tensor
         lambda r0, r1: _kernels.whiten(*addresses, r0 * width, r1 * width),
         rows,
         y.numel(),
-        light=True,
     )
     return y
 
