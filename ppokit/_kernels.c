@@ -18,11 +18,13 @@
  *                  lambda-return recursion; out + V_t = G^lam_t when beta = 0)
  *   next value     out = Z_{t+1} with p 1, q 0, d 0   (V at the next True position)
  *
- * One pass over the row, backwards, in float64. Blocks of four positions are solved inside
- * vector registers (two doubling steps of the affine recurrence, then the carry from the block
- * after), so the sequential dependency is one fused multiply-add per four positions; two rows
- * are interleaved to overlap those chains. The row's top T mod 4 positions run the scalar
- * recurrence. Per row the sum, sum of squares and count of out over True positions are
+ * One pass over the row, backwards, in float64. Blocks of positions are solved inside vector
+ * registers: the affine maps Z -> u + c Z of a block are composed by doubling (two steps for
+ * four positions with AVX2, three for eight with AVX-512), then applied to the carry from the
+ * block after, so the sequential dependency is one fused multiply-add per block. The path is
+ * chosen at run time from what the CPU has (level(), capped by set_level() in the tests); the
+ * scalar recurrence runs the row's top positions that do not fill a block and everything on
+ * other CPUs. Per row the sum, sum of squares and count of out over True positions are
  * accumulated, from which whiten() batch-whitens the result in a second pass.
  *
  * Rows are split between threads by ppokit/_native.py, which calls these functions
@@ -36,18 +38,23 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
-#define VECTOR 1 /* AVX2 + FMA blocks, chosen at run time when the CPU has them */
+#define VECTOR 1 /* AVX2 + FMA and AVX-512 blocks, chosen at run time by what the CPU has */
 #define AVX2 __attribute__((target("avx2,fma")))
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
 #else
 #define VECTOR 0
 #endif
 
-/* 1: the vector path when the CPU has it; 0: the scalar path everywhere (set_vector). */
-static int allow_vector = 1;
+/* The widest path allowed (set_level): 2 AVX-512, 1 AVX2, 0 scalar. */
+static int max_level = 2;
 
-static int use_vector(void) {
+/* The path the kernels take: the widest one allowed that this CPU has. */
+static int level(void) {
 #if VECTOR
-    return allow_vector && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    int cpu = 0;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        cpu = __builtin_cpu_supports("avx512f") ? 2 : 1;
+    return cpu < max_level ? cpu : max_level;
 #else
     return 0;
 #endif
@@ -211,10 +218,85 @@ static AVX2 void run_vector(const Job *job, int64_t r0, int64_t r1) {
 }
 #endif
 
+#if VECTOR
+/* [a1 .. a7, f], [a2 .. a7, f, f], [a4 .. a7, f, f, f, f]: lanes j + 1, j + 2, j + 4, f past
+ * the block (permutex2var: an index with bit 3 set takes from the second operand) */
+#define IDX1 _mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1)
+#define IDX2 _mm512_set_epi64(8, 8, 7, 6, 5, 4, 3, 2)
+#define IDX4 _mm512_set_epi64(8, 8, 8, 8, 7, 6, 5, 4)
+
+/* The same recurrence as blocks() in blocks of eight positions, three doubling steps. */
+static inline AVX512 void blocks8(const float *restrict x, const float *restrict v,
+                                  const uint8_t *restrict m, float *restrict out, int64_t body,
+                                  const Job *job, Row *s, const int shift) {
+    const __m512d zero = _mm512_setzero_pd(), one = _mm512_set1_pd(1.0);
+    const __m512d alpha = _mm512_set1_pd(job->alpha), beta = _mm512_set1_pd(job->beta);
+    const __m512d g = _mm512_set1_pd(job->g);
+    const __m512d p = _mm512_set1_pd(s->p), q = _mm512_set1_pd(s->q);
+    const __m512d d = _mm512_set1_pd(s->d), base = _mm512_set1_pd(s->base);
+    const __m512i i1 = IDX1, i2 = IDX2, i4 = IDX4;
+    __m512d carry = _mm512_set1_pd(s->z), sum = zero, sq = zero;
+    int64_t cnt = 0;
+    for (int64_t t = body - 8; t >= 0; t -= 8) {
+        const __m512d xs = _mm512_cvtps_pd(_mm256_loadu_ps(x + t));
+        const __m512d vs = _mm512_cvtps_pd(_mm256_loadu_ps(v + t));
+        const __m512i mb = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(m + t)));
+        const __mmask8 on = _mm512_test_epi64_mask(mb, mb);
+
+        __m512d u = _mm512_maskz_mov_pd(on, _mm512_fmadd_pd(p, vs, _mm512_mul_pd(q, xs)));
+        __m512d c = _mm512_mask_blend_pd(on, one, d);
+        u = _mm512_fmadd_pd(c, _mm512_permutex2var_pd(u, i1, zero), u);
+        c = _mm512_mul_pd(c, _mm512_permutex2var_pd(c, i1, one));
+        u = _mm512_fmadd_pd(c, _mm512_permutex2var_pd(u, i2, zero), u);
+        c = _mm512_mul_pd(c, _mm512_permutex2var_pd(c, i2, one));
+        u = _mm512_fmadd_pd(c, _mm512_permutex2var_pd(u, i4, zero), u);
+        c = _mm512_mul_pd(c, _mm512_permutex2var_pd(c, i4, one));
+        const __m512d z = _mm512_fmadd_pd(c, carry, u);
+        const __m512d zsel = shift ? _mm512_permutex2var_pd(z, i1, carry) : z;
+        carry = _mm512_broadcastsd_pd(_mm512_castpd512_pd128(z));
+
+        __m512d o = _mm512_fmsub_pd(alpha, xs, base);
+        o = _mm512_fmadd_pd(beta, vs, o);
+        o = _mm512_maskz_mov_pd(on, _mm512_fmadd_pd(g, zsel, o));
+        const __m256 of = _mm512_cvtpd_ps(o);
+        _mm256_storeu_ps(out + t, of);
+        const __m512d od = _mm512_cvtps_pd(of);
+        sum = _mm512_add_pd(sum, od);
+        sq = _mm512_fmadd_pd(od, od, sq);
+        cnt += __builtin_popcount((unsigned)on);
+    }
+    s->sum += _mm512_reduce_add_pd(sum);
+    s->sq += _mm512_reduce_add_pd(sq);
+    s->cnt += cnt;
+}
+
+/* Rows [r0, r1) with the AVX-512 blocks. */
+static AVX512 void run_avx512(const Job *job, int64_t r0, int64_t r1) {
+    const int64_t T = job->T;
+    const int64_t body = T - T % 8; /* [0, body) in blocks of eight, [body, T) scalar */
+    for (int64_t b = r0; b < r1; b++) {
+        Row s;
+        row_start(job, b, &s);
+        scalar_steps(job, b, body, T, &s);
+        const int64_t k = b * T;
+        if (job->shift)
+            blocks8(job->x + k, job->v + k, job->m + k, job->out + k, body, job, &s, 1);
+        else
+            blocks8(job->x + k, job->v + k, job->m + k, job->out + k, body, job, &s, 0);
+        row_finish(job, b, &s);
+    }
+}
+#endif
+
 /* Rows [r0, r1). */
 static void run(const Job *job, int64_t r0, int64_t r1) {
 #if VECTOR
-    if (use_vector()) {
+    const int path = level();
+    if (path == 2) {
+        run_avx512(job, r0, r1);
+        return;
+    }
+    if (path == 1) {
         run_vector(job, r0, r1);
         return;
     }
@@ -348,7 +430,7 @@ static PyObject *kernel_rowsum(PyObject *self, PyObject *args) {
     double *ss = ptr(sums);
     int64_t *cc = ptr(counts);
     Py_BEGIN_ALLOW_THREADS
-    const int vector = use_vector();
+    const int vector = level() >= 1;
     for (int64_t b = r0; b < r1; b++) {
 #if VECTOR
         if (vector) {
@@ -387,21 +469,22 @@ static PyObject *kernel_fill(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *kernel_vectorised(PyObject *self, PyObject *args) {
+/* level(): the path the kernels take, 2 AVX-512, 1 AVX2, 0 scalar. */
+static PyObject *kernel_level(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
-    return PyBool_FromLong(use_vector());
+    return PyLong_FromLong(level());
 }
 
-/* set_vector(flag): allow (1) or forbid (0) the vector path; returns the previous setting. */
-static PyObject *kernel_set_vector(PyObject *self, PyObject *args) {
-    int flag;
+/* set_level(n): the widest path allowed from now on; returns the previous setting. */
+static PyObject *kernel_set_level(PyObject *self, PyObject *args) {
+    int n;
     (void)self;
-    if (!PyArg_ParseTuple(args, "p", &flag))
+    if (!PyArg_ParseTuple(args, "i", &n))
         return NULL;
-    const int before = allow_vector;
-    allow_vector = flag;
-    return PyBool_FromLong(before);
+    const int before = max_level;
+    max_level = n < 0 ? 0 : n > 2 ? 2 : n;
+    return PyLong_FromLong(before);
 }
 
 static PyMethodDef methods[] = {
@@ -409,8 +492,8 @@ static PyMethodDef methods[] = {
     {"whiten", kernel_whiten, METH_VARARGS, "Batch whitening from the scan's statistics."},
     {"rowsum", kernel_rowsum, METH_VARARGS, "Per-row sums and counts over True positions."},
     {"fill", kernel_fill, METH_VARARGS, "A per-row value at the True positions of each row."},
-    {"vectorised", kernel_vectorised, METH_NOARGS, "Whether the AVX2 blocks run here."},
-    {"set_vector", kernel_set_vector, METH_VARARGS, "Allow or forbid the AVX2 blocks."},
+    {"level", kernel_level, METH_NOARGS, "The path taken: 2 AVX-512, 1 AVX2, 0 scalar."},
+    {"set_level", kernel_set_level, METH_VARARGS, "The widest path allowed; returns the old."},
     {NULL, NULL, 0, NULL},
 };
 

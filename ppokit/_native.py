@@ -2,10 +2,10 @@
 
 On a CPU the chunked scan of ``_scan.py`` costs several passes over the batch (compaction,
 chunk sums, matmuls, expansion), each a separate PyTorch kernel. The C kernels in
-``_kernels.c`` do the same recurrences in one pass: rows are split between threads, each
-thread interleaves eight rows so that their independent recurrences overlap, and the
-recurrence is accumulated in float64 (exact to float32 rounding at any T). Whitening statistics
-are gathered in the same pass.
+``_kernels.c`` do the same recurrences in one pass: rows are split between threads, blocks of
+four or eight positions are solved in AVX2 or AVX-512 registers (a scalar loop on other CPUs),
+and the recurrence is accumulated in float64 (exact to float32 rounding at any T). Whitening
+statistics are gathered in the same pass.
 
 They apply to CPU tensors outside autograd. The extension is built at install time where a C
 compiler is available (``setup.py``, optional); without it, with ``PPOKIT_NATIVE=0``, inside
@@ -30,13 +30,14 @@ except ImportError:  # installed without a C compiler
 
 __all__ = [
     "applies",
+    "at_most",
     "available",
     "broadcast_rows",
     "disabled",
     "gae",
+    "level",
     "next_values",
     "row_sums",
-    "scalar_only",
     "scan",
     "whiten_",
 ]
@@ -71,15 +72,24 @@ def disabled() -> Iterator[None]:
         _state["enabled"] = before
 
 
+#: The kernels' paths, widest last: what ``level()`` returns and ``at_most`` caps.
+LEVELS = ("scalar", "avx2", "avx512")
+
+
+def level() -> str:
+    """The path the kernels take on this CPU: "avx512", "avx2" or "scalar"."""
+    return LEVELS[_kernels.level()] if _kernels is not None else "none"
+
+
 @contextmanager
-def scalar_only() -> Iterator[None]:
-    """Run the kernels' portable scalar path inside the block (what CPUs without AVX2 run)."""
+def at_most(path: str) -> Iterator[None]:
+    """Cap the kernels' path inside the block (tests: what other CPUs run)."""
     assert _kernels is not None
-    before = _kernels.set_vector(False)
+    before = _kernels.set_level(LEVELS.index(path))
     try:
         yield
     finally:
-        _kernels.set_vector(before)
+        _kernels.set_level(before)
 
 
 def applies(*tensors: Tensor | float | None) -> bool:
