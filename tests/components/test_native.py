@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -187,3 +189,31 @@ def test_every_cpu_path_gives_the_same_results(path, kind, name, params, batch):
         narrow = component(batch.replace())
         assert torch.equal(component(_garbage(batch)), narrow)
     assert torch.allclose(narrow, widest, rtol=1e-6, atol=1e-6)
+
+
+def test_without_the_extension_everything_runs_on_the_chunked_scan():
+    """An install without a C compiler has no ppokit._kernels: same results, no error."""
+    code = """
+import sys
+sys.modules["ppokit._kernels"] = None  # an install that could not build it
+import torch
+from ppokit import _native
+from ppokit.batch import RolloutBatch
+from ppokit.registry import get_registry
+assert not _native.available() and not _native.applies(torch.zeros(1))
+assert _native.level() == "none"
+batch = RolloutBatch(
+    response_mask=torch.tensor([[True, False, True], [True, True, False]]),
+    token_rewards=torch.tensor([[1.0, float("nan"), 2.0], [0.5, 1.0, 7.0]]),
+    values=torch.tensor([[0.5, 9.0, 1.0], [0.25, 0.5, 9.0]]),
+    truncated=torch.tensor([True, False]),
+    bootstrap_values=torch.tensor([3.0, 0.0]),
+)
+adv = get_registry().create("advantage", "gae", gamma=0.5, lam=0.5, whiten=False)(batch)
+print(adv[0].tolist(), batch.scores.tolist(), batch.lengths.tolist())
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    # row 0 as in test_hand_computed_gae_with_a_gap; scores ignore the masked NaN
+    assert out.split() == ["[1.625,", "0.0,", "2.5]", "[3.0,", "1.5]", "[2,", "2]"]
