@@ -52,6 +52,8 @@ MIN_PER_THREAD_LIGHT = 1 << 22
 
 _state = {"enabled": os.environ.get("PPOKIT_NATIVE", "1") != "0"}
 _pool: dict[int, ThreadPoolExecutor] = {}
+if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads
+    os.register_at_fork(after_in_child=_pool.clear)
 
 Discount = float | Tensor
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -217,3 +219,28 @@ print(adv[0].tolist(), batch.scores.tolist(), batch.lengths.tolist())
     ).stdout
     # row 0 as in test_hand_computed_gae_with_a_gap; scores ignore the masked NaN
     assert out.split() == ["[1.625,", "0.0,", "2.5]", "[3.0,", "1.5]", "[2,", "2]"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_its_own_threads():
+    """The worker threads do not survive a fork: the child must start its own, not hang."""
+    gen = torch.Generator().manual_seed(0)
+    batch = RolloutBatch(
+        response_mask=torch.rand(64, 4096, generator=gen) < 0.9,
+        token_rewards=torch.randn(64, 4096, generator=gen),
+        values=torch.randn(64, 4096, generator=gen),
+    )
+    expected = gae(batch, 1.0, 0.95)  # the parent's pool now exists
+    pid = os.fork()
+    if pid == 0:  # child
+        got = gae(batch, 1.0, 0.95)  # on two threads of its own
+        torch.set_num_threads(1)  # torch's OpenMP pool does not survive a fork either
+        os._exit(0 if torch.equal(got, expected) else 1)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on the parent's worker threads")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
