@@ -42,7 +42,7 @@ __all__ = [
     "whiten_",
 ]
 
-#: Rows interleaved by the kernel: thread blocks are whole multiples of it.
+#: Threads get whole multiples of this many rows.
 LANES = 8
 #: Positions per thread below which another thread costs more (waking it) than it saves: the
 #: scan does about 20 operations per position, the other kernels (whitening, row sums, fill)
@@ -116,8 +116,15 @@ def _per_row(value: Discount | None, rows: int) -> Tensor:
     return torch.full((rows,), 0.0 if value is None else float(value), dtype=torch.float64)
 
 
-def _address(x: Tensor | None) -> int:
-    return 0 if x is None else x.data_ptr()
+def _mask(mask: Tensor, *tensors: Tensor) -> Tensor:
+    """The mask as contiguous bool bytes, after checking that the kernels may read the tensors
+    as [B, T] rows of it (they read raw memory: a mismatch must not reach them)."""
+    if mask.dim() != 2:
+        raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
+    for x in tensors:
+        if x.shape != mask.shape:
+            raise ValueError(f"expected shape {tuple(mask.shape)}, got {tuple(x.shape)}")
+    return (mask if mask.dtype == torch.bool else mask != 0).contiguous()
 
 
 def _parallel(
@@ -156,8 +163,8 @@ def _run(
 ) -> tuple[Tensor, Tensor]:
     """The carry-through recurrence of ``_kernels.c`` with per-row p, q, d, head, base."""
     assert _kernels is not None
+    mask = _mask(mask, x, values)
     b, t = mask.shape
-    mask = mask.contiguous()
     row = torch.stack(
         [_per_row(p, b), _per_row(q, b), _per_row(d, b), _per_row(head, b), _per_row(base, b)],
         dim=1,
@@ -245,13 +252,17 @@ def whiten_(y: Tensor, mask: Tensor, stats: Tensor, eps: float = 1e-8) -> Tensor
     """Batch-whiten ``y`` in place from its per-row statistics: (y - mean) / sqrt(var + eps) at
     True positions, 0 elsewhere; var with Bessel's correction (``_scan.batch_whiten``)."""
     assert _kernels is not None
-    mask = mask.contiguous()
+    mask = _mask(mask, y)
     rows, width = y.shape
+    if y.dtype != torch.float32 or not y.is_contiguous() or stats.shape != (rows, 3):
+        raise ValueError("whiten_ takes a scan's contiguous float32 result and its statistics")
+    stats = stats.to(torch.float64).contiguous()
     addresses = (y.data_ptr(), mask.data_ptr(), stats.data_ptr(), rows, float(eps))
     _parallel(
         lambda r0, r1: _kernels.whiten(*addresses, r0 * width, r1 * width),
         rows,
         y.numel(),
+        light=True,
     )
     return y
 
@@ -260,7 +271,7 @@ def row_sums(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """Per row, the sum of ``x`` over True positions (float32 [B], accumulated in float64) and
     the number of True positions (long [B]). Masked entries never matter."""
     assert _kernels is not None
-    x, mask = _f32(x), mask.contiguous()
+    x, mask = _f32(x), _mask(mask, x)
     b, t = mask.shape
     sums = torch.empty(b, dtype=torch.float64)
     counts = torch.empty(b, dtype=torch.long)
@@ -272,8 +283,9 @@ def row_sums(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 def broadcast_rows(per_row: Tensor, mask: Tensor) -> Tensor:
     """``per_row`` [B] on every True position of its row, 0 elsewhere, float32 [B, T]."""
     assert _kernels is not None
-    values, mask = _f32(per_row), mask.contiguous()
+    mask = _mask(mask)
     b, t = mask.shape
+    values = _f32(per_row).expand(b).contiguous()
     out = torch.empty(b, t, dtype=torch.float32)
     addresses = (values.data_ptr(), mask.data_ptr(), out.data_ptr(), t)
     _parallel(lambda r0, r1: _kernels.fill(*addresses, r0, r1), b, b * t, light=True)

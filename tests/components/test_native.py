@@ -244,3 +244,20 @@ def test_a_forked_child_gets_its_own_threads():
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung on the parent's worker threads")
     assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+@pytest.mark.skipif(not _native.available(), reason="C kernels not built")
+def test_the_kernels_never_see_mismatched_shapes():
+    """They read raw memory: a wrong shape is a ValueError before any read."""
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match="expected shape"):
+        _native.scan(torch.zeros(3, 4), mask, 0.9)
+    with pytest.raises(ValueError, match="expected shape"):
+        _native.row_sums(torch.zeros(2, 5), mask)
+    with pytest.raises(RuntimeError):
+        _native.broadcast_rows(torch.zeros(2), mask)
+    with pytest.raises(ValueError, match="mask must be"):
+        _native.scan(torch.zeros(15), mask.reshape(15), 0.9)
+    # a 0/1 mask of another dtype is read as a mask
+    y, _ = _native.scan(torch.ones(3, 5), mask.float(), 1.0)
+    assert y[0].tolist() == [5.0, 4.0, 3.0, 2.0, 1.0]
