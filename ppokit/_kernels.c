@@ -12,7 +12,8 @@
  * skipped as if absent; their inputs never reach a result (selects, not multiplications, so
  * NaN there does no harm). The instances:
  *
- *   reverse scan   y_t = x_t + d y_next:            p 0, q 1, Z' = Z_t, out = Z - beta V - base
+ *   reverse scan   y_t = x_t + d y_next:            p 0, q 1, Z' = Z_t, out = Z - base, or
+ *                  Z - V_t - base (beta -1: returns minus values)
  *   GAE            A_t = delta_t + g lam A_next:      p 1 - lam, q lam, d g lam, head V_term,
  *                  out = r_t - V_t + g Z_{t+1}        (Z_t = (1 - lam) V_t + lam G^lam_t: the
  *                  lambda-return recursion; out + V_t = G^lam_t when beta = 0)
