@@ -122,50 +122,29 @@ static void scalar_steps(const Job *job, int64_t b, int64_t lo, int64_t hi, Row 
 }
 
 #if VECTOR
-typedef struct {
-    __m256d p, q, d, base, carry, sum, sq;
-    __m256i cnt;
-} Lanes;
-
 /* [a1, a2, a3, f3] and [a2, a3, f2, f3]: the next one and two positions, f past the block */
 #define NEXT1(a, f) _mm256_blend_pd(_mm256_permute4x64_pd((a), 0xF9), (f), 0x8)
 #define NEXT2(a, f) _mm256_blend_pd(_mm256_permute4x64_pd((a), 0xFE), (f), 0xC)
-
-static inline AVX2 void lanes_start(const Row *s, Lanes *l) {
-    l->p = _mm256_set1_pd(s->p);
-    l->q = _mm256_set1_pd(s->q);
-    l->d = _mm256_set1_pd(s->d);
-    l->base = _mm256_set1_pd(s->base);
-    l->carry = _mm256_set1_pd(s->z);
-    l->sum = l->sq = _mm256_setzero_pd();
-    l->cnt = _mm256_setzero_si256();
-}
 
 static inline AVX2 double hsum(__m256d a) {
     const __m128d pair = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
     return _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)));
 }
 
-static inline AVX2 void lanes_finish(const Lanes *l, Row *s) {
-    int64_t cnt[4];
-    _mm256_storeu_si256((__m256i *)cnt, l->cnt);
-    s->sum += hsum(l->sum);
-    s->sq += hsum(l->sq);
-    s->cnt += cnt[0] + cnt[1] + cnt[2] + cnt[3];
-}
-
 /* One row's blocks of four positions, from [body - 4, body) down to [0, 4); x, v, m, out
- * point at the row's start. Everything the loop reads is a local (Python builds with
+ * point at the row's start (a Blocks function). Everything the loop reads is a local (Python builds with
  * -fno-strict-aliasing: a field of job would be reloaded after every store to out). */
-static inline AVX2 void blocks(const float *restrict x, const float *restrict v,
-                               const uint8_t *restrict m, float *restrict out, int64_t body,
-                               const Job *job, Lanes *l, const int shift) {
+static AVX2 void blocks4(const float *restrict x, const float *restrict v,
+                         const uint8_t *restrict m, float *restrict out, int64_t body,
+                         const Job *job, Row *s) {
+    const int shift = job->shift;
     const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0);
     const __m256d alpha = _mm256_set1_pd(job->alpha), beta = _mm256_set1_pd(job->beta);
     const __m256d g = _mm256_set1_pd(job->g);
-    const __m256d p = l->p, q = l->q, d = l->d, base = l->base;
-    __m256d carry = l->carry, sum = l->sum, sq = l->sq;
-    __m256i cnt = l->cnt;
+    const __m256d p = _mm256_set1_pd(s->p), q = _mm256_set1_pd(s->q);
+    const __m256d d = _mm256_set1_pd(s->d), base = _mm256_set1_pd(s->base);
+    __m256d carry = _mm256_set1_pd(s->z), sum = zero, sq = zero;
+    __m256i cnt = _mm256_setzero_si256();
     for (int64_t t = body - 4; t >= 0; t -= 4) {
         const __m256d xs = _mm256_cvtps_pd(_mm_loadu_ps(x + t));
         const __m256d vs = _mm256_cvtps_pd(_mm_loadu_ps(v + t));
@@ -196,31 +175,13 @@ static inline AVX2 void blocks(const float *restrict x, const float *restrict v,
         sq = _mm256_fmadd_pd(od, od, sq);
         cnt = _mm256_sub_epi64(cnt, on_i);
     }
-    l->carry = carry;
-    l->sum = sum;
-    l->sq = sq;
-    l->cnt = cnt;
+    int64_t counts[4];
+    _mm256_storeu_si256((__m256i *)counts, cnt);
+    s->sum += hsum(sum);
+    s->sq += hsum(sq);
+    s->cnt += counts[0] + counts[1] + counts[2] + counts[3];
 }
 
-/* Rows [r0, r1) with the vector blocks. */
-static AVX2 void run_vector(const Job *job, int64_t r0, int64_t r1) {
-    const int64_t T = job->T;
-    const int64_t body = T - T % 4; /* [0, body) in blocks of four, [body, T) scalar */
-    for (int64_t b = r0; b < r1; b++) {
-        Row s;
-        Lanes l;
-        row_start(job, b, &s);
-        scalar_steps(job, b, body, T, &s);
-        lanes_start(&s, &l);
-        const int64_t k = b * T;
-        if (job->shift)
-            blocks(job->x + k, job->v + k, job->m + k, job->out + k, body, job, &l, 1);
-        else
-            blocks(job->x + k, job->v + k, job->m + k, job->out + k, body, job, &l, 0);
-        lanes_finish(&l, &s);
-        row_finish(job, b, &s);
-    }
-}
 #endif
 
 #if VECTOR
@@ -230,10 +191,11 @@ static AVX2 void run_vector(const Job *job, int64_t r0, int64_t r1) {
 #define IDX2 _mm512_set_epi64(8, 8, 7, 6, 5, 4, 3, 2)
 #define IDX4 _mm512_set_epi64(8, 8, 8, 8, 7, 6, 5, 4)
 
-/* The same recurrence as blocks() in blocks of eight positions, three doubling steps. */
-static inline AVX512 void blocks8(const float *restrict x, const float *restrict v,
-                                  const uint8_t *restrict m, float *restrict out, int64_t body,
-                                  const Job *job, Row *s, const int shift) {
+/* The same recurrence as blocks4() in blocks of eight positions, three doubling steps. */
+static AVX512 void blocks8(const float *restrict x, const float *restrict v,
+                           const uint8_t *restrict m, float *restrict out, int64_t body,
+                           const Job *job, Row *s) {
+    const int shift = job->shift;
     const __m512d zero = _mm512_setzero_pd(), one = _mm512_set1_pd(1.0);
     const __m512d alpha = _mm512_set1_pd(job->alpha), beta = _mm512_set1_pd(job->beta);
     const __m512d g = _mm512_set1_pd(job->g);
@@ -275,41 +237,35 @@ static inline AVX512 void blocks8(const float *restrict x, const float *restrict
     s->cnt += cnt;
 }
 
-/* Rows [r0, r1) with the AVX-512 blocks. */
-static AVX512 void run_avx512(const Job *job, int64_t r0, int64_t r1) {
-    const int64_t T = job->T;
-    const int64_t body = T - T % 8; /* [0, body) in blocks of eight, [body, T) scalar */
-    for (int64_t b = r0; b < r1; b++) {
-        Row s;
-        row_start(job, b, &s);
-        scalar_steps(job, b, body, T, &s);
-        const int64_t k = b * T;
-        if (job->shift)
-            blocks8(job->x + k, job->v + k, job->m + k, job->out + k, body, job, &s, 1);
-        else
-            blocks8(job->x + k, job->v + k, job->m + k, job->out + k, body, job, &s, 0);
-        row_finish(job, b, &s);
-    }
-}
 #endif
 
-/* Rows [r0, r1). */
+/* A row's positions [0, body) in vector blocks, x, v, m, out at the row's start. */
+typedef void (*Blocks)(const float *, const float *, const uint8_t *, float *, int64_t,
+                       const Job *, Row *);
+
+/* Rows [r0, r1): the top T mod width positions of each row one at a time, then its blocks. */
 static void run(const Job *job, int64_t r0, int64_t r1) {
+    Blocks blocks = NULL;
+    int64_t width = 0;
 #if VECTOR
     const int path = level();
     if (path == 2) {
-        run_avx512(job, r0, r1);
-        return;
-    }
-    if (path == 1) {
-        run_vector(job, r0, r1);
-        return;
+        blocks = blocks8;
+        width = 8;
+    } else if (path == 1) {
+        blocks = blocks4;
+        width = 4;
     }
 #endif
+    const int64_t T = job->T;
+    const int64_t body = blocks ? T - T % width : 0;
     for (int64_t b = r0; b < r1; b++) {
         Row s;
+        const int64_t k = b * T;
         row_start(job, b, &s);
-        scalar_steps(job, b, 0, job->T, &s);
+        scalar_steps(job, b, body, T, &s);
+        if (blocks)
+            blocks(job->x + k, job->v + k, job->m + k, job->out + k, body, job, &s);
         row_finish(job, b, &s);
     }
 }

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Threads get whole multiples of this many rows.
-LANES = 8
+ROWS_PER_BLOCK = 8
 #: Positions per thread below which another thread costs more (waking it) than it saves: the
 #: scan does about 20 operations per position, the other kernels (whitening, row sums, fill)
 #: a few, so their threshold is higher.
@@ -132,12 +132,12 @@ def _parallel(
 ) -> None:
     """``work(r0, r1)`` over blocks of rows, on up to ``torch.get_num_threads()`` threads."""
     per_thread = MIN_PER_THREAD_LIGHT if light else MIN_PER_THREAD
-    threads = max(1, min(torch.get_num_threads(), positions // per_thread, rows // LANES))
+    threads = max(1, min(torch.get_num_threads(), positions // per_thread, rows // ROWS_PER_BLOCK))
     if threads == 1:
         work(0, rows)
         return
     step = -(-rows // threads)
-    step = -(-step // LANES) * LANES
+    step = -(-step // ROWS_PER_BLOCK) * ROWS_PER_BLOCK
     pool = _pool.get(threads)
     if pool is None:
         pool = _pool[threads] = ThreadPoolExecutor(threads, thread_name_prefix="ppokit-scan")

@@ -150,22 +150,25 @@ class RolloutBatch:
         return self.response_mask.to(torch.float32)
 
     @cached_property
+    def _row_sums(self) -> tuple[Tensor, Tensor] | None:
+        """(scores, lengths) from one pass of the C kernels; None where they do not apply."""
+        if _native.applies(self.token_rewards, self.response_mask):
+            return _native.row_sums(self.token_rewards, self.response_mask)
+        return None
+
+    @cached_property
     def scores(self) -> Tensor:
         """R_i = sum_t r_{i,t} over the mask, float32 [B] (masked entries never matter)."""
-        if _native.applies(self.token_rewards, self.response_mask):
-            sums, counts = _native.row_sums(self.token_rewards, self.response_mask)
-            self.__dict__.setdefault("lengths", counts)  # the same pass gives both
-            return sums
+        if self._row_sums is not None:
+            return self._row_sums[0]
         zero = torch.zeros((), dtype=torch.float32, device=self.device)
         return torch.where(self.response_mask, self.token_rewards.float(), zero).sum(dim=1)
 
     @cached_property
     def lengths(self) -> Tensor:
         """Number of True positions per row, long [B]."""
-        if _native.applies(self.token_rewards, self.response_mask):
-            sums, counts = _native.row_sums(self.token_rewards, self.response_mask)
-            self.__dict__.setdefault("scores", sums)  # the same pass gives both
-            return counts
+        if self._row_sums is not None:
+            return self._row_sums[1]
         return torch.count_nonzero(self.response_mask, dim=1)
 
     @cached_property

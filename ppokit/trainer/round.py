@@ -324,6 +324,7 @@ class Learner:
         if spec.policy.nll_coef > 0:
             nll_mask = actor_mask & (scores > 0)[:, None]
         data = UpdateData(ro, batch, adv, actor_mask, w_pol, nll_mask)
+        batch_tokens = batch.lengths.sum().clamp_min(1)  # positions the estimators saw
         if models.critic is not None:
             assert comps.critic_target and comps.critic_mask and comps.critic_weight
             data.targets = comps.critic_target(batch).float().detach()
@@ -333,15 +334,14 @@ class Learner:
                 data.targets, batch.values, batch.response_mask
             )
             # mean |Y - V_old|: stays meaningful when Var[Y] is near 0 and EV is not
-            metrics["value_error"] = ((data.targets - batch.values).abs() * batch.maskf).sum() / (
-                batch.maskf.sum().clamp_min(1)
-            )
+            value_error = ((data.targets - batch.values).abs() * batch.maskf).sum()
+            metrics["value_error"] = value_error / batch_tokens
         maskf = mask.float()
         metrics["reward_mean"] = scores.mean()
         metrics["reward_std"] = scores.std() if b > 1 else torch.zeros((), device=self.device)
         metrics["response_length_mean"] = maskf.sum(1).mean()
         metrics["truncated_frac"] = ro.truncated.float().mean()
-        metrics["advantage_mean"] = (adv * batch.maskf).sum() / batch.maskf.sum().clamp_min(1)
+        metrics["advantage_mean"] = (adv * batch.maskf).sum() / batch_tokens
         metrics["tokens"] = maskf.sum()
         if len(parts) > 1:
             for name, s in parts.items():
