@@ -148,6 +148,11 @@ class ModelSpec(_Strict):
     tiny: dict[str, Any] = Field(
         default_factory=dict, description="config overrides for the 'tiny' model"
     )
+    trust_remote_code: bool = Field(
+        False,
+        description="run the Python code a model directory ships (its own modelling files); "
+        "off by default: a model directory is data, not code",
+    )
 
 
 class DataSpec(_Strict):
