@@ -18,21 +18,16 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from ppokit import _native
+from ppokit.slots import FIELDS as OPTIONAL_FIELDS
 
 __all__ = ["BatchError", "RolloutBatch"]
 
 #: Optional [B, T] float fields.
-TOKEN_FIELDS = ("values", "logp_old", "logp_ref")
+TOKEN_FIELDS = tuple(f.name for f in OPTIONAL_FIELDS if f.shape == "BT")
 #: Optional [B] fields with their expected dtype family.
-ROW_FIELDS = {
-    "group_ids": "integer",
-    "truncated": "bool",
-    "bootstrap_values": "float",
-    "baseline_rewards": "float",
-}
-#: Every field a component may declare in ``requires``.
-FIELDS = ("response_mask", "token_rewards", *TOKEN_FIELDS, *ROW_FIELDS)
+ROW_FIELDS = {f.name: f.dtype for f in OPTIONAL_FIELDS if f.shape == "B"}
+#: Every field of a batch.
+FIELDS = ("response_mask", "token_rewards", *(f.name for f in OPTIONAL_FIELDS))
 
 
 class BatchError(ValueError):
@@ -150,25 +145,14 @@ class RolloutBatch:
         return self.response_mask.to(torch.float32)
 
     @cached_property
-    def _row_sums(self) -> tuple[Tensor, Tensor] | None:
-        """(scores, lengths) from one pass of the C kernels; None where they do not apply."""
-        if _native.applies(self.token_rewards, self.response_mask):
-            return _native.row_sums(self.token_rewards, self.response_mask)
-        return None
-
-    @cached_property
     def scores(self) -> Tensor:
         """R_i = sum_t r_{i,t} over the mask, float32 [B] (masked entries never matter)."""
-        if self._row_sums is not None:
-            return self._row_sums[0]
         zero = torch.zeros((), dtype=torch.float32, device=self.device)
         return torch.where(self.response_mask, self.token_rewards.float(), zero).sum(dim=1)
 
     @cached_property
     def lengths(self) -> Tensor:
         """Number of True positions per row, long [B]."""
-        if self._row_sums is not None:
-            return self._row_sums[1]
         return torch.count_nonzero(self.response_mask, dim=1)
 
     @cached_property
@@ -243,27 +227,28 @@ class RolloutBatch:
 
     @cached_property
     def group_sizes(self) -> Tensor:
-        """Number of responses in each row's group, float32 [B]."""
-        return self.group_sum(torch.ones(self.batch_size, device=self.device))
+        """Number of responses (non-empty rows) in each row's group, float32 [B]."""
+        return self.group_sum(self.nonempty.to(torch.float32))
 
     def group_mean(self, x: Tensor, weights: Tensor | None = None) -> Tensor:
-        """Per-row (weighted) mean of ``x`` [B] over the row's group, float32 [B].
+        """Per-row (weighted) mean of ``x`` [B] over the non-empty rows of the row's group,
+        float32 [B].
 
-        A group whose weights sum to 0 has mean 0.
+        ``weights`` [B] default to 1; empty rows always weigh 0. A group whose weights sum
+        to 0 has mean 0.
         """
-        if weights is None:
-            return self.group_sum(x) / self.group_sizes
-        weights = weights.float()
+        live = self.nonempty.to(torch.float32)
+        weights = live if weights is None else weights.float() * live
         total = self.group_sum(weights)
-        num = self.group_sum(x.float() * weights)
+        num = self.group_sum(torch.where(weights != 0, x.float() * weights, 0.0))
         return torch.where(total > 0, num / total.clamp_min(1e-30), torch.zeros_like(num))
 
     def group_std(self, x: Tensor) -> Tensor:
-        """Per-row unbiased standard deviation of ``x`` over its group, float32 [B].
-
-        0 for groups of one response.
+        """Per-row unbiased standard deviation of ``x`` over the non-empty rows of its group,
+        float32 [B]; 0 for a group of one response.
         """
-        dev = x.float() - self.group_mean(x)
+        live = self.nonempty
+        dev = torch.where(live, x.float() - self.group_mean(x), 0.0)
         ss = self.group_sum(dev * dev)
         n = self.group_sizes
         var = torch.where(n > 1, ss / (n - 1).clamp_min(1), torch.zeros_like(ss))

@@ -1,5 +1,5 @@
 """Hook specifications of the ``ppokit`` plugin system. Specs only: implementations live in
-plugins, the built-in components included (``ppokit.builtins``)."""
+plugins, the built-in components included (``ppokit.components``)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ hookimpl = pluggy.HookimplMarker("ppokit")
 class Register(Protocol):
     """The callable handed to :func:`ppokit_register`.
 
-    ``register(kind, name, factory, *, params=None, summary="", requires=(), formula="",
-    source="")`` adds one component. ``factory`` is a class, a function, or a
-    ``"module:attr"`` string imported only when the component is created.
+    ``register(entry)`` adds one component, an :class:`ppokit.catalogue.Component` (kind,
+    name, factory, params, summary, formula, source, requires). ``register(kind, name,
+    factory, **facts)`` builds the same entry from its fields.
     """
 
-    def __call__(self, kind: str, name: str, factory: object, **options: object) -> None: ...
+    def __call__(self, entry: object, *args: object, **facts: object) -> None: ...
 
 
 @hookspec

@@ -2,7 +2,8 @@
 
 Every component, built-in or third-party, arrives through the same hook,
 :func:`ppokit.hookspecs.ppokit_register`. The built-ins are the default plugin
-``ppokit.builtins``, registered exactly as an installed plugin is.
+``ppokit.components``, registered exactly as an installed plugin is. A registration is a
+:class:`~ppokit.catalogue.Component` entry: every fact about a component, stated once.
 
 Nothing here imports torch: listing components, reading their parameter schemas and
 validating a spec stay light. A component's factory is imported only when it is created
@@ -26,6 +27,8 @@ import pluggy
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ppokit import hookspecs
+from ppokit.catalogue import Component
+from ppokit.slots import FIELDS
 
 __all__ = [
     "KINDS",
@@ -51,17 +54,8 @@ KINDS: tuple[str, ...] = (
     "aggregation",
 )
 
-#: Batch fields a component may require: the optional fields of ``ppokit.batch.FIELDS``
-#: (repeated here so that the registry stays torch-free; a test keeps the two equal).
-REQUIREMENTS: tuple[str, ...] = (
-    "values",
-    "logp_old",
-    "logp_ref",
-    "group_ids",
-    "truncated",
-    "bootstrap_values",
-    "baseline_rewards",
-)
+#: Batch fields a component may require: the optional fields of a RolloutBatch.
+REQUIREMENTS: tuple[str, ...] = tuple(f.name for f in FIELDS)
 
 BUILTIN_PLUGIN = "ppokit"
 ENTRY_POINT_GROUP = "ppokit"
@@ -256,31 +250,14 @@ class Registry:
             ]
             pending: list[ComponentInfo] = []
 
-            def register(
-                kind: str,
-                cname: str,
-                factory: object,
-                *,
-                params: type[BaseModel] | None = None,
-                summary: str = "",
-                requires: Iterable[str] = (),
-                formula: str = "",
-                source: str = "",
-            ) -> None:
-                pending.append(
-                    self._make_info(
-                        kind,
-                        cname,
-                        factory,
-                        name,
-                        version,
-                        params,
-                        summary,
-                        requires,
-                        formula,
-                        source,
-                    )
-                )
+            def register(entry: Component | str, *args: Any, **facts: Any) -> None:
+                if not isinstance(entry, Component):  # register(kind, name, factory, ...)
+                    if "requires" in facts:
+                        facts["requires"] = tuple(facts["requires"])
+                    entry = Component(entry, *args, **facts)
+                elif args or facts:
+                    raise RegistryError("register(entry) takes a Component and nothing else")
+                pending.append(self._make_info(entry, name, version))
 
             for impl in impls:
                 impl.function(*(register for _ in impl.argnames))
@@ -295,19 +272,8 @@ class Registry:
             self._add(info, record)
         return record
 
-    def _make_info(
-        self,
-        kind: str,
-        name: str,
-        factory: object,
-        plugin: str,
-        version: str | None,
-        params: type[BaseModel] | None,
-        summary: str,
-        requires: Iterable[str],
-        formula: str,
-        source: str,
-    ) -> ComponentInfo:
+    def _make_info(self, entry: Component, plugin: str, version: str | None) -> ComponentInfo:
+        kind, name, factory, params = entry.kind, entry.name, entry.factory, entry.params
         if kind not in KINDS:
             raise RegistryError(f"unknown component kind {kind!r}{suggest(kind, KINDS)}")
         if not isinstance(name, str) or not name.isidentifier():
@@ -316,14 +282,15 @@ class Registry:
             raise RegistryError(f"{kind} {name!r}: factory must be callable or 'module:attr'")
         if params is not None and not (isinstance(params, type) and issubclass(params, BaseModel)):
             raise RegistryError(f"{kind} {name!r}: params must be a pydantic model class")
-        if not requires and not isinstance(factory, str):
-            requires = getattr(factory, "requires", ())
-        requires = tuple(requires)
+        requires = tuple(entry.requires)
+        if not requires and not isinstance(factory, str):  # an eager factory may declare them
+            requires = tuple(getattr(factory, "requires", ()))
         for r in requires:
             if r not in REQUIREMENTS:
                 raise RegistryError(
                     f"{kind} {name!r} requires unknown batch field {r!r}{suggest(r, REQUIREMENTS)}"
                 )
+        summary = entry.summary
         if not summary:
             doc = "" if isinstance(factory, str) else inspect.getdoc(factory) or ""
             summary = doc.split("\n")[0].strip()
@@ -335,9 +302,9 @@ class Registry:
             version=version,
             summary=summary,
             requires=requires,
-            source=source,
+            source=entry.source,
             _params=params,
-            _formula=formula,
+            _formula=entry.formula,
         )
 
     def _add(self, info: ComponentInfo, record: PluginRecord) -> None:
@@ -455,9 +422,9 @@ def build_registry(strict: bool | None = None) -> Registry:
     if strict is None:
         strict = os.environ.get("PPOKIT_STRICT_PLUGINS", "") not in ("", "0", "false")
     registry = Registry()
-    from ppokit import builtins
+    from ppokit import components
 
-    registry.load_plugin(BUILTIN_PLUGIN, builtins, distribution="ppokit", version=_own_version())
+    registry.load_plugin(BUILTIN_PLUGIN, components, distribution="ppokit", version=_own_version())
     registry.load_entry_points(_plugin_filter())
     if strict:
         problems = [f"plugin {p.name}: {p.error}" for p in registry.failed]

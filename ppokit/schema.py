@@ -15,7 +15,8 @@ import copy
 from typing import Any
 
 from ppokit.registry import KINDS, ComponentInfo, Registry, get_registry
-from ppokit.spec import SLOT_KINDS, Spec
+from ppokit.slots import SLOTS
+from ppokit.spec import Spec
 
 __all__ = ["component_schema", "spec_schema"]
 
@@ -104,8 +105,8 @@ def spec_schema(registry: Registry | None = None) -> dict[str, Any]:
     defs: dict[str, Any] = schema.setdefault("$defs", {})
     for kind in KINDS:
         defs[_def_name(kind)] = component_schema(kind, registry, defs)
-    for path, kind in SLOT_KINDS.items():
-        _replace_slot(schema, path, kind)
+    for s in SLOTS:
+        _replace_slot(schema, s.path, s.kind)
     for unused in ("ComponentSpec", "RewardSpec"):
         defs.pop(unused, None)
     return {"$schema": SCHEMA_DIALECT, **schema}

@@ -25,6 +25,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     model_serializer,
     model_validator,
@@ -38,6 +39,7 @@ from ppokit.registry import (
     get_registry,
     suggest,
 )
+from ppokit.slots import FIELDS, SLOTS, slot
 
 __all__ = [
     "ComponentSpec",
@@ -104,14 +106,14 @@ class ComponentSpec(BaseModel):
             return self.name
         return {"name": self.name, **extra, **self.params}
 
-    def describe(self) -> str:
-        if not self.params:
-            return self.name
-        inner = ", ".join(f"{k}={v}" for k, v in self.params.items())
-        return f"{self.name}({inner})"
-
 
 _RESERVED_DEFAULTS: dict[str, Any] = {"weight": 1.0}
+
+
+def _slot_field(path: str) -> Any:
+    """The pydantic field of a slot: its default component and description, from the slot table."""
+    s = slot(path)
+    return Field(ComponentSpec(name=s.default), description=s.description)
 
 
 class RewardSpec(ComponentSpec):
@@ -181,35 +183,17 @@ class RolloutSpec(_Strict):
 
 
 class CriticSpec(_Strict):
-    target: ComponentSpec = Field(
-        ComponentSpec(name="lambda_return"), description="the critic's regression target Y"
-    )
-    mask: ComponentSpec = Field(
-        ComponentSpec(name="response"), description="positions the critic loss counts (m^V)"
-    )
-    weight: ComponentSpec = Field(
-        ComponentSpec(name="uniform"), description="per-prompt weight ω of the critic loss"
-    )
-    loss: ComponentSpec = Field(
-        ComponentSpec(name="mse"), description="the regression loss ℓ(V_φ(s_t), Y_t, V_old(s_t))"
-    )
-    aggregation: ComponentSpec = Field(
-        ComponentSpec(name="token_mean"), description="how the elementwise critic loss is reduced"
-    )
+    target: ComponentSpec = _slot_field("critic.target")
+    mask: ComponentSpec = _slot_field("critic.mask")
+    weight: ComponentSpec = _slot_field("critic.weight")
+    loss: ComponentSpec = _slot_field("critic.loss")
+    aggregation: ComponentSpec = _slot_field("critic.aggregation")
 
 
 class PolicySpec(_Strict):
-    loss: ComponentSpec = Field(
-        ComponentSpec(name="ppo_clip"), description="the actor's surrogate loss"
-    )
-    aggregation: ComponentSpec = Field(
-        ComponentSpec(name="token_mean"), description="how the elementwise actor loss is reduced"
-    )
-    weight: ComponentSpec = Field(
-        ComponentSpec(name="uniform"),
-        description="prompt weight of the actor loss: rows of weight 0 leave the loss and its "
-        "denominators (DAPO's dynamic sampling with informative_groups)",
-    )
+    loss: ComponentSpec = _slot_field("policy.loss")
+    aggregation: ComponentSpec = _slot_field("policy.aggregation")
+    weight: ComponentSpec = _slot_field("policy.weight")
     entropy_coef: float = Field(0.0, ge=0, description="weight of an entropy bonus")
     nll_coef: float = Field(
         0.0, ge=0, description="weight of an NLL term on positive examples (VAPO)"
@@ -217,9 +201,7 @@ class PolicySpec(_Strict):
 
 
 class KLSpec(_Strict):
-    estimator: ComponentSpec = Field(
-        ComponentSpec(name="k1"), description="the per-token KL estimator"
-    )
+    estimator: ComponentSpec = _slot_field("kl.estimator")
     coef: float = Field(0.05, ge=0, description="beta (the initial beta when adaptive)")
     placement: Literal["reward", "loss"] = Field(
         "reward",
@@ -272,13 +254,11 @@ class Spec(_Strict):
         RolloutSpec(), description="how many responses each round samples, and how"
     )
     reward: list[RewardSpec] = Field(
-        default_factory=lambda: [RewardSpec(name="demo")],
+        default_factory=lambda: [RewardSpec(name=slot("reward").default)],
         min_length=1,
-        description="the outcome reward: one component or a list, summed with their `weight`",
+        description=slot("reward").description,
     )
-    advantage: ComponentSpec = Field(
-        ComponentSpec(name="gae"), description="the advantage estimator"
-    )
+    advantage: ComponentSpec = _slot_field("advantage")
     critic: CriticSpec | None = Field(
         None, description="the value model's objective; absent: no critic (actor only)"
     )
@@ -286,10 +266,7 @@ class Spec(_Strict):
     kl: KLSpec | None = Field(
         None, description="KL to the reference policy; absent: no KL term, no reference model"
     )
-    truncation: ComponentSpec = Field(
-        ComponentSpec(name="terminal"),
-        description="what happens to responses that hit max_new_tokens without EOS",
-    )
+    truncation: ComponentSpec = _slot_field("truncation")
     train: TrainSpec = Field(TrainSpec(), description="optimisation")
     output: OutputSpec = Field(
         OutputSpec(), description="where the run writes metrics, samples and checkpoints"
@@ -302,43 +279,44 @@ class Spec(_Strict):
             value = {**value, "reward": [value["reward"]]}
         return value
 
+    _requirements: dict[str, list[str]] | None = PrivateAttr(None)
+
     # ------------------------------------------------------------------ slots
     def slots(self) -> Iterator[tuple[str, str, ComponentSpec]]:
-        """Every component slot in use: (path in the spec, kind, component), in SLOT_KINDS order.
+        """Every component slot in use: (path in the spec, kind, component), in slot-table order.
 
-        Slots of an absent section (no ``critic``, no ``kl``) are skipped.
+        Slots of an absent section (no ``critic``, no ``kl``) are skipped; with several
+        rewards, each is ``reward.N``.
         """
-        for path, kind in SLOT_KINDS.items():
-            if path == "reward":
+        for s in SLOTS:
+            if s.path == "reward":
                 for i, r in enumerate(self.reward):
-                    yield (f"reward.{i}" if len(self.reward) > 1 else "reward"), kind, r
+                    yield (f"reward.{i}" if len(self.reward) > 1 else "reward"), s.kind, r
                 continue
-            section, _, attr = path.rpartition(".")
-            owner = getattr(self, section) if section else self
+            owner = self if s.section is None else getattr(self, s.section)
             if owner is not None:
-                yield path, kind, getattr(owner, attr)
+                yield s.path, s.kind, getattr(owner, s.key)
+
+    def requirements(self, registry: Registry | None = None) -> dict[str, list[str]]:
+        """Batch field -> the slots whose components require it (``path (name)``).
+
+        Computed once, when the spec is validated (or on first use).
+        """
+        if self._requirements is None:
+            registry = registry or get_registry()
+            found: dict[str, list[str]] = {}
+            for path, kind, comp in self.slots():
+                if registry.has(kind, comp.name):
+                    for name in registry.info(kind, comp.name).requires:
+                        found.setdefault(name, []).append(f"{path} ({comp.name})")
+            self._requirements = found
+        return self._requirements
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(), sort_keys=False)
 
 
 # ---------------------------------------------------------------------- checks
-#: Component slots of a spec, path -> kind, in the order a round uses them
-#: (``reward`` may also be a list).
-SLOT_KINDS: dict[str, str] = {
-    "reward": "reward",
-    "truncation": "truncation",
-    "kl.estimator": "kl_estimator",
-    "advantage": "advantage",
-    "critic.target": "critic_target",
-    "critic.mask": "position_mask",
-    "critic.weight": "prompt_weight",
-    "critic.loss": "regression_loss",
-    "critic.aggregation": "aggregation",
-    "policy.loss": "policy_loss",
-    "policy.aggregation": "aggregation",
-    "policy.weight": "prompt_weight",
-}
 
 
 def _submodel(annotation: Any) -> type[BaseModel] | None:
@@ -392,23 +370,14 @@ def _check_slot(
 
 def _check_components(spec: Spec, registry: Registry) -> list[str]:
     errors: list[str] = []
-    requires: dict[str, list[str]] = {}
     for path, kind, comp in spec.slots():
-        slot_errors, info = _check_slot(path, kind, comp, registry)
-        errors.extend(slot_errors)
-        for field in info.requires if info is not None else ():
-            requires.setdefault(field, []).append(f"{path} ({comp.name})")
-    for field, users in requires.items():
-        who = ", ".join(users)
-        if field in ("values", "bootstrap_values") and spec.critic is None:
-            errors.append(f"critic: {who} needs {field} from a critic: add a 'critic' section")
-        if field == "group_ids" and spec.rollout.n < 2:
-            errors.append(
-                f"rollout.n: {who} compares responses within a group: "
-                f"rollout.n must be >= 2, got {spec.rollout.n}"
-            )
-        if field == "logp_ref" and spec.kl is None:
-            errors.append(f"kl: {who} needs reference log-probs: add a 'kl' section")
+        errors.extend(_check_slot(path, kind, comp, registry)[0])
+    requires = spec.requirements(registry)
+    for f in FIELDS:
+        if f.name in requires:
+            problem = f.problem(spec, ", ".join(requires[f.name]))
+            if problem is not None:
+                errors.append(problem)
     t = spec.train
     batch = spec.rollout.prompts_per_round * spec.rollout.n
     if t.minibatch_size is not None and batch % t.minibatch_size:
@@ -431,7 +400,8 @@ def _raw_slots(data: dict[str, Any]) -> Iterator[tuple[str, str, ComponentSpec]]
     Only slots that parse on their own are yielded, so their names and parameters can be
     checked (and reported) together with the structural errors.
     """
-    for path, kind in SLOT_KINDS.items():
+    for s in SLOTS:
+        path, kind = s.path, s.kind
         node: Any = data
         for part in path.split("."):
             node = node.get(part) if isinstance(node, dict) else None
@@ -496,25 +466,12 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _default_slot_name(path: str) -> str:
-    """The component a slot holds when the spec leaves it out (``critic.target``: lambda_return)."""
-    section, _, slot = path.rpartition(".")
-    node: Any = Spec()
-    if section:
-        model = _submodel(Spec.model_fields[section].annotation)
-        node = model() if model is not None else None
-    value = getattr(node, slot, None)
-    if isinstance(value, list):
-        value = value[0] if value else None
-    return value.name if isinstance(value, ComponentSpec) else ""
-
-
 def _slot_of(prefix: str) -> str | None:
     """The slot path of ``prefix`` (``reward.1`` -> ``reward``), or None if not a slot."""
     parts = prefix.split(".")
     if parts[0] == "reward" and len(parts) <= 2 and (len(parts) == 1 or parts[1].isdigit()):
         return "reward"
-    return prefix if prefix in SLOT_KINDS else None
+    return prefix if prefix in {s.path for s in SLOTS} else None
 
 
 def _child(node: Any, part: str) -> tuple[bool, Any]:
@@ -565,15 +522,15 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         for i, part in enumerate(parts[:-1]):
             prefix = ".".join(parts[: i + 1])
             child = _child(node, part)[1]
-            slot = _slot_of(prefix)
+            slot_path = _slot_of(prefix)
             if isinstance(child, list) and prefix == "reward" and not parts[i + 1].isdigit():
                 if len(child) != 1:
                     errors.append(f"--set {key}: reward has {len(child)} items; use reward.N")
                     break
                 child = child[0]
-            if child is None and slot is not None:
-                child = _default_slot_name(slot)
-            if isinstance(child, str) and slot is not None:
+            if child is None and slot_path is not None:
+                child = slot(slot_path).default
+            if isinstance(child, str) and slot_path is not None:
                 child = {"name": child}
             if child is None:
                 child = {}

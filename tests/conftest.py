@@ -38,7 +38,7 @@ def use_registry(monkeypatch: pytest.MonkeyPatch, clean_registry: None) -> Calla
     def install(*plugins: Plugin, builtins: bool = True) -> Registry:
         registry = Registry()
         if builtins:
-            from ppokit import builtins as builtin_plugin
+            from ppokit import components as builtin_plugin
 
             registry.load_plugin("ppokit", builtin_plugin, distribution="ppokit")
         for i, plugin in enumerate(plugins):

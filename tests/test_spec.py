@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppokit.registry import get_registry
+from ppokit.slots import SLOTS
 from ppokit.spec import (
-    SLOT_KINDS,
     Spec,
     SpecError,
     apply_overrides,
@@ -204,7 +204,7 @@ SCALARS = st.one_of(
 
 @settings(max_examples=80, deadline=None)
 @given(
-    st.sampled_from(sorted(k for k in SLOT_KINDS if k != "reward")),
+    st.sampled_from(sorted(s.path for s in SLOTS if s.path != "reward")),
     st.sampled_from(["absent", "name", "mapping"]),
     st.from_regex(r"[a-z][a-z_]{0,8}", fullmatch=True).filter(lambda k: k != "name"),
     SCALARS,
@@ -251,11 +251,11 @@ def test_any_choice_of_registered_components_validates(data: st.DataObject) -> N
         return data.draw(st.sampled_from(names), label=kind)
 
     raw: dict[str, Any] = {"rollout": {"n": 4}, "critic": {}, "policy": {}, "kl": {}}
-    for path, kind in SLOT_KINDS.items():
+    for path, kind in ((s.path, s.kind) for s in SLOTS):
         section, _, leaf = path.rpartition(".")
         (raw[section] if section else raw)[leaf] = pick(kind)
     spec = validate_spec(raw)
     assert {p: c.name for p, _, c in spec.slots()} == {
-        p: (raw[p.split(".")[0]][p.split(".")[1]] if "." in p else raw[p]) for p in SLOT_KINDS
+        p: (raw[p.split(".")[0]][p.split(".")[1]] if "." in p else raw[p]) for p in (s.path for s in SLOTS)
     }
     assert validate_spec(yaml.safe_load(spec.to_yaml())).model_dump() == spec.model_dump()

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ppokit.components import reward as catalogue
+
 __all__ = ["SPAN", "SYMBOLS", "DemoReward", "make_row"]
 
 SYMBOLS = "abcd"
@@ -38,11 +40,9 @@ def echo_score(response: str, symbol: str, span: int = SPAN) -> float:
     return sum(ch == symbol for ch in response[:span]) / span
 
 
+@catalogue.DEMO.implementation
 class DemoReward:
-    """r = |{i < 4 : response[i] = s}| / 4 for the symbol s the prompt shows.
-
-    The symbol comes from the row's ``answer`` field, else from the prompt's last character.
-    """
+    """The symbol comes from the row's ``answer`` field, else from the prompt's last character."""
 
     def __call__(
         self,

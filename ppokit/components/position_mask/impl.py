@@ -1,4 +1,4 @@
-"""Position masks for the critic loss: ``m(batch) -> float32 [B, T]`` in {0, 1}."""
+"""Tensor code of the critic's position masks (catalogue: :mod:`ppokit.components.position_mask`)."""
 
 from __future__ import annotations
 
@@ -6,22 +6,20 @@ import torch
 from torch import Tensor
 
 from ppokit.batch import RolloutBatch
+from ppokit.components import position_mask as catalogue
 
 __all__ = ["CompletedMask", "LastTokenMask", "ResponseMask"]
 
 
+@catalogue.RESPONSE.implementation
 class ResponseMask:
-    """m_t = 1 on every response token (the response mask)."""
-
     def __call__(self, batch: RolloutBatch) -> Tensor:
         return batch.maskf
 
 
+@catalogue.COMPLETED.implementation
 class CompletedMask:
-    """m_t = 1 on the response tokens of rows that ended with EOS; truncated rows get 0.
-
-    Truncated rows have no observed outcome, so their value targets are left out.
-    """
+    """Truncated rows have no observed outcome, so their value targets are left out."""
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
         if batch.truncated is None:
@@ -29,8 +27,7 @@ class CompletedMask:
         return batch.maskf * (~batch.truncated).to(torch.float32)[:, None]
 
 
+@catalogue.LAST_TOKEN.implementation
 class LastTokenMask:
-    """m_t = 1 only on each row's last response token (the state whose value is the outcome)."""
-
     def __call__(self, batch: RolloutBatch) -> Tensor:
         return batch.last_mask.to(torch.float32)

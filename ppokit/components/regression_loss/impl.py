@@ -1,5 +1,5 @@
-"""Regression losses for the critic: ``loss(pred, target, old) -> elementwise [B, T]`` float32,
-differentiable in ``pred`` (target and old values are constants).
+"""Tensor code of the critic's regression losses (catalogue:
+:mod:`ppokit.components.regression_loss`).
 
 :class:`RegressionLoss` holds the optional members the trainer reads: ``head_size`` (width
 of the value head), ``value(head_out)`` and ``prediction(head_out)``. A plugin may subclass
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from ppokit.components import regression_loss as catalogue
 
 __all__ = ["MSE", "ClippedMSE", "Huber", "RegressionLoss"]
 
@@ -31,28 +33,19 @@ class RegressionLoss:
         raise NotImplementedError
 
 
+@catalogue.MSE.implementation
 class MSE(RegressionLoss):
-    """l = 0.5 (V - Y)^2.
-
-    Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347.
-    """
-
     def __call__(self, pred: Tensor, target: Tensor, old: Tensor | None = None) -> Tensor:
         err = pred.float() - target.detach().float()
         return 0.5 * err * err
 
 
+@catalogue.CLIPPED_MSE.implementation
 class ClippedMSE(RegressionLoss):
-    """PPO value clipping: l = 0.5 max((V - Y)^2, (V_old + clamp(V - V_old, -clip, clip) - Y)^2).
+    """The clipped branch is taken only where it is strictly larger, so the gradient is 0 exactly
+    where ``clipped`` is True (value clipping as in OpenAI Baselines' ppo2)."""
 
-    The clipped branch is taken only where it is strictly larger, so the gradient is 0 exactly
-    where ``clipped`` is True.
-
-    Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347; value
-    clipping as in OpenAI Baselines' ppo2.
-    """
-
-    def __init__(self, clip: float = 0.2) -> None:
+    def __init__(self, *, clip: float) -> None:
         self.clip = clip
 
     def _branches(self, pred: Tensor, target: Tensor, old: Tensor) -> tuple[Tensor, Tensor]:
@@ -74,13 +67,9 @@ class ClippedMSE(RegressionLoss):
         return clipped > plain
 
 
+@catalogue.HUBER.implementation
 class Huber(RegressionLoss):
-    """Huber loss of x = V - Y: 0.5 x^2 if |x| <= delta, else delta (|x| - 0.5 delta).
-
-    Robust Estimation of a Location Parameter (P. J. Huber, 1964).
-    """
-
-    def __init__(self, delta: float = 1.0) -> None:
+    def __init__(self, *, delta: float) -> None:
         self.delta = delta
 
     def __call__(self, pred: Tensor, target: Tensor, old: Tensor | None = None) -> Tensor:

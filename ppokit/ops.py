@@ -1,10 +1,25 @@
-"""The vectorised reverse discounted scan behind every return, GAE and reward-to-go.
+"""The public toolkit of component authors: the operations the built-ins are made of.
 
-Each function here first asks ``ppokit._native`` whether its fused C kernel applies (CPU
-tensors, no autograd, the kernels built): it then computes the same result in one pass over
-the batch with float64 accumulation. Otherwise, on GPUs among others, the chunked PyTorch scan
-below runs. Both are checked against one float64 per-step reference in the tests.
+Plugins and built-ins share these, so a plugin written from the docs follows the built-ins'
+conventions (docs/design.md):
 
+- reverse discounted scans: :func:`discounted_reverse_cumsum`, :func:`returns_to_go`,
+  :func:`gae` (``plus_values=True``: the λ-return), :func:`next_values`;
+- whitening: :func:`batch_whiten` (over every True position), :func:`whiten_rows` (a per-row
+  value broadcast over the row, computed per row);
+- :func:`broadcast_rows` (a per-row value on every True position of its row);
+- group statistics: :class:`GroupStats` (empty rows count in no group statistic; a group
+  with one non-empty row has baseline 0);
+- masking helpers: :func:`bool_mask`, :func:`masked`, and :data:`LOG_RATIO_BOUND`, the bound
+  on log-ratios before they are exponentiated.
+
+Every function is vectorised over B and T (no Python loop over time steps or rows) and reads
+nothing back to the host. Imports torch and :mod:`ppokit.batch` only.
+
+The scans
+---------
+One path on every device: the chunked PyTorch scan below, checked against a float64 per-step
+reference in the tests.
 ``discounted_reverse_cumsum(x, mask, d)`` computes, for every row, y_t = x_t + d * y_next over
 the masked positions only: y_next is y at the next True position of the same row (masked gaps
 are skipped as if absent) and 0 after the row's last True position. Masked positions give 0.
@@ -42,18 +57,21 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from ppokit import _native
 from ppokit.batch import RolloutBatch
 
 __all__ = [
     "CHUNK",
+    "LOG_RATIO_BOUND",
     "Compaction",
+    "GroupStats",
     "accumulate_dtype",
     "batch_whiten",
+    "bool_mask",
     "broadcast_rows",
     "dense_reverse_scan",
     "discounted_reverse_cumsum",
     "gae",
+    "masked",
     "next_values",
     "returns_to_go",
     "whiten_rows",
@@ -63,6 +81,18 @@ __all__ = [
 CHUNK = 16
 #: Powers below this (the smallest normal float32) are flushed to 0.
 _TINY = torch.finfo(torch.float32).tiny
+#: Bound on log-ratios before exponentiation (exp(20) ~ 5e8 stays finite in float32).
+LOG_RATIO_BOUND = 20.0
+
+
+def bool_mask(mask: Tensor) -> Tensor:
+    """A bool or 0/1 float mask as bool."""
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def masked(x: Tensor, mask: Tensor) -> Tensor:
+    """x where mask, else exactly 0 (also blocks NaN/inf and gradients at masked positions)."""
+    return torch.where(bool_mask(mask), x, torch.zeros_like(x))
 
 
 def accumulate_dtype(device: torch.device) -> torch.dtype:
@@ -230,8 +260,6 @@ def discounted_reverse_cumsum(x: Tensor, mask: Tensor, discount: Discount) -> Te
     y_next is y at the next True position of the row (0 after the last); masked positions
     give 0 and their x never matters. ``discount``: float in [0, 1] or a per-row [B] tensor.
     """
-    if _native.applies(x, mask, discount):
-        return _native.scan(x, mask, discount)[0]
     rows = Compaction(mask)
     return rows.expand(dense_reverse_scan(rows.compact(x), discount, overwrite=True))
 
@@ -242,8 +270,6 @@ def next_values(values: Tensor, mask: Tensor, terminal: Tensor) -> Tensor:
     The next state of a True position is the next True position of its row; after the row's
     last True position it is ``terminal`` [B].
     """
-    if _native.applies(values, mask, terminal):
-        return _native.next_values(values, mask, terminal)
     rows = Compaction(mask)
     return rows.expand(rows.shift(rows.compact(values), terminal))
 
@@ -289,12 +315,6 @@ def gae(
     """
     if batch.values is None:
         raise ValueError("GAE needs batch.values (a critic)")
-    mask, values, terminal = batch.response_mask, batch.values, batch.terminal_values
-    if _native.applies(batch.token_rewards, values, mask, terminal, lam):
-        adv, stats = _native.gae(
-            batch.token_rewards, values, mask, terminal, gamma, lam, plus_values=plus_values
-        )
-        return _native.whiten_(adv, mask, stats) if whiten else adv
     rows = Compaction(batch.response_mask)
     values = rows.compact(batch.values)
     deltas = rows.compact(batch.token_rewards).sub_(values)
@@ -321,20 +341,9 @@ def returns_to_go(
     ``minus_values``: return G_t - V_t; ``baseline`` [B]: subtract a per-row constant;
     ``whiten``: batch-whiten the result. All in the compacted layout, expanded once.
     """
-    mask, terminal = batch.response_mask, batch.terminal_values
     values = batch.values if minus_values else None
     if minus_values and values is None:
         raise ValueError("G - V needs batch.values (a critic)")
-    if _native.applies(batch.token_rewards, mask, terminal, values, baseline):
-        out, stats = _native.scan(
-            batch.token_rewards,
-            mask,
-            gamma,
-            terminal if bootstrap else None,
-            values=values,
-            baseline=baseline,
-        )
-        return _native.whiten_(out, mask, stats) if whiten else out
     rows = Compaction(batch.response_mask)
     rewards = rows.compact(batch.token_rewards)
     if bootstrap:
@@ -349,7 +358,48 @@ def returns_to_go(
 
 def broadcast_rows(per_row: Tensor, mask: Tensor) -> Tensor:
     """A per-row value [B] on every True position of its row, 0 elsewhere, float32 [B, T]."""
-    if _native.applies(per_row, mask):
-        return _native.broadcast_rows(per_row, mask)
     per_row = per_row.float()[:, None]
     return torch.where(mask, per_row, torch.zeros((), dtype=per_row.dtype, device=mask.device))
+
+
+class GroupStats:
+    """Statistics of a per-row value over each row's group, counting non-empty rows only.
+
+    ``values`` [B] defaults to the scores R = ``batch.scores``. ``weights`` [B] (default: 1 per
+    non-empty row) weight the mean; rows without tokens always weigh 0. Groups come from
+    ``batch.group_ids`` (each row its own group without them). All results are per row,
+    float32 [B]; nothing is read back to the host.
+    """
+
+    def __init__(
+        self, batch: RolloutBatch, values: Tensor | None = None, weights: Tensor | None = None
+    ) -> None:
+        self.batch = batch
+        self.nonempty = batch.nonempty
+        live = self.nonempty.float()
+        #: number of non-empty rows in the row's group
+        self.count = batch.group_sizes
+        self.weights = live if weights is None else weights.float() * live
+        self.values = batch.scores if values is None else values.float()
+
+    def centred(self) -> Tensor:
+        """x_i - (weighted) mean_g x; x_i itself when the group has one non-empty row.
+
+        The mean is taken of x - max_g x and shifted back, so that a group of equal values
+        gives exactly 0 (a rounded mean would leave a residue that a 1/std turns into noise).
+        0 on empty rows.
+        """
+        batch, values = self.batch, self.values
+        shift = batch.group_max(torch.where(self.nonempty, values, -torch.inf))
+        shift = torch.where(self.count > 0, shift, torch.zeros_like(shift))
+        shifted = torch.where(self.nonempty, values - shift, torch.zeros_like(values))
+        centred = shifted - batch.group_mean(shifted, weights=self.weights)
+        centred = torch.where(self.count > 1, centred, values)
+        return torch.where(self.nonempty, centred, torch.zeros_like(centred))
+
+    def std(self) -> Tensor:
+        """Unbiased std of x over the group's non-empty rows; 1 with fewer than two."""
+        centred = self.centred()
+        n = self.count
+        var = self.batch.group_sum(centred * centred) / (n - 1).clamp_min(1)
+        return torch.where(n > 1, var.sqrt(), torch.ones_like(var))

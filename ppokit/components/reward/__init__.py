@@ -1,19 +1,37 @@
-"""Catalogue of the built-in reward components (torch-free).
+"""Reward components: ``reward(prompts, responses, **fields) -> scores [B]``.
 
-A reward is called as ``reward(prompts, responses, **fields)`` and returns one float32 score
-per response; ``fields`` hold the data row's columns (e.g. ``answer``) plus ``lengths`` and
-``truncated``. The implementations live in :mod:`ppokit.rewards`.
+A reward returns one float32 score per response (a tensor or a list of floats). ``fields``
+hold one list entry per response: every column of the prompt's data row (e.g. ``answer``)
+plus ``lengths`` (response tokens) and ``truncated``. A reward ignores the fields it does not
+use and raises a :class:`~ppokit.errors.UserError` naming a field it needs but did not get.
+
+This module is the torch-free catalogue; the tensor code is
+:mod:`ppokit.components.reward.impl`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field, field_validator, model_validator
 
-from ppokit.builtins._base import Params
-from ppokit.hookspecs import Register
+from ppokit.catalogue import Component, Params
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+class Reward(Protocol):
+    """``reward(prompts, responses, **fields) -> [B]`` scores."""
+
+    def __call__(
+        self, prompts: list[str], responses: list[str], **fields: Any
+    ) -> Tensor | Sequence[float]: ...
+
+
+MODULE = "ppokit.components.reward.impl"
 
 __all__ = [
     "DemoParams",
@@ -115,58 +133,77 @@ class DemoParams(Params):
     pass
 
 
-def register_components(register: Register) -> None:
-    register(
-        "reward",
-        "math_verify",
-        "ppokit.rewards:MathVerifyReward",
-        params=MathVerifyParams,
-        summary="1 when the response's final answer is mathematically equal to the gold answer",
-        formula="r = correct if verify(parse(answer), parse(response)) else incorrect",
-        source=_TULU3,
-    )
-    register(
-        "reward",
-        "exact_match",
-        "ppokit.rewards:ExactMatchReward",
-        params=ExactMatchParams,
-        summary="1 when the response equals the expected text (after normalisation)",
-        formula="r = 1[norm(response) == norm(answer)], norm = strip and casefold by default",
-        source=_TULU3,
-    )
-    register(
-        "reward",
-        "regex",
-        "ppokit.rewards:RegexReward",
-        params=RegexParams,
-        summary="1 when a regular expression matches (optionally capturing the answer)",
-        formula="r = 1[pattern matches response] (and group(1) == field when field is set)",
-        source=_R1,
-    )
-    register(
-        "reward",
-        "length_penalty",
-        "ppokit.rewards:LengthPenaltyReward",
-        params=LengthPenaltyParams,
-        summary="linear penalty on response tokens beyond a target length",
-        formula="r = -scale * max(0, min(L, max_length) - target)",
-        source=_DAPO,
-    )
-    register(
-        "reward",
-        "hf_classifier",
-        "ppokit.rewards:HFClassifierReward",
-        params=HFClassifierParams,
-        summary="a local Hugging Face sequence classifier scoring (prompt, response) pairs",
-        formula="r = p(label | prompt, response), or the logit of a single-logit head",
-        source=_INSTRUCTGPT,
-    )
-    register(
-        "reward",
-        "demo",
-        "ppokit.tasks.demo:DemoReward",
-        params=DemoParams,
-        summary="Reward of the built-in demo task",
-        formula="r = |{i < 4 : response[i] = s}| / 4 for the symbol s the prompt shows",
-        source="ppokit's built-in demo task (echo the prompt's symbol)",
-    )
+MATH_VERIFY = Component(
+    "reward",
+    "math_verify",
+    f"{MODULE}:MathVerifyReward",
+    params=MathVerifyParams,
+    summary="1 when the response's final answer is mathematically equal to the gold answer",
+    formula="r = correct if verify(parse(answer), parse(response)) else incorrect",
+    source=_TULU3,
+)
+
+
+EXACT_MATCH = Component(
+    "reward",
+    "exact_match",
+    f"{MODULE}:ExactMatchReward",
+    params=ExactMatchParams,
+    summary="1 when the response equals the expected text (after normalisation)",
+    formula="r = 1[norm(response) == norm(answer)], norm = strip and casefold by default",
+    source=_TULU3,
+)
+
+
+REGEX = Component(
+    "reward",
+    "regex",
+    f"{MODULE}:RegexReward",
+    params=RegexParams,
+    summary="1 when a regular expression matches (optionally capturing the answer)",
+    formula="r = 1[pattern matches response] (and group(1) == field when field is set)",
+    source=_R1,
+)
+
+
+LENGTH_PENALTY = Component(
+    "reward",
+    "length_penalty",
+    f"{MODULE}:LengthPenaltyReward",
+    params=LengthPenaltyParams,
+    summary="linear penalty on response tokens beyond a target length",
+    formula="r = -scale * max(0, min(L, max_length) - target)",
+    source=_DAPO,
+)
+
+
+HF_CLASSIFIER = Component(
+    "reward",
+    "hf_classifier",
+    f"{MODULE}:HFClassifierReward",
+    params=HFClassifierParams,
+    summary="a local Hugging Face sequence classifier scoring (prompt, response) pairs",
+    formula="r = p(label | prompt, response), or the logit of a single-logit head",
+    source=_INSTRUCTGPT,
+)
+
+
+DEMO = Component(
+    "reward",
+    "demo",
+    "ppokit.tasks.demo:DemoReward",
+    params=DemoParams,
+    summary="Reward of the built-in demo task",
+    formula="r = |{i < 4 : response[i] = s}| / 4 for the symbol s the prompt shows",
+    source="ppokit's built-in demo task (echo the prompt's symbol)",
+)
+
+#: Every built-in reward component, registered by the default plugin.
+ENTRIES: tuple[Component, ...] = (
+    MATH_VERIFY,
+    EXACT_MATCH,
+    REGEX,
+    LENGTH_PENALTY,
+    HF_CLASSIFIER,
+    DEMO,
+)

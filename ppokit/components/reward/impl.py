@@ -1,11 +1,7 @@
-"""The built-in reward components.
+"""Tensor code of the reward components (catalogue: :mod:`ppokit.components.reward`).
 
-Every reward is called as ``reward(prompts, responses, **fields)`` and returns float32 scores
-``[B]``, one per response. ``fields`` hold one list entry per response: every column of the
-prompt's data row (e.g. ``answer``) plus ``lengths`` (response tokens) and ``truncated``. A
-reward ignores the fields it does not use and raises a :class:`~ppokit.errors.UserError`
-naming a field it needs but did not get. The catalogue (parameters, summaries) is
-:mod:`ppokit.builtins.reward`.
+A reward ignores the fields it does not use and raises a :class:`~ppokit.errors.UserError`
+naming a field it needs but did not get (:func:`require_field`).
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ppokit.components import reward as catalogue
 from ppokit.errors import MissingDependency, UserError
 
 __all__ = [
@@ -57,19 +54,15 @@ def _scores(values: Sequence[float]) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.float32)
 
 
+@catalogue.MATH_VERIFY.implementation
 class MathVerifyReward:
-    """r = correct if verify(parse(answer), parse(response)) else incorrect.
-
-    The gold answer and the response are parsed with the ``math-verify`` library (LaTeX,
+    """The gold answer and the response are parsed with the ``math-verify`` library (LaTeX,
     ``\\boxed{}`` and plain expressions), so ``\\frac{1}{2}`` matches ``0.5``. Anything that
     fails to parse, raises or times out counts as incorrect. math-verify's timeouts use
     ``signal.alarm``, which works only on the main thread; elsewhere they are disabled.
-
-    Source: Tulu 3: Pushing Frontiers in Open Language Model Post-Training (Lambert et al.,
-    2024), arXiv:2411.15124 (reinforcement learning with verifiable rewards).
     """
 
-    def __init__(self, field: str = "answer", correct: float = 1.0, incorrect: float = 0.0):
+    def __init__(self, *, field: str, correct: float, incorrect: float) -> None:
         try:
             from math_verify import parse, verify
         except ImportError:
@@ -126,17 +119,11 @@ class MathVerifyReward:
         return _scores(out)
 
 
+@catalogue.EXACT_MATCH.implementation
 class ExactMatchReward:
-    """r = 1[norm(response) == norm(answer)].
+    """Non-string answers are compared through ``str()``."""
 
-    ``norm`` strips surrounding whitespace (``strip``) and case-folds unless
-    ``case_sensitive``. Non-string answers are compared through ``str()``.
-
-    Source: Tulu 3: Pushing Frontiers in Open Language Model Post-Training (Lambert et al.,
-    2024), arXiv:2411.15124.
-    """
-
-    def __init__(self, field: str = "answer", strip: bool = True, case_sensitive: bool = False):
+    def __init__(self, *, field: str, strip: bool, case_sensitive: bool) -> None:
         self.field = field
         self.strip = strip
         self.case_sensitive = case_sensitive
@@ -157,25 +144,16 @@ class ExactMatchReward:
         )
 
 
+@catalogue.REGEX.implementation
 class RegexReward:
-    """r = 1[pattern matches the response], and with ``field`` set also group(1) == field.
-
-    ``mode="search"`` matches anywhere, ``"fullmatch"`` the whole response. With ``field``,
-    the first capture group and the field are compared after stripping whitespace; a group
-    that did not participate in the match scores 0.
-
-    Source: DeepSeek-R1: Incentivizing Reasoning Capability in LLMs via Reinforcement
-    Learning (DeepSeek-AI, 2025), arXiv:2501.12948 (rule-based format rewards).
+    """With ``field``, the first capture group and the field are compared after stripping
+    whitespace; a group that did not participate in the match scores 0.
     """
 
-    def __init__(self, pattern: str, field: str | None = None, mode: str = "search"):
+    def __init__(self, *, pattern: str, field: str | None, mode: str) -> None:
         self.regex = re.compile(pattern)
         self.field = field
-        if mode not in ("search", "fullmatch"):
-            raise UserError(f"regex reward: mode must be 'search' or 'fullmatch', got {mode!r}")
         self.mode = mode
-        if field is not None and self.regex.groups < 1:
-            raise UserError(f"regex reward: pattern {pattern!r} needs a capture group")
 
     def score(self, response: str, expected: Any | None) -> float:
         match = getattr(self.regex, self.mode)(response)
@@ -194,20 +172,14 @@ class RegexReward:
         return _scores(self.score(r, e) for r, e in zip(responses, expected, strict=True))
 
 
+@catalogue.LENGTH_PENALTY.implementation
 class LengthPenaltyReward:
-    """r = -scale · max(0, min(L, max_length) - target), L the response length in tokens.
-
-    Responses up to ``target`` tokens are not penalised; each token beyond costs ``scale``.
-    With ``max_length`` the length is capped, so the penalty never exceeds
-    ``scale · (max_length - target)``. With ``target = L_max - L_cache``,
-    ``scale = 1 / L_cache`` and ``max_length = L_max`` this is DAPO's soft overlong
-    punishment (0, then linear down to -1 at L_max, then -1).
-
-    Source: DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al.,
-    2025), arXiv:2503.14476.
+    """L is the response length in tokens. With ``target = L_max - L_cache``, ``scale = 1 /
+    L_cache`` and ``max_length = L_max`` this is DAPO's soft overlong punishment (0, then
+    linear down to -1 at L_max, then -1).
     """
 
-    def __init__(self, target: int = 0, scale: float = 0.01, max_length: int | None = None):
+    def __init__(self, *, target: int, scale: float, max_length: int | None) -> None:
         self.target = target
         self.scale = scale
         self.max_length = max_length
@@ -220,26 +192,23 @@ class LengthPenaltyReward:
         return -self.scale * (lengths - float(self.target)).clamp(min=0.0)
 
 
+@catalogue.HF_CLASSIFIER.implementation
 class HFClassifierReward:
-    """r = softmax(f(prompt, response))[label], or the logit of a single-logit head.
-
-    ``f`` is a local ``AutoModelForSequenceClassification`` reading the (prompt, response)
+    """``f`` is a local ``AutoModelForSequenceClassification`` reading the (prompt, response)
     text pair, truncated to ``max_length`` tokens. The model and tokenizer are loaded from
     ``path`` on first use (``local_files_only``: nothing is downloaded), kept on the
     instance, and run in eval mode without gradients, ``batch_size`` pairs at a time.
-
-    Source: Training language models to follow instructions with human feedback (Ouyang
-    et al., 2022), arXiv:2203.02155 (a learned reward model).
     """
 
     def __init__(
         self,
+        *,
         path: str,
-        label: int | str | None = None,
-        batch_size: int = 16,
-        max_length: int = 512,
-        device: str = "auto",
-    ):
+        label: int | str | None,
+        batch_size: int,
+        max_length: int,
+        device: str,
+    ) -> None:
         self.path = Path(path).expanduser()
         if not self.path.is_dir():
             raise UserError(

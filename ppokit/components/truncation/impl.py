@@ -1,7 +1,4 @@
-"""Truncation rules: ``rule(batch) -> new batch``, deciding what happens to rows that hit the
-length limit without EOS (``batch.truncated``). Every rule but ``bootstrap`` drops
-``bootstrap_values``, so ``batch.terminal_values`` is 0 after it.
-"""
+"""Tensor code of the truncation rules (catalogue: :mod:`ppokit.components.truncation`)."""
 
 from __future__ import annotations
 
@@ -9,6 +6,7 @@ import torch
 from torch import Tensor
 
 from ppokit.batch import RolloutBatch
+from ppokit.components import truncation as catalogue
 
 __all__ = ["Bootstrap", "Exclude", "Penalty", "SoftOverlong", "Terminal"]
 
@@ -26,20 +24,15 @@ def _add_outcome(batch: RolloutBatch, bonus: Tensor) -> Tensor:
     return torch.where(batch.last_mask, added, rewards)
 
 
+@catalogue.TERMINAL.implementation
 class Terminal:
-    """Truncated rows are treated as ended: the value after their last token is 0."""
-
     def __call__(self, batch: RolloutBatch) -> RolloutBatch:
         return batch.replace(bootstrap_values=None)
 
 
+@catalogue.BOOTSTRAP.implementation
 class Bootstrap:
-    """Truncated rows are continued by the critic: keeps ``bootstrap_values``, so the value
-    after a truncated row's last token is V_old of the next state (partial-episode
-    bootstrapping).
-
-    Time Limits in Reinforcement Learning (Pardo et al., 2018), arXiv:1712.00378.
-    """
+    """Keeps ``bootstrap_values``: partial-episode bootstrapping."""
 
     def __call__(self, batch: RolloutBatch) -> RolloutBatch:
         _truncated(batch, "bootstrap")
@@ -48,13 +41,9 @@ class Bootstrap:
         return batch
 
 
+@catalogue.EXCLUDE.implementation
 class Exclude:
-    """Truncated rows are removed from the actor and critic losses: their response_mask row is
-    set to False (overlong filtering).
-
-    DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al., 2025),
-    arXiv:2503.14476.
-    """
+    """A removed row is no response: it counts in no group statistic."""
 
     def __call__(self, batch: RolloutBatch) -> RolloutBatch:
         keep = ~_truncated(batch, "exclude")
@@ -63,11 +52,11 @@ class Exclude:
         )
 
 
+@catalogue.PENALTY.implementation
 class Penalty:
-    """A truncated row's outcome reward is replaced by ``value``: its token_rewards become 0
-    except ``value`` at the row's last True position."""
+    """The row's token_rewards become 0 except ``value`` at its last True position."""
 
-    def __init__(self, value: float = -1.0) -> None:
+    def __init__(self, *, value: float) -> None:
         self.value = value
 
     def __call__(self, batch: RolloutBatch) -> RolloutBatch:
@@ -83,19 +72,11 @@ class Penalty:
         )
 
 
+@catalogue.SOFT_OVERLONG.implementation
 class SoftOverlong:
-    """DAPO's soft overlong punishment, added to the outcome reward at each row's last True
-    position by the row's length L (every row, truncated or not), with L_c = max_length - buffer:
+    """Added at each row's last True position, every row, truncated or not."""
 
-        0                               if L <= L_c
-        (L_c - L) / buffer * factor     if L_c < L <= max_length
-        -factor                         if L > max_length
-
-    DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al., 2025),
-    arXiv:2503.14476.
-    """
-
-    def __init__(self, max_length: int, buffer: int, factor: float = 1.0) -> None:
+    def __init__(self, *, max_length: int, buffer: int, factor: float) -> None:
         self.max_length = max_length
         self.buffer = buffer
         self.factor = factor

@@ -1,0 +1,207 @@
+"""Advantage estimators: ``est(batch) -> A [B, T]`` float32, detached, 0 at masked positions.
+
+Token-level estimators run the reverse discounted scans of :mod:`ppokit.ops` (whitening,
+when asked, happens in the scan's compacted layout). Group estimators compare each response's
+score R_i = batch.scores with statistics of its group (:class:`ppokit.ops.GroupStats`) and
+broadcast the result over the row. Group statistics count only the responses with at least
+one token: an empty row (e.g. one cleared by the ``exclude`` truncation rule) is not a
+response with reward 0. A group with a single non-empty response has baseline 0 (and, for
+GRPO, standard deviation 1).
+
+This module is the torch-free catalogue (params, formulas, papers); the tensor code is
+:mod:`ppokit.components.advantage.impl`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import Field
+
+from ppokit.catalogue import Component, NoParams, Params
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ppokit.batch import RolloutBatch
+
+
+class Advantage(Protocol):
+    """``est(batch) -> A [B, T]`` float32, detached, 0 where ``batch.response_mask`` is False."""
+
+    def __call__(self, batch: RolloutBatch) -> Tensor: ...
+
+
+MODULE = "ppokit.components.advantage.impl"
+
+Gamma = Field(default=1.0, ge=0.0, le=1.0, description="discount factor gamma in [0, 1]")
+
+
+class GAEParams(Params):
+    gamma: float = Gamma
+    lam: float = Field(default=0.95, ge=0.0, le=1.0, description="GAE lambda in [0, 1]")
+    whiten: bool = Field(default=True, description="batch-whiten over all response tokens")
+
+
+class MonteCarloParams(Params):
+    gamma: float = Gamma
+    whiten: bool = Field(default=False, description="batch-whiten over all response tokens")
+
+
+class LengthAdaptiveGAEParams(Params):
+    gamma: float = Gamma
+    alpha: float = Field(default=0.05, gt=0.0, description="lam = 1 - 1/(alpha * length)")
+    whiten: bool = Field(default=True, description="batch-whiten over all response tokens")
+
+
+class GRPOParams(Params):
+    eps: float = Field(
+        default=1e-6,
+        gt=0.0,
+        description="added to the group std (> 0: a group of equal rewards has std 0)",
+    )
+
+
+class GammaParams(Params):
+    gamma: float = Gamma
+
+
+GAE = Component(
+    "advantage",
+    "gae",
+    f"{MODULE}:GAE",
+    params=GAEParams,
+    summary="Generalized advantage estimation with a critic",
+    formula="A_t = δ_t + γλ A_{t+1}, δ_t = r_t + γ V(s_{t+1}) − V(s_t); batch-whitened if whiten",
+    requires=("values",),
+    source="High-Dimensional Continuous Control Using Generalized Advantage Estimation "
+    "(Schulman et al., 2015), arXiv:1506.02438",
+)
+
+
+MC = Component(
+    "advantage",
+    "mc",
+    f"{MODULE}:MonteCarlo",
+    params=MonteCarloParams,
+    summary="Monte-Carlo return-to-go minus the critic's value",
+    formula="A_t = Σ_{s≥t} γ^{s−t} r_s + γ^{T−t} V_T − V(s_t); batch-whitened if whiten",
+    requires=("values",),
+    source="Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347",
+)
+
+
+LENGTH_ADAPTIVE_GAE = Component(
+    "advantage",
+    "length_adaptive_gae",
+    f"{MODULE}:LengthAdaptiveGAE",
+    params=LengthAdaptiveGAEParams,
+    summary="GAE whose lambda grows with the response length (VAPO)",
+    formula="GAE with λ_i = clamp(1 − 1/(α l_i), 0, 1), l_i = response length; batch-whitened if whiten",
+    requires=("values",),
+    source="VAPO: Efficient and Reliable Reinforcement Learning for Advanced Reasoning "
+    "Tasks (Yue et al., 2025), arXiv:2504.05118",
+)
+
+
+GRPO = Component(
+    "advantage",
+    "grpo",
+    f"{MODULE}:GRPO",
+    params=GRPOParams,
+    summary="Group-normalised outcome reward (GRPO)",
+    formula="A_i = (R_i − mean_g R) / (std_g R + ε), broadcast over the response; g: the group's non-empty responses",
+    requires=("group_ids",),
+    source="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language "
+    "Models (Shao et al., 2024), arXiv:2402.03300",
+)
+
+
+DR_GRPO = Component(
+    "advantage",
+    "dr_grpo",
+    f"{MODULE}:DrGRPO",
+    params=NoParams,
+    summary="Group-centred outcome reward without std normalisation (Dr. GRPO)",
+    formula="A_i = R_i − mean_g R, broadcast over the response; g: the group's non-empty responses",
+    requires=("group_ids",),
+    source="Understanding R1-Zero-Like Training: A Critical Perspective "
+    "(Liu et al., 2025), arXiv:2503.20783",
+)
+
+
+RLOO = Component(
+    "advantage",
+    "rloo",
+    f"{MODULE}:RLOO",
+    params=NoParams,
+    summary="REINFORCE leave-one-out baseline",
+    formula="A_i = R_i − mean_{j≠i} R_j = n/(n−1) (R_i − mean_g R); n: the group's non-empty responses",
+    requires=("group_ids",),
+    source="Back to Basics: Revisiting REINFORCE Style Optimization for Learning from "
+    "Human Feedback in LLMs (Ahmadian et al., 2024), arXiv:2402.14740",
+)
+
+
+REINFORCE_PP = Component(
+    "advantage",
+    "reinforce_pp",
+    f"{MODULE}:ReinforcePP",
+    params=GammaParams,
+    summary="Batch-whitened discounted reward-to-go (REINFORCE++)",
+    formula="A_t = whiten(Σ_{s≥t} γ^{s−t} r_s) over all response tokens of the batch",
+    source="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language "
+    "Models (Hu, 2025), arXiv:2501.03262",
+)
+
+
+REINFORCE_PP_BASELINE = Component(
+    "advantage",
+    "reinforce_pp_baseline",
+    f"{MODULE}:ReinforcePPBaseline",
+    params=NoParams,
+    summary="Group-centred outcome reward, batch-whitened (REINFORCE++ with baseline)",
+    formula="A_t = whiten(R_i − mean_g R) over all response tokens of the batch; g: non-empty responses",
+    requires=("group_ids",),
+    source="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language "
+    "Models (Hu, 2025), arXiv:2501.03262",
+)
+
+
+REMAX = Component(
+    "advantage",
+    "remax",
+    f"{MODULE}:ReMax",
+    params=NoParams,
+    summary="Reward-to-go minus the greedy baseline response's score (ReMax)",
+    formula="A_t = Σ_{s≥t} r_s − R(greedy response)",
+    requires=("baseline_rewards",),
+    source="ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for "
+    "Aligning Large Language Models (Li et al., 2024), arXiv:2310.10505",
+)
+
+
+OPO = Component(
+    "advantage",
+    "opo",
+    f"{MODULE}:OPO",
+    params=NoParams,
+    summary="Outcome reward minus the length-weighted group mean (optimal baseline)",
+    formula="A_i = R_i − Σ_j l_j R_j / Σ_j l_j over the group, l = response length (empty rows weigh 0)",
+    requires=("group_ids",),
+    source="On-Policy RL with Optimal Reward Baseline (Hao et al., 2025), arXiv:2505.23585",
+)
+
+#: Every built-in advantage component, registered by the default plugin.
+ENTRIES: tuple[Component, ...] = (
+    GAE,
+    MC,
+    LENGTH_ADAPTIVE_GAE,
+    GRPO,
+    DR_GRPO,
+    RLOO,
+    REINFORCE_PP,
+    REINFORCE_PP_BASELINE,
+    REMAX,
+    OPO,
+)

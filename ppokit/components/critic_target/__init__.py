@@ -1,0 +1,86 @@
+"""Critic targets: ``tgt(batch) -> Y [B, T]`` float32, detached, 0 at masked positions.
+
+The value after a row's last token is ``batch.terminal_values``; masked gaps inside a row are
+skipped (the next state of a position is the next True position of its row).
+
+This module is the torch-free catalogue; the tensor code is
+:mod:`ppokit.components.critic_target.impl`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import Field
+
+from ppokit.catalogue import Component, Params
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ppokit.batch import RolloutBatch
+
+
+class CriticTarget(Protocol):
+    """``tgt(batch) -> Y [B, T]`` float32, detached, 0 at masked positions."""
+
+    def __call__(self, batch: RolloutBatch) -> Tensor: ...
+
+
+MODULE = "ppokit.components.critic_target.impl"
+
+Gamma = Field(default=1.0, ge=0.0, le=1.0, description="discount factor gamma in [0, 1]")
+
+
+class LambdaReturnParams(Params):
+    gamma: float = Gamma
+    lam: float = Field(
+        default=1.0, ge=0.0, le=1.0, description="the critic's lambda (may differ from the actor's)"
+    )
+
+
+class GammaParams(Params):
+    gamma: float = Gamma
+
+
+LAMBDA_RETURN = Component(
+    "critic_target",
+    "lambda_return",
+    f"{MODULE}:LambdaReturn",
+    params=LambdaReturnParams,
+    summary="Lambda-return: old value plus unwhitened GAE",
+    formula="Y_t = V_old(s_t) + GAE_t(γ, λ)",
+    requires=("values",),
+    source="What's Behind PPO's Collapse in Long-CoT? Value Optimization Holds the Secret "
+    "(Yuan et al., 2025), arXiv:2503.01491",
+)
+
+
+MC_RETURN = Component(
+    "critic_target",
+    "mc_return",
+    f"{MODULE}:MonteCarloReturn",
+    params=GammaParams,
+    summary="Discounted return-to-go, bootstrapped on truncated rows",
+    formula="Y_t = Σ_{s≥t} γ^{s−t} r_s + γ^{T−t} V_T",
+    source="Reinforcement Learning: An Introduction (Sutton and Barto, 2018)",
+)
+
+
+TD0 = Component(
+    "critic_target",
+    "td0",
+    f"{MODULE}:TD0",
+    params=GammaParams,
+    summary="One-step temporal-difference target",
+    formula="Y_t = r_t + γ V_old(s_{t+1}), V after the last token = terminal value",
+    requires=("values",),
+    source="Learning to Predict by the Methods of Temporal Differences (Sutton, 1988)",
+)
+
+#: Every built-in critic_target component, registered by the default plugin.
+ENTRIES: tuple[Component, ...] = (
+    LAMBDA_RETURN,
+    MC_RETURN,
+    TD0,
+)

@@ -1,0 +1,69 @@
+"""KL estimators: ``kl(logp, logp_ref) -> [B, T]`` float32, per-token estimates of
+KL(pi || pi_ref) from the log-probabilities of sampled tokens a ~ pi. Called without a mask:
+the aggregation that consumes them does the masking.
+
+Each takes ``straight_through``: when True the value is unchanged but the gradient with
+respect to ``logp`` is the k2 estimator's, (logp - logp_ref): value.detach() + (k2 - sg(k2)).
+
+This module is the torch-free catalogue; the tensor code is
+:mod:`ppokit.components.kl_estimator.impl`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import Field
+
+from ppokit.catalogue import Component, Params
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+class KLEstimator(Protocol):
+    """``kl(logp, logp_ref) -> [B, T]`` float32, differentiable in logp."""
+
+    def __call__(self, logp: Tensor, logp_ref: Tensor) -> Tensor: ...
+
+
+MODULE = "ppokit.components.kl_estimator.impl"
+SOURCE = "Approximating KL Divergence (J. Schulman, 2020), http://joschu.net/blog/kl-approx.html"
+
+
+class KLParams(Params):
+    straight_through: bool = Field(
+        False, description="keep the value, take the gradient of k2 (logp - logp_ref)"
+    )
+
+
+_STRAIGHT_THROUGH = "; straight_through: value + k2 - sg(k2) with sg(value)"
+
+
+def _estimator(name: str, cls: str, summary: str, formula: str) -> Component:
+    return Component(
+        "kl_estimator",
+        name,
+        f"{MODULE}:{cls}",
+        params=KLParams,
+        summary=summary,
+        formula=formula + _STRAIGHT_THROUGH,
+        requires=("logp_ref",),
+        source=SOURCE,
+    )
+
+
+K1 = _estimator("k1", "K1", "Log-ratio: unbiased, high variance", "k1 = logp - logp_ref")
+K2 = _estimator(
+    "k2", "K2", "Half squared log-ratio: biased, low variance", "k2 = 0.5 (logp - logp_ref)^2"
+)
+K3 = _estimator(
+    "k3",
+    "K3",
+    "exp(d) - d - 1: unbiased and non-negative",
+    "k3 = clamp(exp(d) - d - 1, 0, 10), d = clamp(logp_ref - logp, -20, 20)",
+)
+ABS = _estimator("abs", "AbsKL", "Absolute log-ratio", "|logp - logp_ref|")
+
+#: Every built-in kl_estimator component, registered by the default plugin.
+ENTRIES: tuple[Component, ...] = (K1, K2, K3, ABS)

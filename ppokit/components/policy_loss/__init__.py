@@ -1,0 +1,120 @@
+"""Policy losses: ``pl(logp, logp_old, adv, mask) -> elementwise [B, T]`` float32.
+
+Every loss is exactly 0 where ``mask`` is False, whatever the inputs hold there, and is
+differentiable in ``logp`` only (``logp_old`` and ``adv`` are treated as constants).
+Optional ``clipped(logp, logp_old, adv, mask=None) -> bool [B, T]`` marks the positions where
+the clip is active, i.e. where clipping zeroes (or caps) the gradient: the ``clipfrac`` metric.
+
+This module is the torch-free catalogue; the tensor code is
+:mod:`ppokit.components.policy_loss.impl`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import Field
+
+from ppokit.catalogue import Component, Params
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+class PolicyLoss(Protocol):
+    """``pl(logp, logp_old, adv, mask) -> [B, T]``, 0 where mask is False, differentiable in logp.
+
+    Optional: ``clipped(logp, logp_old, adv, mask) -> bool [B, T]`` (the clipfrac metric)."""
+
+    def __call__(self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> Tensor: ...
+
+
+MODULE = "ppokit.components.policy_loss.impl"
+
+
+class PPOClipParams(Params):
+    clip_low: float = Field(0.2, ge=0, lt=1, description="lower clip: rho >= 1 - clip_low")
+    clip_high: float = Field(0.2, ge=0, description="upper clip: rho <= 1 + clip_high")
+    dual_clip: float | None = Field(
+        None, gt=1, description="dual clip c > 1: caps the loss at -c A where A < 0 (None: off)"
+    )
+
+
+class GSPOParams(Params):
+    clip_low: float = Field(3e-4, ge=0, lt=1, description="lower clip of the sequence ratio")
+    clip_high: float = Field(4e-4, ge=0, description="upper clip of the sequence ratio")
+
+
+class CISPOParams(Params):
+    clip_high: float = Field(..., gt=0, description="IS weight truncated at 1 + clip_high")
+
+
+class ReinforceParams(Params):
+    pass
+
+
+PPO_CLIP = Component(
+    "policy_loss",
+    "ppo_clip",
+    f"{MODULE}:PPOClip",
+    params=PPOClipParams,
+    summary="PPO clipped surrogate (asymmetric clip-higher bounds, optional dual clip)",
+    formula=(
+        "rho = exp(clamp(logp - logp_old, -20, 20)); "
+        "l = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high)); "
+        "dual clip c: l = min(l, -c A) where A < 0"
+    ),
+    requires=("logp_old",),
+    source="Proximal Policy Optimization Algorithms (Schulman et al., 2017), "
+    "arXiv:1707.06347; clip-higher: DAPO (Yu et al., 2025), arXiv:2503.14476; "
+    "dual clip: Mastering Complex Control in MOBA Games with Deep Reinforcement Learning "
+    "(Ye et al., 2020), arXiv:1912.09729",
+)
+
+
+GSPO = Component(
+    "policy_loss",
+    "gspo",
+    f"{MODULE}:GSPO",
+    params=GSPOParams,
+    summary="Clipped surrogate on the sequence-level (length-normalised) ratio",
+    formula=(
+        "s_i = exp(mean_t (logp - logp_old)); s_{i,t} = sg(s_i) exp(logp_t - sg(logp_t)); "
+        "l = max(-A s_{i,t}, -A clip(s_{i,t}, 1 - clip_low, 1 + clip_high))"
+    ),
+    requires=("logp_old",),
+    source="Group Sequence Policy Optimization (Zheng et al., 2025), arXiv:2507.18071",
+)
+
+
+CISPO = Component(
+    "policy_loss",
+    "cispo",
+    f"{MODULE}:CISPO",
+    params=CISPOParams,
+    summary="Truncated, stop-gradient IS weight on a REINFORCE loss: no token loses its gradient",
+    formula="l = -sg(min(rho, 1 + clip_high)) A logp",
+    requires=("logp_old",),
+    source="MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention "
+    "(MiniMax, 2025), arXiv:2506.13585",
+)
+
+
+REINFORCE = Component(
+    "policy_loss",
+    "reinforce",
+    f"{MODULE}:Reinforce",
+    params=ReinforceParams,
+    summary="On-policy score-function loss (RLOO, ReMax, OPO)",
+    formula="l = -A logp",
+    source="Simple Statistical Gradient-Following Algorithms for Connectionist "
+    "Reinforcement Learning (Williams, 1992)",
+)
+
+#: Every built-in policy_loss component, registered by the default plugin.
+ENTRIES: tuple[Component, ...] = (
+    PPO_CLIP,
+    GSPO,
+    CISPO,
+    REINFORCE,
+)

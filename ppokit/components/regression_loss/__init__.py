@@ -1,0 +1,89 @@
+"""Regression losses of the critic: ``loss(pred, target, old) -> elementwise [B, T]`` float32,
+differentiable in ``pred`` (target and old values are constants). Called without a mask: the
+aggregation that consumes them does the masking.
+
+The implementations' base class ``RegressionLoss`` (in the ``impl`` module) holds the optional
+members the trainer reads: ``head_size`` (width of the value head), ``value(head_out)`` and
+``prediction(head_out)``. A plugin may subclass it to change the critic's head (e.g. a
+categorical value head).
+
+This module is the torch-free catalogue; the tensor code is
+:mod:`ppokit.components.regression_loss.impl`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import Field
+
+from ppokit.catalogue import Component, Params
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+class RegressionLoss(Protocol):
+    """``loss(pred, target, old) -> [B, T]`` float32, differentiable in pred.
+
+    Optional: ``head_size: int`` (default 1), ``value(head_out) -> [B, T]``,
+    ``prediction(head_out)``, ``clipped(pred, target, old) -> bool [B, T]``."""
+
+    def __call__(self, pred: Tensor, target: Tensor, old: Tensor) -> Tensor: ...
+
+
+MODULE = "ppokit.components.regression_loss.impl"
+PPO = "Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347"
+
+
+class MSEParams(Params):
+    pass
+
+
+class ClippedMSEParams(Params):
+    clip: float = Field(0.2, gt=0, description="V stays within V_old +- clip in the clipped branch")
+
+
+class HuberParams(Params):
+    delta: float = Field(1.0, gt=0, description="quadratic below |V - Y| = delta, linear above")
+
+
+MSE = Component(
+    "regression_loss",
+    "mse",
+    f"{MODULE}:MSE",
+    params=MSEParams,
+    summary="Squared error",
+    formula="0.5 (V - Y)^2",
+    source=PPO,
+)
+
+
+CLIPPED_MSE = Component(
+    "regression_loss",
+    "clipped_mse",
+    f"{MODULE}:ClippedMSE",
+    params=ClippedMSEParams,
+    summary="PPO value clipping: the worse of the plain and the clipped squared error",
+    formula="0.5 max((V - Y)^2, (V_old + clamp(V - V_old, -clip, clip) - Y)^2)",
+    requires=("values",),
+    source=PPO,
+)
+
+
+HUBER = Component(
+    "regression_loss",
+    "huber",
+    f"{MODULE}:Huber",
+    params=HuberParams,
+    summary="Huber loss: quadratic near the target, linear far from it",
+    formula="x = V - Y: 0.5 x^2 if |x| <= delta, else delta (|x| - 0.5 delta)",
+    source="Robust Estimation of a Location Parameter (P. J. Huber, 1964)",
+)
+
+#: Every built-in regression_loss component, registered by the default plugin.
+ENTRIES: tuple[Component, ...] = (
+    MSE,
+    CLIPPED_MSE,
+    HUBER,
+)

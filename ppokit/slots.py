@@ -1,0 +1,202 @@
+"""The slot table: every component slot of a spec, and what a component's requirements ask
+of the spec, written once as data.
+
+The spec's models and validation, the trainer's assembly, ``explain``, the JSON Schema and
+the generated docs all read these two tables:
+
+- :data:`SLOTS`: path in the spec, kind, default component, symbol and description of each
+  slot, in the order a PPO round uses them;
+- :data:`FIELDS`: the optional :class:`~ppokit.batch.RolloutBatch` fields a component may
+  declare in ``requires``, with their shape and dtype (``ppokit.batch`` builds its checks
+  from them) and what the spec must hold for the trainer to fill them.
+
+Nothing here imports torch, pydantic models of the spec or the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["FIELDS", "SLOTS", "BatchField", "Slot", "field", "slot"]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One component slot of the spec."""
+
+    #: where it sits in the spec (``critic.target``); ``reward`` may be a list
+    path: str
+    #: the component kind it takes
+    kind: str
+    #: the component it holds when the spec leaves it out
+    default: str
+    #: the symbol of the objective it fills (``A``, ``Y``, ``ω`` ...)
+    symbol: str
+    description: str
+
+    @property
+    def section(self) -> str | None:
+        """The optional section the slot lives in (``critic``, ``kl``), or None."""
+        head, dot, _ = self.path.partition(".")
+        return head if dot else None
+
+    @property
+    def key(self) -> str:
+        """The slot's own key inside its section (``target`` of ``critic.target``)."""
+        return self.path.rpartition(".")[2]
+
+
+#: Every component slot, in the order a round uses them.
+SLOTS: tuple[Slot, ...] = (
+    Slot(
+        "reward",
+        "reward",
+        "demo",
+        "R",
+        "the outcome reward: one component or a list, summed with their `weight`",
+    ),
+    Slot(
+        "truncation",
+        "truncation",
+        "terminal",
+        "rule",
+        "what happens to responses that hit max_new_tokens without EOS",
+    ),
+    Slot("kl.estimator", "kl_estimator", "k1", "kl", "the per-token KL estimator"),
+    Slot("advantage", "advantage", "gae", "A", "the advantage estimator"),
+    Slot(
+        "critic.target", "critic_target", "lambda_return", "Y", "the critic's regression target Y"
+    ),
+    Slot(
+        "critic.mask", "position_mask", "response", "m^V", "positions the critic loss counts (m^V)"
+    ),
+    Slot(
+        "critic.weight", "prompt_weight", "uniform", "ω", "per-prompt weight ω of the critic loss"
+    ),
+    Slot(
+        "critic.loss",
+        "regression_loss",
+        "mse",
+        "ℓ",
+        "the regression loss ℓ(V_φ(s_t), Y_t, V_old(s_t))",
+    ),
+    Slot(
+        "critic.aggregation",
+        "aggregation",
+        "token_mean",
+        "agg_V",
+        "how the elementwise critic loss is reduced",
+    ),
+    Slot("policy.loss", "policy_loss", "ppo_clip", "pl", "the actor's surrogate loss"),
+    Slot(
+        "policy.aggregation",
+        "aggregation",
+        "token_mean",
+        "agg",
+        "how the elementwise actor loss is reduced",
+    ),
+    Slot(
+        "policy.weight",
+        "prompt_weight",
+        "uniform",
+        "ω",
+        "prompt weight of the actor loss: rows of weight 0 leave the loss and its "
+        "denominators (DAPO's dynamic sampling with informative_groups)",
+    ),
+)
+
+_BY_PATH = {s.path: s for s in SLOTS}
+
+
+def slot(path: str) -> Slot:
+    """The slot at ``path`` (KeyError for a path that is no slot)."""
+    return _BY_PATH[path]
+
+
+def _has(section: str) -> Callable[[Any], bool]:
+    return lambda spec: getattr(spec, section) is not None
+
+
+@dataclass(frozen=True)
+class BatchField:
+    """An optional RolloutBatch field a component may require, and what the spec needs for it."""
+
+    name: str
+    #: ``BT``: [B, T]; ``B``: one value per row
+    shape: Literal["BT", "B"]
+    #: dtype family: float, bool or integer
+    dtype: Literal["float", "bool", "integer"]
+    #: what fills it, for the docs (``a `critic` section``)
+    provided_by: str
+    #: the spec path an unmet requirement is reported at (None: always met)
+    path: str | None = None
+    #: whether a spec meets it (None: always)
+    met: Callable[[Any], bool] | None = None
+    #: the error when it is not met: ``{who}`` the requiring slots, ``{spec}`` the spec
+    error: str = ""
+
+    def problem(self, spec: Any, who: str) -> str | None:
+        """The error line for a spec that does not meet this requirement, else None."""
+        if self.met is None or self.met(spec):
+            return None
+        return f"{self.path}: " + self.error.format(who=who, spec=spec)
+
+
+_CRITIC = "needs {field} from a critic: add a 'critic' section"
+
+#: The optional batch fields, in RolloutBatch's order.
+FIELDS: tuple[BatchField, ...] = (
+    BatchField(
+        "values",
+        "BT",
+        "float",
+        "a `critic` section",
+        "critic",
+        _has("critic"),
+        "{who} " + _CRITIC.format(field="values"),
+    ),
+    BatchField("logp_old", "BT", "float", "nothing: sampling records it"),
+    BatchField(
+        "logp_ref",
+        "BT",
+        "float",
+        "a `kl` section",
+        "kl",
+        _has("kl"),
+        "{who} needs reference log-probs: add a 'kl' section",
+    ),
+    BatchField(
+        "group_ids",
+        "B",
+        "integer",
+        "`rollout.n >= 2`",
+        "rollout.n",
+        lambda spec: spec.rollout.n >= 2,
+        "{who} compares responses within a group: rollout.n must be >= 2, got {spec.rollout.n}",
+    ),
+    BatchField("truncated", "B", "bool", "nothing: sampling records it"),
+    BatchField(
+        "bootstrap_values",
+        "B",
+        "float",
+        "a `critic` section",
+        "critic",
+        _has("critic"),
+        "{who} " + _CRITIC.format(field="bootstrap_values"),
+    ),
+    BatchField(
+        "baseline_rewards",
+        "B",
+        "float",
+        "nothing: the trainer adds a greedy baseline rollout",
+    ),
+)
+
+_FIELD_BY_NAME = {f.name: f for f in FIELDS}
+
+
+def field(name: str) -> BatchField:
+    """The optional batch field ``name`` (KeyError for an unknown one)."""
+    return _FIELD_BY_NAME[name]
