@@ -5,11 +5,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ppokit.catalogue import Component, NoParams, Params
 from ppokit.hookspecs import hookimpl
 from ppokit.registry import get_registry
 
 __version__ = "0.1.0"
-__all__ = ["RolloutBatch", "__version__", "get_registry", "hookimpl"]
+__all__ = [
+    "Component",
+    "NoParams",
+    "Params",
+    "RolloutBatch",
+    "__version__",
+    "get_registry",
+    "hookimpl",
+]
 
 if TYPE_CHECKING:
     from ppokit.batch import RolloutBatch

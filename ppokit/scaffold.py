@@ -42,6 +42,7 @@ class PluginNames:
             "pkg": self.pkg,
             "component": self.component,
             "class": self.cls,
+            "const": self.component.upper(),
             "ppokit_version": __version__,
         }
 

@@ -1,35 +1,25 @@
-"""The HL-Gauss loss: a categorical value head trained by classification.
-
-Farebrother et al., "Stop Regressing: Training Value Functions via Classification for
-Scalable Deep RL" (2024), arXiv:2403.03950.
-"""
+"""Tensor code of the HL-Gauss loss (catalogue: ``ppokit_hlgauss.plugin``)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from ppokit_hlgauss.plugin import HLGAUSS
 
+
+@HLGAUSS.implementation
 class HLGaussLoss:
-    r"""Cross-entropy between the head's softmax and a Gaussian-smoothed histogram of Y.
-
-    The value support [vmin, vmax] is cut into K bins with edges z_0 < ... < z_K and
-    centres c_k. A target Y (clamped to the support) becomes the distribution
-
-        p_k(Y) = [Phi((z_{k+1} - Y)/sigma) - Phi((z_k - Y)/sigma)]
-                 / [Phi((z_K - Y)/sigma) - Phi((z_0 - Y)/sigma)],
-
-    sigma = sigma_ratio * (vmax - vmin) / K, and the loss is l = -sum_k p_k(Y) log softmax(h)_k
-    for head logits h [B, T, K]. The value is read as the expectation V = sum_k softmax(h)_k c_k.
+    """The value support [vmin, vmax] is cut into K = ``bins`` bins with edges z_0 < ... < z_K
+    and centres c_k; a target Y is clamped to the support; sigma = sigma_ratio * (vmax - vmin)
+    / K; h [B, T, K] are the head's logits.
 
     The critic asks this component for the width of its value head (``head_size = K``),
     how to read a value from it (``value``) and what the loss takes (``prediction``: the
     logits themselves).
     """
 
-    def __init__(
-        self, bins: int = 51, vmin: float = -1.0, vmax: float = 1.0, sigma_ratio: float = 0.75
-    ) -> None:
+    def __init__(self, *, bins: int, vmin: float, vmax: float, sigma_ratio: float) -> None:
         self.head_size = bins
         self.vmin = vmin
         self.vmax = vmax

@@ -1,16 +1,16 @@
-"""Registers the ``hlgauss`` regression loss. Torch-free: the math is imported lazily."""
+"""The plugin's catalogue: the ``hlgauss`` regression loss's params and entry. Torch-free:
+the math (``ppokit_hlgauss.loss``) is imported only when a run creates the component."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 import ppokit
+from ppokit.hookspecs import Register
 
 
-class HLGaussParams(BaseModel):
+class HLGaussParams(ppokit.Params):
     """Parameters of the HL-Gauss critic loss."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     bins: int = Field(51, ge=2, le=4096, description="number of value bins K")
     vmin: float = Field(-1.0, description="lower edge of the value support")
@@ -26,19 +26,22 @@ class HLGaussParams(BaseModel):
         return self
 
 
+HLGAUSS = ppokit.Component(
+    "regression_loss",
+    "hlgauss",
+    "ppokit_hlgauss.loss:HLGaussLoss",
+    params=HLGaussParams,
+    summary="Distributional critic: cross-entropy to a Gaussian-smoothed histogram target",
+    formula=(
+        "p_k(Y) = [Phi((z_{k+1} - Y)/sigma) - Phi((z_k - Y)/sigma)] / "
+        "[Phi((z_K - Y)/sigma) - Phi((z_0 - Y)/sigma)];  "
+        "l = -sum_k p_k(Y) log softmax(h)_k;  V = sum_k softmax(h)_k c_k"
+    ),
+    source="Stop Regressing: Training Value Functions via Classification for Scalable "
+    "Deep RL (Farebrother et al., 2024), arXiv:2403.03950",
+)
+
+
 @ppokit.hookimpl
-def ppokit_register(register):  # type: ignore[no-untyped-def]
-    register(
-        "regression_loss",
-        "hlgauss",
-        "ppokit_hlgauss.loss:HLGaussLoss",
-        params=HLGaussParams,
-        summary="Distributional critic: cross-entropy to a Gaussian-smoothed histogram target",
-        formula=(
-            "p_k(Y) = [Phi((z_{k+1} - Y)/sigma) - Phi((z_k - Y)/sigma)] / "
-            "[Phi((z_K - Y)/sigma) - Phi((z_0 - Y)/sigma)];  "
-            "l = -sum_k p_k(Y) log softmax(h)_k;  V = sum_k softmax(h)_k c_k"
-        ),
-        source="Stop Regressing: Training Value Functions via Classification for Scalable "
-        "Deep RL (Farebrother et al., 2024), arXiv:2403.03950",
-    )
+def ppokit_register(register: Register) -> None:
+    register(HLGAUSS)

@@ -7,6 +7,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ppokit_hlgauss.loss import HLGaussLoss
+from ppokit_hlgauss.plugin import HLGaussParams
+
+
+def hlgauss(**params: float) -> HLGaussLoss:
+    """The loss with its params model's defaults filled in."""
+    return HLGaussLoss(**HLGaussParams(**params).model_dump())
+
 
 targets = st.lists(st.floats(-3.0, 3.0, allow_nan=False), min_size=1, max_size=16)
 
@@ -14,7 +21,7 @@ targets = st.lists(st.floats(-3.0, 3.0, allow_nan=False), min_size=1, max_size=1
 @settings(max_examples=100, deadline=None)
 @given(targets, st.integers(2, 101), st.floats(0.1, 2.0))
 def test_target_distribution_is_a_distribution(ys, bins, ratio):
-    loss = HLGaussLoss(bins=bins, vmin=-1.0, vmax=1.0, sigma_ratio=ratio)
+    loss = hlgauss(bins=bins, vmin=-1.0, vmax=1.0, sigma_ratio=ratio)
     p = loss.target_distribution(torch.tensor(ys))
     assert p.shape == (len(ys), bins)
     assert (p >= 0).all()
@@ -25,7 +32,7 @@ def test_target_distribution_is_a_distribution(ys, bins, ratio):
 @given(st.floats(-0.6, 0.6), st.integers(21, 201))
 def test_target_mean_recovers_the_value_inside_the_support(y, bins):
     """Away from the edges the histogram's expectation is Y up to a small fraction of a bin."""
-    loss = HLGaussLoss(bins=bins, vmin=-1.0, vmax=1.0, sigma_ratio=0.75)
+    loss = hlgauss(bins=bins, vmin=-1.0, vmax=1.0, sigma_ratio=0.75)
     p = loss.target_distribution(torch.tensor([y]))
     value = loss.value(p.log())  # softmax(log p) = p
     width = 2.0 / bins
@@ -37,7 +44,7 @@ def test_target_mean_recovers_the_value_inside_the_support(y, bins):
 def test_gradient_is_softmax_minus_target(seed, bins):
     """d l / d h = softmax(h) - p(Y): the cross-entropy identity."""
     g = torch.Generator().manual_seed(seed)
-    loss = HLGaussLoss(bins=bins, vmin=-2.0, vmax=2.0)
+    loss = hlgauss(bins=bins, vmin=-2.0, vmax=2.0)
     logits = torch.randn(3, 5, bins, generator=g, requires_grad=True)
     y = torch.randn(3, 5, generator=g) * 1.5
     loss(logits, y, torch.zeros_like(y)).sum().backward()
@@ -50,7 +57,7 @@ def test_gradient_is_softmax_minus_target(seed, bins):
 def test_loss_is_minimised_by_the_target_distribution(seed):
     """Gibbs' inequality: l(log p) <= l(h) for every h."""
     g = torch.Generator().manual_seed(seed)
-    loss = HLGaussLoss(bins=17, vmin=-1.0, vmax=1.0)
+    loss = hlgauss(bins=17, vmin=-1.0, vmax=1.0)
     y = torch.rand(8, generator=g) * 2 - 1
     best = loss(loss.target_distribution(y).log(), y)
     other = loss(torch.randn(8, 17, generator=g), y)
@@ -59,7 +66,7 @@ def test_loss_is_minimised_by_the_target_distribution(seed):
 
 def test_hand_computed_two_bins():
     """K = 2 over [-1, 1]: edges -1, 0, 1; Y = 0 splits the mass evenly."""
-    loss = HLGaussLoss(bins=2, vmin=-1.0, vmax=1.0, sigma_ratio=0.75)
+    loss = hlgauss(bins=2, vmin=-1.0, vmax=1.0, sigma_ratio=0.75)
     p = loss.target_distribution(torch.tensor([0.0]))
     torch.testing.assert_close(p, torch.tensor([[0.5, 0.5]]))
     # equal logits: softmax (1/2, 1/2), loss = log 2, value = 0
@@ -72,14 +79,14 @@ def test_hand_computed_two_bins():
 
 
 def test_targets_outside_the_support_are_clamped():
-    loss = HLGaussLoss(bins=10, vmin=0.0, vmax=1.0)
+    loss = hlgauss(bins=10, vmin=0.0, vmax=1.0)
     far = loss.target_distribution(torch.tensor([5.0]))
     edge = loss.target_distribution(torch.tensor([1.0]))
     torch.testing.assert_close(far, edge)
 
 
 def test_bfloat16_logits_give_float32():
-    loss = HLGaussLoss(bins=8)
+    loss = hlgauss(bins=8)
     h = torch.randn(2, 3, 8).to(torch.bfloat16)
     assert loss(h, torch.zeros(2, 3)).dtype == torch.float32
     assert loss.value(h).dtype == torch.float32
