@@ -3,17 +3,16 @@
 For each component and shape: the median time of the component, of a direct per-step Python
 loop over t implementing the same formula (vectorised over B; group estimators: a loop over
 groups), and of copying the tensors the component reads once (``clone()``). Prints ms and the
-ratios loop/ours and ours/copy. Where the C kernels apply (a CPU build with them), the last
-column times the same component with them disabled: the chunked PyTorch scan, which is what
-runs on a GPU and on an install without a C compiler.
+ratios loop/ours and ours/copy. With ``--compile`` a last column times the same component
+under ``torch.compile`` (compiled once before timing).
 
     python benchmarks/components.py [--quick] [--repeats N] [--shape BxT ...] [--only NAME ...]
-                                    [--device cpu|cuda]
+                                    [--device cpu|cuda] [--compile]
 
-The timings of a row are interleaved (ours, copy, loop, torch in each round, after a warm-up
-round), so that load from other processes hits them alike; each is the median over the
-rounds. Within a round, ours, the copy and torch are each timed on their second of two calls in a
-row, so both find the inputs in cache (as a component does in a round, right after the
+The timings of a row are interleaved (ours, copy, loop, compiled in each round, after a
+warm-up round), so that load from other processes hits them alike; each is the median over
+the rounds. Within a round, ours, the copy and the compiled call are each timed on their
+second of two calls in a row, so both find the inputs in cache (as a component does in a round, right after the
 scoring passes wrote them) and neither inherits the cache the other left behind. ``--quick`` runs only the smallest shape; ``--shape`` replaces the default shapes;
 ``--only`` keeps the components whose name (``gae`` or ``advantage.gae``) is given. On CUDA
 every timing is bracketed by ``torch.cuda.synchronize()``. At T = 32768 the loop is timed on
@@ -31,7 +30,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ppokit import _native
 from ppokit.batch import RolloutBatch
 from ppokit.registry import get_registry
 
@@ -239,10 +237,12 @@ class Row:
     loop: float
     copy: float
     scaled: bool
-    torch_only: float | None = None
+    compiled: float | None = None
 
 
-def bench(kind: str, name: str, batch: RolloutBatch, repeats: int, timer: Timer) -> Row:
+def bench(
+    kind: str, name: str, batch: RolloutBatch, repeats: int, timer: Timer, compile: bool = False
+) -> Row:
     component = get_registry().create(kind, name)
     fields = [getattr(batch, f) for f in read_fields(kind, name)]
     loop_fn = LOOPS[(kind, name)]
@@ -253,23 +253,22 @@ def bench(kind: str, name: str, batch: RolloutBatch, repeats: int, timer: Timer)
         part = batch.replace(**{f: getattr(batch, f)[:, :LOOP_SLICE] for f in _token_fields(batch)})
     loop_repeats = max(3, repeats // 3) if (kind, name) in TIME_LOOPS else repeats
 
-    def torch_only() -> object:
-        with _native.disabled():
-            return component(batch.replace())
-
     fns = [
         lambda: component(batch.replace()),
         lambda: [f.clone() for f in fields],
         lambda: loop_fn(part.replace()),
     ]
     counts, warm = [repeats, repeats, loop_repeats], [True, True, False]
-    if with_torch := _native.applies(batch.response_mask):
-        fns, counts, warm = [*fns, torch_only], [*counts, repeats], [*warm, True]
+    if compile:
+        compiled = torch.compile(component, dynamic=False)
+        compiled(batch.replace())  # compile before timing
+        fns = [*fns, lambda: compiled(batch.replace())]
+        counts, warm = [*counts, repeats], [*warm, True]
     ours, copy, loop, *rest = interleaved_ms(fns, counts, timer, warm=warm)
     if scaled:
         loop *= t / LOOP_SLICE
     shape = tuple(batch.response_mask.shape)
-    return Row(f"{kind}.{name}", shape, ours, loop, copy, scaled, rest[0] if with_torch else None)
+    return Row(f"{kind}.{name}", shape, ours, loop, copy, scaled, rest[0] if compile else None)
 
 
 def _token_fields(batch: RolloutBatch) -> list[str]:
@@ -300,6 +299,7 @@ def main() -> None:
         "--only", action="append", help="component name, e.g. gae or critic_target.td0"
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     args = parser.parse_args()
     if args.repeats < 7:
         parser.error("--repeats must be at least 7")
@@ -313,21 +313,23 @@ def main() -> None:
         f"median of {args.repeats} interleaved runs"
     )
     header = f"{'component':<38}{'B x T':>12}{'ours ms':>10}{'loop ms':>11}{'copy ms':>9}"
-    print(header + f"{'loop/ours':>11}{'ours/copy':>11}{'torch ms':>10}")
+    print(
+        header
+        + f"{'loop/ours':>11}{'ours/copy':>11}"
+        + (f"{'compiled':>10}" if args.compile else "")
+    )
     for b, t in shapes:
         batch = make_batch(b, t, device=args.device)
         for kind, name in keys:
-            row = bench(kind, name, batch, args.repeats, timer)
+            row = bench(kind, name, batch, args.repeats, timer, args.compile)
             mark = "*" if row.scaled else " "
             print(
                 f"{row.component:<38}{f'{b}x{t}':>12}{row.ours:>10.2f}{row.loop:>10.1f}{mark}"
                 f"{row.copy:>9.2f}{row.loop / row.ours:>11.1f}{row.ours / row.copy:>11.2f}"
-                + ("" if row.torch_only is None else f"{row.torch_only:>10.2f}"),
+                + ("" if row.compiled is None else f"{row.compiled:>10.2f}"),
                 flush=True,
             )
     print(f"* loop timed on the first {LOOP_SLICE} positions and scaled linearly in T")
-    if _native.applies(torch.zeros(1, device=args.device)):
-        print("torch ms: the same component with the C kernels disabled (the chunked PyTorch scan)")
 
 
 if __name__ == "__main__":

@@ -23,10 +23,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from ppokit.errors import UserError
-from ppokit.spec import DataSpec
+from ppokit.registry import format_validation_error
+from ppokit.spec import ArithmeticOptions, DataSpec, DemoOptions
+
+Options = TypeVar("Options", bound=BaseModel)
 
 __all__ = [
     "ArithmeticSource",
@@ -98,26 +103,21 @@ class DemoSource(GeneratedSource):
     def __init__(self, seed: int, options: dict[str, Any]) -> None:
         from ppokit.tasks.demo import make_row
 
-        super().__init__(seed, lambda rng: make_row(rng, **options))
+        settings = _options(DemoOptions, options)
+        super().__init__(seed, lambda rng: make_row(rng, settings.symbols))
 
 
 # ----------------------------------------------------------------- arithmetic
-_OPS = "+-*/"
-_ARITHMETIC_OPTIONS = ("ops", "min_value", "max_value", "terms")
 _INSTRUCTION = "Put the final answer in \\boxed{}."
 
 
-def _check_arithmetic(ops: str, min_value: int, max_value: int, terms: int) -> None:
-    if not ops or any(op not in _OPS for op in ops):
-        raise UserError(f"data.options.ops: use characters of {_OPS!r}, got {ops!r}")
-    if min_value > max_value:
-        raise UserError(
-            f"data.options: min_value ({min_value}) must not exceed max_value ({max_value})"
-        )
-    if terms < 2:
-        raise UserError(f"data.options.terms: must be >= 2, got {terms}")
-    if "/" in ops and min_value == max_value == 0:
-        raise UserError("data.options: division needs a non-zero value in [min_value, max_value]")
+def _options(model: type[Options], options: dict[str, Any]) -> Options:
+    """``options`` validated by the source's options model; a UserError naming each problem."""
+    try:
+        return model.model_validate(options)
+    except ValidationError as err:
+        lines = format_validation_error(err, prefix="data.options")
+        raise UserError("; ".join(lines).replace("Value error, ", "")) from None
 
 
 def _format_number(value: int) -> str:
@@ -147,15 +147,11 @@ def _evaluate(numbers: list[int], ops: list[str]) -> Fraction:
     return total + sign * term
 
 
-def make_arithmetic_row(
-    rng: random.Random,
-    ops: str = "+-*",
-    min_value: int = 0,
-    max_value: int = 99,
-    terms: int = 2,
-) -> dict[str, Any]:
+def make_arithmetic_row(rng: random.Random, **options: Any) -> dict[str, Any]:
     """One problem: ``{"prompt", "answer", "expression"}``; the answer is exact (``a/b``
-    when a division leaves a fraction)."""
+    when a division leaves a fraction). ``options``: those of ``ArithmeticOptions``."""
+    o = _options(ArithmeticOptions, options)
+    ops, min_value, max_value, terms = o.ops, o.min_value, o.max_value, o.terms
     chosen = [rng.choice(ops) for _ in range(terms - 1)]
     numbers = [rng.randint(min_value, max_value)]
     for op in chosen:
@@ -181,19 +177,7 @@ class ArithmeticSource(GeneratedSource):
     kind = "arithmetic"
 
     def __init__(self, seed: int, options: dict[str, Any]) -> None:
-        unknown = sorted(set(options) - set(_ARITHMETIC_OPTIONS))
-        if unknown:
-            raise UserError(
-                f"data.options: unknown option(s) {', '.join(unknown)} for the arithmetic "
-                f"source (options: {', '.join(_ARITHMETIC_OPTIONS)})"
-            )
-        settings = {
-            "ops": str(options.get("ops", "+-*")),
-            "min_value": int(options.get("min_value", 0)),
-            "max_value": int(options.get("max_value", 99)),
-            "terms": int(options.get("terms", 2)),
-        }
-        _check_arithmetic(**settings)
+        settings = _options(ArithmeticOptions, options).model_dump()
         super().__init__(seed, lambda rng: make_arithmetic_row(rng, **settings))
 
 
@@ -278,7 +262,7 @@ def make_prompt_source(data_spec: DataSpec, seed: int) -> PromptSource:
     if options:
         raise UserError(
             f"data.options: a JSONL source takes no options, got {', '.join(sorted(options))}"
-        )
+        )  # a validated spec never gets here
     return JsonlSource(seed, data_spec.source, shuffle=data_spec.shuffle)
 
 

@@ -16,6 +16,7 @@ Nothing here imports torch or transformers.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -40,6 +41,7 @@ from ppokit.registry import (
     suggest,
 )
 from ppokit.slots import FIELDS, SLOTS, slot
+from ppokit.tasks.demo import SYMBOLS as DEMO_SYMBOLS
 
 __all__ = [
     "ComponentSpec",
@@ -140,7 +142,11 @@ class ModelSpec(_Strict):
     critic_init: str | None = Field(
         None, description="initialise a separate critic's trunk from this path (default: actor)"
     )
-    device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:N'")
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|mps|cuda(:[0-9]+)?)$",
+        description="'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="'auto': bf16 autocast on CUDA, float32 on CPU"
     )
@@ -157,6 +163,42 @@ class ModelSpec(_Strict):
     )
 
 
+class DemoOptions(_Strict):
+    """Options of the built-in ``demo`` source."""
+
+    symbols: str = Field(
+        DEMO_SYMBOLS, min_length=1, max_length=256, description="the symbols a prompt may show"
+    )
+
+
+class ArithmeticOptions(_Strict):
+    """Options of the built-in ``arithmetic`` source."""
+
+    ops: str = Field(
+        "+-*", pattern=r"^[-+*/]+$", description="operators drawn from, characters of '+-*/'"
+    )
+    min_value: int = Field(0, ge=-(10**9), le=10**9, description="smallest operand")
+    max_value: int = Field(99, ge=-(10**9), le=10**9, description="largest operand")
+    terms: int = Field(2, ge=2, le=64, description="operands per problem")
+
+    @model_validator(mode="after")
+    def _range(self) -> ArithmeticOptions:
+        if self.min_value > self.max_value:
+            raise ValueError(
+                f"min_value ({self.min_value}) must not exceed max_value ({self.max_value})"
+            )
+        if "/" in self.ops and self.min_value == self.max_value == 0:
+            raise ValueError("division needs a non-zero value in [min_value, max_value]")
+        return self
+
+
+#: The built-in prompt generators and the models of their options.
+GENERATED_SOURCES: dict[str, type[BaseModel]] = {
+    "demo": DemoOptions,
+    "arithmetic": ArithmeticOptions,
+}
+
+
 class DataSpec(_Strict):
     source: str = Field("demo", description="'demo', 'arithmetic' or a path to a JSONL file")
     chat_template: bool = Field(False, description="wrap prompts in the tokenizer's chat template")
@@ -164,19 +206,36 @@ class DataSpec(_Strict):
         None, description="system message placed before each prompt (with chat_template)"
     )
     options: dict[str, Any] = Field(
-        default_factory=dict, description="options of the built-in prompt generator"
+        default_factory=dict,
+        description="options of the built-in prompt generator (demo: symbols; arithmetic: "
+        "ops, min_value, max_value, terms)",
     )
+
+    def generator_options(self) -> BaseModel | None:
+        """The validated options of a built-in generator (None for a data file).
+
+        Raises ValidationError for bad options, ValueError for options of a data file.
+        """
+        model = GENERATED_SOURCES.get(self.source)
+        if model is None:
+            if self.options:
+                raise ValueError(
+                    "a data file takes no options, got " + ", ".join(sorted(self.options))
+                )
+            return None
+        return model.model_validate(self.options)
+
     shuffle: bool = Field(True, description="shuffle the prompts of a JSONL file each epoch")
 
 
 class RolloutSpec(_Strict):
-    prompts_per_round: int = Field(16, ge=1, description="prompts sampled each round")
-    n: int = Field(4, ge=1, description="samples per prompt")
+    prompts_per_round: int = Field(16, ge=1, le=1 << 20, description="prompts sampled each round")
+    n: int = Field(4, ge=1, le=4096, description="samples per prompt")
     max_new_tokens: int = Field(
-        16, ge=1, description="response length limit (longer responses are truncated)"
+        16, ge=1, le=1 << 20, description="response length limit (longer responses are truncated)"
     )
     temperature: float = Field(
-        1.0, gt=0, description="sampling temperature (log-probs use the same temperature)"
+        1.0, gt=0, le=100, description="sampling temperature (log-probs use the same temperature)"
     )
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus-sampling probability mass")
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
@@ -194,52 +253,60 @@ class PolicySpec(_Strict):
     loss: ComponentSpec = _slot_field("policy.loss")
     aggregation: ComponentSpec = _slot_field("policy.aggregation")
     weight: ComponentSpec = _slot_field("policy.weight")
-    entropy_coef: float = Field(0.0, ge=0, description="weight of an entropy bonus")
+    entropy_coef: float = Field(0.0, ge=0, le=100, description="weight of an entropy bonus")
     nll_coef: float = Field(
-        0.0, ge=0, description="weight of an NLL term on positive examples (VAPO)"
+        0.0, ge=0, le=100, description="weight of an NLL term on positive examples (VAPO)"
     )
 
 
 class KLSpec(_Strict):
     estimator: ComponentSpec = _slot_field("kl.estimator")
-    coef: float = Field(0.05, ge=0, description="beta (the initial beta when adaptive)")
+    coef: float = Field(0.05, ge=0, le=100, description="beta (the initial beta when adaptive)")
     placement: Literal["reward", "loss"] = Field(
         "reward",
         description="'reward': -beta·kl added to the per-token reward; "
         "'loss': beta·kl added to the actor loss",
     )
     target: float | None = Field(
-        None, gt=0, description="adaptive beta: target KL per sequence (None = fixed)"
+        None, gt=0, le=1e6, description="adaptive beta: target KL per sequence (None = fixed)"
     )
-    horizon: int = Field(10000, ge=1, description="adaptive beta horizon, in samples")
+    horizon: int = Field(10000, ge=1, le=1 << 40, description="adaptive beta horizon, in samples")
 
 
 class TrainSpec(_Strict):
-    rounds: int = Field(50, ge=1, description="rounds of generate-then-update")
-    ppo_epochs: int = Field(1, ge=1, description="passes over each round's responses")
+    rounds: int = Field(50, ge=1, le=1 << 30, description="rounds of generate-then-update")
+    ppo_epochs: int = Field(1, ge=1, le=1000, description="passes over each round's responses")
     minibatch_size: int | None = Field(
         None, ge=1, description="responses per optimizer step (None: the whole round)"
     )
     micro_batch_size: int | None = Field(
         None, ge=1, description="responses per forward/backward (gradient accumulation)"
     )
-    actor_lr: float = Field(1e-5, gt=0, description="actor learning rate (AdamW)")
-    critic_lr: float = Field(1e-5, gt=0, description="critic learning rate (AdamW)")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    actor_lr: float = Field(1e-5, gt=0, le=1, description="actor learning rate (AdamW)")
+    critic_lr: float = Field(1e-5, gt=0, le=1, description="critic learning rate (AdamW)")
+    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay")
     max_grad_norm: float | None = Field(
-        1.0, gt=0, description="gradient-norm clip, per model (null: none)"
+        1.0, gt=0, le=1e6, description="gradient-norm clip, per model (null: none)"
     )
-    warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up, in steps")
+    warmup_steps: int = Field(
+        0, ge=0, le=1 << 30, description="linear learning-rate warm-up, in steps"
+    )
     critic_warmup_rounds: int = Field(
-        0, ge=0, description="critic-only rounds before the actor trains (value pretraining)"
+        0,
+        ge=0,
+        le=1 << 30,
+        description="critic-only rounds before the actor trains (value pretraining; needs "
+        "a critic section)",
     )
-    vf_coef: float = Field(0.5, ge=0, description="weight of the critic loss")
+    vf_coef: float = Field(0.5, ge=0, le=1000, description="weight of the critic loss")
 
 
 class OutputSpec(_Strict):
     dir: str = Field("runs/ppokit", description="where metrics, samples and checkpoints go")
-    save_every: int = Field(10, ge=1, description="checkpoint every N rounds")
-    sample_every: int = Field(5, ge=1, description="write sample completions every N rounds")
+    save_every: int = Field(10, ge=1, le=1 << 30, description="checkpoint every N rounds")
+    sample_every: int = Field(
+        5, ge=1, le=1 << 30, description="write sample completions every N rounds"
+    )
     overwrite: bool = Field(False, description="replace a non-empty output directory")
     progress: bool = Field(True, description="show a live progress display")
 
@@ -247,7 +314,9 @@ class OutputSpec(_Strict):
 class Spec(_Strict):
     """A full ppokit run."""
 
-    seed: int = Field(0, description="seed of initialisation, sampling and data order")
+    seed: int = Field(
+        0, ge=0, le=(1 << 63) - 1, description="seed of initialisation, sampling and data order"
+    )
     model: ModelSpec = Field(ModelSpec(), description="the actor (policy) and critic models")
     data: DataSpec = Field(DataSpec(), description="where the prompts come from")
     rollout: RolloutSpec = Field(
@@ -317,6 +386,9 @@ class Spec(_Strict):
 
 
 # ---------------------------------------------------------------------- checks
+#: Response positions a round may hold (B x max_new_tokens): each needs several float32
+#: [B, T] tensors and a row of hidden states, so beyond this no machine has the memory.
+MAX_ROUND_POSITIONS = 1 << 31
 
 
 def _submodel(annotation: Any) -> type[BaseModel] | None:
@@ -380,6 +452,28 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
                 errors.append(problem)
     t = spec.train
     batch = spec.rollout.prompts_per_round * spec.rollout.n
+    positions = batch * spec.rollout.max_new_tokens
+    if positions > MAX_ROUND_POSITIONS:
+        errors.append(
+            f"rollout: a round of {batch} responses x {spec.rollout.max_new_tokens} tokens is "
+            f"{positions:.3g} positions, more than any memory holds (at most "
+            f"{MAX_ROUND_POSITIONS:.3g}): lower prompts_per_round, n or max_new_tokens"
+        )
+    try:
+        spec.data.generator_options()
+    except ValidationError as err:
+        errors.extend(
+            _messages(
+                err, "data.options", lambda _loc: GENERATED_SOURCES[spec.data.source].model_fields
+            )
+        )
+    except ValueError as exc:
+        errors.append(f"data.options: {exc}")
+    if t.critic_warmup_rounds and spec.critic is None:
+        errors.append(
+            "train.critic_warmup_rounds: critic-only rounds need a critic: add a 'critic' "
+            "section or set it to 0"
+        )
     if t.minibatch_size is not None and batch % t.minibatch_size:
         errors.append(
             f"train.minibatch_size: must divide the round's {batch} responses "
@@ -421,49 +515,150 @@ def _unique(lines: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
+def _non_finite(node: Any, path: str = "") -> Iterator[tuple[str, float]]:
+    """(path, value) of every NaN or infinite number in a parsed spec mapping."""
+    if isinstance(node, float) and not math.isfinite(node):
+        yield path, node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _non_finite(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _non_finite(value, f"{path}.{i}" if path else str(i))
+
+
+def _error_path(line: str) -> str:
+    return line.split(":", 1)[0]
+
+
 def validate_spec(data: Any, registry: Registry | None = None) -> Spec:
-    """A validated :class:`Spec` from a parsed mapping, or :class:`SpecError` with every error."""
+    """A validated :class:`Spec` from a parsed mapping, or :class:`SpecError` with every error.
+
+    A NaN or infinite number anywhere is an error of its own (reported as such, not as a
+    bound it happens to fail).
+    """
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise SpecError([f"the spec must be a mapping, got {type(data).__name__}"])
     registry = registry or get_registry()
+    bad = {path: value for path, value in _non_finite(data)}
+    nan_errors = [f"{path}: {value} is not a finite number" for path, value in bad.items()]
+
+    def without_nan_paths(lines: list[str]) -> list[str]:
+        single = [p[len("reward.0") :] for p in bad if p.startswith("reward.0")]
+        aliases = set(bad) | {"reward" + rest for rest in single}
+        return nan_errors + [line for line in lines if _error_path(line) not in aliases]
+
     try:
         spec = Spec.model_validate(data)
     except ValidationError as err:
         errors = _messages(err, "", _spec_fields)
         for path, kind, comp in _raw_slots(data):
             errors.extend(_check_slot(path, kind, comp, registry)[0])
-        raise SpecError(_unique(errors)) from None
-    errors = _check_components(spec, registry)
+        raise SpecError(_unique(without_nan_paths(errors))) from None
+    errors = without_nan_paths(_check_components(spec, registry))
     if errors:
         raise SpecError(_unique(errors))
     return spec
 
 
 # ---------------------------------------------------------------------- files
-def read_spec_file(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+#: No spec is larger than this; a larger file (or a device such as /dev/zero) is refused.
+MAX_SPEC_BYTES = 1 << 20
+#: Nodes a spec may hold once its YAML aliases are expanded (bounds alias "bombs").
+MAX_SPEC_NODES = 100_000
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """safe_load that refuses duplicate keys in a mapping."""
+
+
+def _mapping_without_duplicates(loader: _SpecLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a scalar", key_node.start_mark
+            ) from None
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key {key!r} (first on line {seen[key] + 1})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=True)
+
+
+_SpecLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
+)
+
+
+def _count_nodes(node: Any, budget: int) -> int:
+    """Nodes of a loaded YAML value, shared (aliased) ones counted each time; stops past budget."""
+    stack, count = [node], 0
+    while stack and count <= budget:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+def parse_spec_text(text: str, source: str | None = None) -> dict[str, Any]:
+    """A spec mapping from YAML text: safe YAML, no duplicate keys, aliases bounded."""
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(["file not found"], source=str(path)) from None
-    except OSError as exc:
-        raise SpecError([exc.strerror or str(exc)], source=str(path)) from None
-    try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_SpecLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([f"{where}invalid YAML: {problem}"], source=str(path)) from None
+        raise SpecError([f"{where}invalid YAML: {problem}"], source=source) from None
+    if _count_nodes(data, MAX_SPEC_NODES) > MAX_SPEC_NODES:
+        raise SpecError(
+            [f"the spec expands to more than {MAX_SPEC_NODES} values (YAML aliases)"],
+            source=source,
+        )
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise SpecError(
-            [f"the spec must be a mapping, got {type(data).__name__}"], source=str(path)
-        )
+        raise SpecError([f"the spec must be a mapping, got {type(data).__name__}"], source=source)
     return data
+
+
+def read_spec_file(path: str | Path) -> dict[str, Any]:
+    """The mapping of a spec file: at most MAX_SPEC_BYTES of UTF-8 YAML (parse_spec_text)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError(["file not found"], source=str(path)) from None
+    except IsADirectoryError:
+        raise SpecError(["is a directory, not a spec file"], source=str(path)) from None
+    except OSError as exc:
+        raise SpecError([exc.strerror or str(exc)], source=str(path)) from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(
+            [f"larger than {MAX_SPEC_BYTES // 1024} KiB: not a spec file"], source=str(path)
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            [f"not UTF-8 text (byte {exc.start}): not a spec file"], source=str(path)
+        ) from None
+    return parse_spec_text(text, source=str(path))
 
 
 def _slot_of(prefix: str) -> str | None:
@@ -497,6 +692,14 @@ def _set(node: Any, part: str, value: Any) -> bool:
     return False
 
 
+def _missing(node: Any, path: str) -> str:
+    """Why ``path`` cannot be set inside ``node`` (the value at its parent)."""
+    parent, _, last = path.rpartition(".")
+    if isinstance(node, list):
+        return f"index {last} is out of range: {parent} has {len(node)} item(s)"
+    return f"{path} does not exist"
+
+
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``path=value`` overrides (values parsed as YAML scalars) to a spec mapping.
 
@@ -514,9 +717,11 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             errors.append(f"--set {item!r}: expected path=value")
             continue
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
+            value = yaml.load(raw, Loader=_SpecLoader) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc)
+            errors.append(f"--set {item!r}: the value is not valid YAML ({problem})")
+            continue
         parts = key.split(".")
         node: Any = data
         for i, part in enumerate(parts[:-1]):
@@ -535,7 +740,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             if child is None:
                 child = {}
             if not _set(node, part, child):
-                errors.append(f"--set {key}: {prefix} does not exist")
+                errors.append(f"--set {key}: {_missing(node, prefix)}")
                 break
             if not isinstance(child, (dict, list)):
                 errors.append(f"--set {key}: {prefix} is not a mapping")
@@ -543,7 +748,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             node = child
         else:
             if not _set(node, parts[-1], value):
-                errors.append(f"--set {key}: {key} does not exist")
+                errors.append(f"--set {key}: {_missing(node, key)}")
     if errors:
         raise SpecError(errors)
     return data

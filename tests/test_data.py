@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import sys
-import types
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from ppokit.data import (
     make_prompt_source,
 )
 from ppokit.errors import UserError
-from ppokit.spec import DataSpec
+from ppokit.spec import DataSpec, SpecError, validate_spec
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "data" / "arithmetic_sample.jsonl"
 
@@ -38,23 +36,6 @@ def _exact(expression: str) -> Fraction:
 
 def _answer(text: str) -> Fraction:
     return Fraction(text)
-
-
-@pytest.fixture
-def demo_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """A stand-in for ``ppokit.tasks.demo`` (the real one belongs to the trainer)."""
-
-    def make_row(rng: random.Random, size: int = 10) -> dict[str, Any]:
-        a = rng.randrange(size)
-        return {"prompt": f"count to {a}", "answer": str(a), "size": size}
-
-    package = types.ModuleType("ppokit.tasks")
-    package.__path__ = []
-    module = types.ModuleType("ppokit.tasks.demo")
-    module.make_row = make_row  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "ppokit.tasks", package)
-    monkeypatch.setitem(sys.modules, "ppokit.tasks.demo", module)
-    return module
 
 
 def _jsonl(path: Path, rows: list[Any]) -> Path:
@@ -74,14 +55,14 @@ def _specs(jsonl: Path) -> list[DataSpec]:
     return [
         DataSpec(source="arithmetic"),
         DataSpec(source="arithmetic", options={"ops": "+-*/", "terms": 4, "min_value": -9}),
-        DataSpec(source="demo", options={"size": 1000}),
+        DataSpec(source="demo", options={"symbols": "abcdefghijklmnop"}),
         DataSpec(source=str(jsonl)),
         DataSpec(source=str(jsonl), shuffle=False),
     ]
 
 
 # ----------------------------------------------------------------- determinism
-def test_same_seed_same_rows_other_seed_other_rows(demo_module: Any, jsonl_file: Path) -> None:
+def test_same_seed_same_rows_other_seed_other_rows(jsonl_file: Path) -> None:
     for spec in _specs(jsonl_file):
         a = make_prompt_source(spec, seed=3).next_rows(30)
         b = make_prompt_source(spec, seed=3).next_rows(30)
@@ -130,11 +111,11 @@ def test_resume_draws_the_same_rows(
     assert resumed.state_dict() == uninterrupted.state_dict()
 
 
-def test_demo_source_resumes_and_passes_options(demo_module: Any) -> None:
-    spec = DataSpec(source="demo", options={"size": 3})
+def test_demo_source_resumes_and_passes_options() -> None:
+    spec = DataSpec(source="demo", options={"symbols": "xyz"})
     source = make_prompt_source(spec, 5)
     rows = source.next_rows(4)
-    assert all(r["size"] == 3 and int(r["answer"]) < 3 for r in rows)
+    assert all(r["answer"] in "xyz" and r["prompt"] == f"echo {r['answer']}" for r in rows)
     state = source.state_dict()
     later = source.next_rows(4)
     again = make_prompt_source(spec, 5)
@@ -255,12 +236,28 @@ def test_arithmetic_answers_pass_math_verify() -> None:
         ({"min_value": 5, "max_value": 1}, "must not exceed"),
         ({"terms": 1}, "data.options.terms"),
         ({"ops": "/", "min_value": 0, "max_value": 0}, "division"),
-        ({"digits": 3}, "unknown option"),
+        ({"digits": 3}, "data.options.digits: Extra inputs are not permitted"),
+        ({"terms": 2.5}, "data.options.terms"),
     ],
 )
 def test_arithmetic_bad_options(options: dict, message: str) -> None:
     with pytest.raises(UserError, match=message):
         make_prompt_source(DataSpec(source="arithmetic", options=options), 0)
+    with pytest.raises(SpecError, match=message):  # and the spec says so before any work
+        validate_spec({"data": {"source": "arithmetic", "options": options}, "advantage": "grpo"})
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"source": "demo", "options": {"symbols": ""}}, "data.options.symbols"),
+        ({"source": "demo", "options": {"size": 3}}, "data.options.size"),
+        ({"source": "prompts.jsonl", "options": {"ops": "+"}}, "a data file takes no options"),
+    ],
+)
+def test_source_options_are_checked_by_validate(data: dict, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        validate_spec({"data": data, "advantage": "grpo"})
 
 
 # ------------------------------------------------------------------------ JSONL

@@ -169,7 +169,7 @@ def test_set_single_reward_without_index() -> None:
         ("=3", "expected path=value"),
         ("a..b=1", "expected path=value"),
         ("seed.x=1", "seed is not a mapping"),
-        ("reward.7.weight=1", "reward.7 does not exist"),
+        ("reward.7.weight=1", "index 7 is out of range: reward has 2 item"),
         ("reward.weight=1", "reward has 2 items; use reward.N"),
     ],
 )

@@ -14,8 +14,6 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from ppokit.components import reward as catalogue
 
 __all__ = ["SPAN", "SYMBOLS", "DemoReward", "make_row"]
@@ -50,7 +48,9 @@ class DemoReward:
         responses: Sequence[str],
         answer: Sequence[str] | None = None,
         **fields: Any,
-    ) -> torch.Tensor:
+    ) -> Any:
+        import torch  # this module stays torch-free: the spec reads its SYMBOLS
+
         symbols = list(answer) if answer is not None else [p[-1:] for p in prompts]
         return torch.tensor(
             [echo_score(r, str(s)) for r, s in zip(responses, symbols, strict=True)],
