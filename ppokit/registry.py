@@ -12,12 +12,15 @@ validating a spec stay light. A component's factory is imported only when it is 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import inspect
+import io
 import os
+import sys
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from importlib.metadata import entry_points
@@ -110,6 +113,29 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
+#: What a plugin may raise while it loads without taking the command line down with it
+#: (``sys.exit`` included); KeyboardInterrupt still stops the program.
+PLUGIN_ERRORS = (Exception, SystemExit)
+
+
+class PluginPrinted(RuntimeError):
+    """A plugin wrote to standard output while it loaded (which would corrupt JSON output)."""
+
+
+@contextlib.contextmanager
+def isolated_output() -> Iterator[None]:
+    """Run plugin code with standard output captured: anything it prints raises
+    :class:`PluginPrinted` (the text goes to standard error)."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        yield
+    text = buffer.getvalue()
+    if text:
+        sys.stderr.write(text)
+        first = text.strip().splitlines()[0][:80] if text.strip() else repr(text[:20])
+        raise PluginPrinted(f"wrote to standard output while loading: {first!r}")
+
+
 def _normalise(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
@@ -143,10 +169,14 @@ class ComponentInfo:
         """The factory itself, importing a lazy ``"module:attr"`` string on first use."""
         if isinstance(self.factory, str):
             try:
-                self.factory = _import_string(self.factory)
-            except ImportError as exc:
+                with isolated_output():
+                    self.factory = _import_string(self.factory)
+            except RegistryError:
+                raise
+            except PLUGIN_ERRORS as exc:
                 raise RegistryError(
-                    f"{self.kind} {self.name!r} (plugin {self.plugin}) cannot be imported: {exc}"
+                    f"{self.kind} {self.name!r} (plugin {self.plugin}) cannot be imported: "
+                    f"{_one_line(exc)}"
                 ) from exc
         return self.factory
 
@@ -161,7 +191,10 @@ class ComponentInfo:
     def formula(self) -> str:
         if self._formula:
             return self._formula
-        factory = self.load()
+        try:
+            factory = self.load()
+        except RegistryError:
+            return ""
         formula = getattr(factory, "formula", "")
         if isinstance(formula, str) and formula:
             return formula
@@ -181,7 +214,8 @@ class ComponentInfo:
         return self.params.model_validate(params)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        """Everything known, JSON-ready; a factory that cannot be imported gives ``error``."""
+        out: dict[str, Any] = {
             "kind": self.kind,
             "name": self.name,
             "plugin": self.plugin,
@@ -190,9 +224,12 @@ class ComponentInfo:
             "formula": self.formula,
             "requires": list(self.requires),
             "source": self.source,
-            "defaults": self.defaults(),
-            "params": self.schema(),
         }
+        try:
+            out.update(defaults=self.defaults(), params=self.schema())
+        except RegistryError as exc:
+            out.update(defaults=None, params=None, error=str(exc))
+        return out
 
 
 @dataclass
@@ -237,32 +274,9 @@ class Registry:
         record = PluginRecord(name, distribution, version)
         self.plugins[name] = record
         try:
-            self.pm.register(plugin, name=name)
-            for caller in self.pm.get_hookcallers(plugin) or []:
-                if not caller.has_spec():
-                    raise RegistryError(
-                        f"unknown hook {caller.name!r}{suggest(caller.name, ['ppokit_register'])}"
-                    )
-            impls = [
-                impl
-                for impl in self.pm.hook.ppokit_register.get_hookimpls()
-                if impl.plugin_name == name
-            ]
-            pending: list[ComponentInfo] = []
-
-            def register(entry: Component | str, *args: Any, **facts: Any) -> None:
-                if not isinstance(entry, Component):  # register(kind, name, factory, ...)
-                    if "requires" in facts:
-                        facts["requires"] = tuple(facts["requires"])
-                    entry = Component(entry, *args, **facts)
-                elif args or facts:
-                    raise RegistryError("register(entry) takes a Component and nothing else")
-                pending.append(self._make_info(entry, name, version))
-
-            for impl in impls:
-                impl.function(*(register for _ in impl.argnames))
-            _check_unique(pending)
-        except Exception as exc:  # one broken plugin never breaks the others
+            with isolated_output():
+                pending = self._run_hook(name, plugin, version)
+        except PLUGIN_ERRORS as exc:  # one broken plugin never breaks the others
             record.error = _one_line(exc)
             record.traceback = traceback.format_exc()
             if self.pm.get_plugin(name) is plugin:
@@ -271,6 +285,35 @@ class Registry:
         for info in pending:
             self._add(info, record)
         return record
+
+    def _run_hook(self, name: str, plugin: object, version: str | None) -> list[ComponentInfo]:
+        """The components a plugin's ``ppokit_register`` hook registers (not yet added)."""
+        self.pm.register(plugin, name=name)
+        for caller in self.pm.get_hookcallers(plugin) or []:
+            if not caller.has_spec():
+                raise RegistryError(
+                    f"unknown hook {caller.name!r}{suggest(caller.name, ['ppokit_register'])}"
+                )
+        impls = [
+            impl
+            for impl in self.pm.hook.ppokit_register.get_hookimpls()
+            if impl.plugin_name == name
+        ]
+        pending: list[ComponentInfo] = []
+
+        def register(entry: Component | str, *args: Any, **facts: Any) -> None:
+            if not isinstance(entry, Component):  # register(kind, name, factory, ...)
+                if "requires" in facts:
+                    facts["requires"] = tuple(facts["requires"])
+                entry = Component(entry, *args, **facts)
+            elif args or facts:
+                raise RegistryError("register(entry) takes a Component and nothing else")
+            pending.append(self._make_info(entry, name, version))
+
+        for impl in impls:
+            impl.function(*(register for _ in impl.argnames))
+        _check_unique(pending)
+        return pending
 
     def _make_info(self, entry: Component, plugin: str, version: str | None) -> ComponentInfo:
         kind, name, factory, params = entry.kind, entry.name, entry.factory, entry.params
@@ -321,26 +364,41 @@ class Registry:
         self._components[key] = info
 
     def load_entry_points(self, only: set[str] | None = None) -> None:
-        """Load installed plugins of the ``ppokit`` entry-point group (``only``: by name)."""
+        """Load installed plugins of the ``ppokit`` entry-point group (``only``: by name).
+
+        A name in ``only`` that matches no installed plugin is recorded as a failed plugin.
+        """
+        wanted = None if only is None else {_normalise(o): o for o in only}
+        matched: set[str] = set()
         for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             dist = getattr(ep, "dist", None)
             dist_name = dist.metadata["Name"] if dist is not None else None
-            if only is not None and not {_normalise(ep.name), _normalise(dist_name or "")} & {
-                _normalise(o) for o in only
-            }:
-                continue
+            if wanted is not None:
+                names = {_normalise(ep.name), _normalise(dist_name or "")} & set(wanted)
+                if not names:
+                    continue
+                matched |= names
             version = dist.version if dist is not None else None
             name = ep.name
             if name in self.plugins:  # two distributions use the same entry-point name
                 name = f"{dist_name}:{ep.name}"
             try:
-                module = ep.load()
-            except Exception as exc:
+                with isolated_output():
+                    module = ep.load()
+            except PLUGIN_ERRORS as exc:
                 record = PluginRecord(name, dist_name, version, error=_one_line(exc))
                 record.traceback = traceback.format_exc()
                 self.plugins[name] = record
                 continue
             self.load_plugin(name, module, distribution=dist_name, version=version)
+        for key, original in (wanted or {}).items():
+            if key not in matched and key != _normalise(BUILTIN_PLUGIN):
+                installed = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+                self.plugins[original] = PluginRecord(
+                    original,
+                    error="PPOKIT_LOAD_PLUGINS names no installed plugin "
+                    f"{original!r}{suggest(original, installed)}",
+                )
 
     def conflict_errors(self) -> list[str]:
         return [
@@ -406,6 +464,22 @@ class Registry:
         return component
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool:
+    """A boolean environment switch: 1/true/yes/on or 0/false/no/off (any case; unset: off)."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise RegistryError(
+        f"{name}={os.environ[name]!r}: expected one of 1, true, yes, on or 0, false, no, off"
+    )
+
+
 def _plugin_filter() -> set[str] | None:
     raw = os.environ.get("PPOKIT_LOAD_PLUGINS")
     if raw is None:
@@ -420,7 +494,7 @@ def build_registry(strict: bool | None = None) -> Registry:
     ``PPOKIT_STRICT_PLUGINS=1`` turns a broken plugin or a conflicting name into an error.
     """
     if strict is None:
-        strict = os.environ.get("PPOKIT_STRICT_PLUGINS", "") not in ("", "0", "false")
+        strict = env_flag("PPOKIT_STRICT_PLUGINS")
     registry = Registry()
     from ppokit import components
 

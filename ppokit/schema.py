@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ppokit.registry import KINDS, ComponentInfo, Registry, get_registry
+from ppokit.registry import KINDS, ComponentInfo, Registry, RegistryError, get_registry
 from ppokit.slots import SLOTS
 from ppokit.spec import Spec
 
@@ -60,7 +60,13 @@ def component_schema(
     registry = registry or get_registry()
     defs = {} if defs is None else defs
     extra = {"weight": {"type": "number", "default": 1.0}} if kind == "reward" else {}
-    infos = registry.components(kind)
+    infos = []
+    for info in registry.components(kind):
+        try:
+            info.params  # noqa: B018 - a lazy factory without a params model is imported here
+        except RegistryError:
+            continue  # a plugin's broken component leaves the others' schema intact
+        infos.append(info)
     bare = [i.name for i in infos if not i.params.model_json_schema().get("required")]
     objects = [_component_object(i, defs, extra) for i in infos]
     return {
