@@ -65,7 +65,7 @@ SLOTS: tuple[Slot, ...] = (
         "what happens to responses that hit max_new_tokens without EOS",
     ),
     Slot("kl.estimator", "kl_estimator", "k1", "kl", "the per-token KL estimator"),
-    Slot("advantage", "advantage", "gae", "A", "the advantage estimator"),
+    Slot("advantage", "advantage", "grpo", "A", "the advantage estimator"),
     Slot(
         "critic.target", "critic_target", "lambda_return", "Y", "the critic's regression target Y"
     ),

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppokit.registry import get_registry
-from ppokit.slots import SLOTS
+from ppokit.slots import SLOTS, slot
 from ppokit.spec import (
     Spec,
     SpecError,
@@ -111,16 +111,22 @@ def test_empty_file_means_defaults(tmp_spec: Any) -> None:
 # ---------------------------------------------------------------------- --set
 @pytest.mark.parametrize(
     "written",
-    [None, "gae", {"name": "gae"}, {"name": "gae", "gamma": 0.99}],
+    [None, "lambda_return", {"name": "lambda_return"}, {"name": "lambda_return", "gamma": 0.99}],
     ids=["absent", "name", "mapping", "mapping-with-params"],
 )
 def test_set_a_parameter_whatever_the_slot_looks_like(written: Any) -> None:
-    data = {"critic": {}} if written is None else {"advantage": written, "critic": {}}
-    spec = validate_spec(apply_overrides(data, ["advantage.lam=0.9"]))
-    assert spec.advantage.name == "gae"
-    assert spec.advantage.params["lam"] == 0.9
+    critic = {} if written is None else {"target": written}
+    data = {"advantage": "gae", "critic": critic}
+    spec = validate_spec(apply_overrides(data, ["critic.target.lam=0.9"]))
+    assert spec.critic is not None and spec.critic.target.name == "lambda_return"
+    assert spec.critic.target.params["lam"] == 0.9
     if isinstance(written, dict) and "gamma" in written:
-        assert spec.advantage.params["gamma"] == 0.99
+        assert spec.critic.target.params["gamma"] == 0.99
+
+
+def test_the_defaults_form_a_valid_spec() -> None:
+    spec = validate_spec({})
+    assert spec.advantage.name == slot("advantage").default
 
 
 def test_set_swaps_a_component_and_drops_its_params() -> None:
