@@ -1,5 +1,5 @@
-"""The ``ppokit`` command line: list, show, validate, explain, schema, plugins, new-plugin,
-train.
+"""The ``ppokit`` command line: list, show, validate, explain, schema, docs, plugins,
+new-plugin, train.
 
 Mistakes a user can make (a bad spec, an unknown component, a missing file, a broken plugin
 under ``PPOKIT_STRICT_PLUGINS=1``) print one red line each on stderr and exit with status 1,
@@ -22,8 +22,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ppokit import __version__
+from ppokit.docgen import param_rows, params_table, write_docs
 from ppokit.errors import UserError
-from ppokit.registry import KINDS, ComponentInfo, RegistryError, get_registry
+from ppokit.registry import KINDS, RegistryError, get_registry
 from ppokit.spec import Spec, SpecError, apply_overrides, load_spec, validate_spec
 
 __all__ = ["app", "main"]
@@ -135,59 +136,6 @@ def list_components(
     out.print(table)
 
 
-def _type_of(prop: dict[str, Any]) -> str:
-    if "enum" in prop:
-        return " | ".join(json.dumps(v) for v in prop["enum"])
-    if "const" in prop:
-        return json.dumps(prop["const"])
-    if "anyOf" in prop:
-        return " | ".join(_type_of(p) for p in prop["anyOf"])
-    if "$ref" in prop:
-        return prop["$ref"].rsplit("/", 1)[-1]
-    kind = prop.get("type", "any")
-    if kind == "array" and "items" in prop:
-        return f"list[{_type_of(prop['items'])}]"
-    return str(kind)
-
-
-_BOUNDS = (
-    ("minimum", ">="),
-    ("exclusiveMinimum", ">"),
-    ("maximum", "<="),
-    ("exclusiveMaximum", "<"),
-    ("minLength", "len >="),
-    ("maxLength", "len <="),
-)
-
-
-def _bounds_of(prop: dict[str, Any]) -> str:
-    parts = [f"{sym} {prop[key]}" for key, sym in _BOUNDS if key in prop]
-    for sub in prop.get("anyOf", []):
-        inner = _bounds_of(sub)
-        if inner:
-            parts.append(inner)
-    return ", ".join(parts)
-
-
-def parameter_rows(info: ComponentInfo) -> list[dict[str, Any]]:
-    """One row per parameter: name, type, default, bounds, description."""
-    schema = info.schema()
-    required = set(schema.get("required", []))
-    rows = []
-    for pname, prop in schema.get("properties", {}).items():
-        rows.append(
-            {
-                "name": pname,
-                "type": _type_of(prop),
-                "required": pname in required,
-                "default": prop.get("default"),
-                "bounds": _bounds_of(prop),
-                "description": prop.get("description", ""),
-            }
-        )
-    return rows
-
-
 @app.command()
 @user_errors
 def show(
@@ -197,6 +145,7 @@ def show(
 ) -> None:
     """Show one component: parameters, formula, required batch fields, source, plugin."""
     info = get_registry().info(kind, name)
+    rows = param_rows(info.params)
     data = {
         "kind": info.kind,
         "name": info.name,
@@ -206,7 +155,7 @@ def show(
         "formula": info.formula,
         "requires": list(info.requires),
         "source": info.source,
-        "parameters": parameter_rows(info),
+        "parameters": [row.as_dict() for row in rows],
     }
     if as_json:
         _print_json(data)
@@ -220,15 +169,10 @@ def show(
         out.print("formula:")
         for line in str(data["formula"]).splitlines():
             out.print("  " + escape(line))
-    if not data["parameters"]:
+    if not rows:
         out.print("parameters: none")
         return
-    table = Table("parameter", "type", "default", "bounds", "description", box=None)
-    for row in data["parameters"]:
-        default = "(required)" if row["required"] else json.dumps(row["default"])
-        cells = (row["name"], row["type"], default, row["bounds"], row["description"])
-        table.add_row(*(escape(str(v)) for v in cells))
-    out.print(table)
+    out.print(params_table(rows))
 
 
 # ---------------------------------------------------------------------- specs
@@ -285,6 +229,25 @@ def schema() -> None:
     from ppokit.schema import spec_schema
 
     _print_json(spec_schema())
+
+
+@app.command()
+@user_errors
+def docs(
+    out_dir: Path = typer.Option(Path("docs"), "--out", help="Where the docs go."),
+    check: bool = typer.Option(
+        False, "--check", help="Write nothing; exit 1 naming each out-of-date file."
+    ),
+) -> None:
+    """Generate components.md, variants.md and spec.md from the code and examples/specs
+    (run in the project root)."""
+    stale = write_docs(out_dir, check=check)
+    if check and stale:
+        raise fail([f"{path}: out of date; run 'ppokit docs'" for path in stale])
+    for path in stale:
+        out.print(f"wrote {escape(str(path))}")
+    if not stale:
+        out.print(f"{escape(str(out_dir))}: up to date")
 
 
 @app.command()

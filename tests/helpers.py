@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import site
 import subprocess
@@ -11,7 +10,6 @@ import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,18 +19,6 @@ from ppokit.hookspecs import Register, hookimpl
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = Path(__file__).resolve().parent / "specs"
 EXAMPLE_PLUGIN = ROOT / "plugins" / "ppokit-example"
-
-
-def load_gen_docs() -> ModuleType:
-    """scripts/gen_docs.py as a module (scripts/ is not a package)."""
-    if "gen_docs" in sys.modules:
-        return sys.modules["gen_docs"]
-    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_docs"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---------------------------------------------------------------------- plugins

@@ -1,8 +1,10 @@
-"""The researcher-facing docs: the generated references are up to date, and the plugin
-tutorial (docs/plugins.md) works when followed literally."""
+"""The researcher-facing docs: the references ``ppokit docs`` generates are up to date and
+complete, and the plugin tutorial (docs/plugins.md) works when followed literally."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import re
 import shutil
@@ -11,87 +13,152 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from tests.helpers import ROOT, Venv, load_gen_docs
+from ppokit import docgen
+from ppokit.cli import app
+from ppokit.registry import get_registry
+from ppokit.slots import FIELDS, SLOTS
+from ppokit.spec import Spec
+from tests.helpers import ROOT, Venv
 
 TUTORIAL = ROOT / "docs" / "plugins.md"
-REGENERATE = "run `python scripts/gen_docs.py` and commit the result"
+REGENERATE = "run `ppokit docs` in the project root and commit the result"
+runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def generated() -> dict[str, str]:
-    return load_gen_docs().generate()
+    return docgen.generate(ROOT)
+
+
+def table_rows(text: str, head: str) -> list[dict[str, str]]:
+    """The rows of the Markdown table whose header line starts with ``head``, by column."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(head))
+    block = itertools.takewhile(lambda line: line.startswith("|"), lines[start:])
+    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in block]
+    return [dict(zip(cells[0], row, strict=True)) for row in cells[2:]]
 
 
 # ---------------------------------------------------------------------- generated docs
-def test_generated_docs_are_up_to_date(generated: dict[str, str]) -> None:
-    stale = load_gen_docs().stale(generated)
-    assert not stale, f"out of date: {', '.join(stale)}; {REGENERATE}"
+def test_generated_docs_are_up_to_date() -> None:
+    stale = docgen.write_docs(ROOT / "docs", root=ROOT, check=True)
+    assert not stale, f"out of date: {', '.join(map(str, stale))}; {REGENERATE}"
 
 
 def test_generation_is_deterministic_and_has_no_local_paths(generated: dict[str, str]) -> None:
-    assert load_gen_docs().generate() == generated
+    assert set(generated) == {"components.md", "variants.md", "spec.md"}
+    assert docgen.generate(ROOT) == generated
     for path, text in generated.items():
         assert str(ROOT) not in text, path
         assert not re.search(r"\b20\d\d-\d\d-\d\d[T ]\d\d:\d\d", text), f"{path}: a timestamp"
+        assert not re.search(r"\{\{ ?\w+ ?(\||\}\})", text), f"{path}: a placeholder left"
 
 
-def test_check_names_the_stale_file(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_installed_plugins_do_not_change_the_docs(
+    generated: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gen_docs = load_gen_docs()
+    monkeypatch.delenv("PPOKIT_LOAD_PLUGINS", raising=False)  # every installed plugin
+    assert docgen.generate(ROOT) == generated
+
+
+def test_check_names_the_stale_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
-    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
-    assert gen_docs.main([]) == 0
-    assert gen_docs.main(["--check"]) == 0
-    spec_md = tmp_path / "docs" / "spec.md"
-    spec_md.write_text(spec_md.read_text() + "edited by hand\n")
-    capsys.readouterr()
-    assert gen_docs.main(["--check"]) == 1
-    message = capsys.readouterr().err
-    assert "docs/spec.md" in message and "python scripts/gen_docs.py" in message
-    assert "docs/variants.md" not in message
+    out = tmp_path / "docs"
+    monkeypatch.chdir(ROOT)
+    assert "docs" in runner.invoke(app, ["--help"]).stdout
+    assert runner.invoke(app, ["docs", "--out", str(out)]).exit_code == 0
+    assert runner.invoke(app, ["docs", "--out", str(out), "--check"]).exit_code == 0
+    spec_md = out / "spec.md"
+    edited = spec_md.read_text() + "edited by hand\n"
+    spec_md.write_text(edited)
+    (out / "components.md").unlink()
+    result = runner.invoke(app, ["docs", "--out", str(out), "--check"])
+    assert result.exit_code == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2, lines
+    assert str(out / "components.md") in lines[0] and str(spec_md) in lines[1]
+    assert all("ppokit docs" in line for line in lines)
+    assert "variants.md" not in result.stderr
+    assert spec_md.read_text() == edited and not (out / "components.md").exists()  # wrote nothing
+    result = runner.invoke(app, ["docs", "--out", str(out)])
+    assert result.exit_code == 0 and "spec.md" in result.stdout
+    assert spec_md.read_text() == docgen.generate(ROOT)["spec.md"]
+
+
+def test_docs_outside_the_project_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["docs", "--check"])
+    assert result.exit_code == 1 and "examples/specs" in result.stderr
+    assert "Traceback" not in result.output
 
 
 def test_variants_cover_every_method_and_link_the_concepts(generated: dict[str, str]) -> None:
-    gen_docs = load_gen_docs()
-    text = generated["docs/variants.md"]
+    text = generated["variants.md"]
     assert "(concepts.md)" in text
-    rows = [line for line in text.splitlines() if line.startswith("| [")]
-    methods = [p.stem for p in gen_docs.method_paths()]
-    assert [re.match(r"\| \[(\w+)\]", r).group(1) for r in rows] == methods  # type: ignore[union-attr]
+    rows = table_rows(text, "| method |")
+    methods = [p.stem for p in docgen.method_paths(ROOT)]
+    assert [re.match(r"\[(\w+)\]", r["method"]).group(1) for r in rows] == methods  # type: ignore[union-attr]
+    assert list(rows[0]) == ["method", *(s.path for s in SLOTS)]
     for name in methods:
         assert f"\n## {name}\n" in text
-    ppo = rows[methods.index("ppo")].split(" | ")
-    assert ppo[1] == "`gae(gamma=1, lam=0.95, whiten=true)`"
-    assert ppo[5] == "`clipped_mse(clip=0.2)`"
-    assert ppo[9] == "`k1`, β=0.05, reward"
-    grpo = rows[methods.index("grpo")].split(" | ")
-    assert grpo[2:6] == ["—"] * 4
+        assert f"```text\nppokit run: examples/specs/{name}.yaml\n" in text  # explain output
+    ppo = rows[methods.index("ppo")]
+    assert ppo["advantage"] == "`gae(gamma=1, lam=0.95, whiten=true)`"
+    assert ppo["critic.loss"] == "`clipped_mse(clip=0.2)`"
+    assert ppo["kl.estimator"] == "`k1`, β=0.05, reward"
+    grpo = rows[methods.index("grpo")]
+    assert [grpo[s.path] for s in SLOTS if s.section == "critic"] == ["—"] * 5
+    hlgauss = rows[methods.index("ppo_hlgauss")]
+    assert hlgauss["critic.loss"].endswith("†") and "./plugins/" in text
 
 
 def test_components_reference_lists_every_builtin(generated: dict[str, str]) -> None:
-    text = generated["docs/components.md"]
-    registry = load_gen_docs().builtin_registry()
+    text = generated["components.md"]
+    registry = docgen.builtin_registry()
+    assert {i.plugin for i in registry.components()} == {"ppokit"}
+    for kind in registry.kinds():
+        assert f"\n## {kind}\n" in text
+        assert docgen.convention(kind).split("\n")[0] in text
     for info in registry.components():
         assert f"### `{info.name}`" in text
         if info.source:
             assert info.source in text
+        if info.formula:
+            assert info.formula.strip() in text
+    for s in SLOTS:
+        assert f"- `{s.path}` ({s.symbol}): {s.description}" in text
     assert "| `lam` | number | `0.95` | >= 0.0, <= 1.0 | GAE lambda in [0, 1] |" in text
+    assert "In a spec: `critic: {loss: {name: clipped_mse, clip: 0.2}}`" in text
+
+
+def test_show_and_the_docs_share_the_parameter_table(
+    generated: dict[str, str], clean_registry: None
+) -> None:
+    info = get_registry().info("advantage", "gae")
+    rows = docgen.param_rows(info.params)
+    shown = json.loads(runner.invoke(app, ["show", "advantage", "gae", "--json"]).stdout)
+    assert shown["parameters"] == [r.as_dict() for r in rows]
+    assert docgen.params_markdown(rows) in generated["components.md"]
+    text = runner.invoke(app, ["show", "advantage", "gae"]).stdout
+    for row in rows:
+        assert re.search(r"\s+".join(map(re.escape, row.cells()[:4])), text), row
 
 
 def test_spec_reference_lists_every_field(generated: dict[str, str]) -> None:
-    from ppokit.spec import SLOT_KINDS, Spec
-
-    text = generated["docs/spec.md"]
+    text = generated["spec.md"]
     for name, field in Spec.model_fields.items():
         assert f"| `{name}` |" in text
-        model = load_gen_docs()._section_model(field)
+        model = docgen._section(field)
         for sub in model.model_fields if model is not None else ():
             assert f"| `{name}.{sub}` |" in text
-    for slot in SLOT_KINDS:
-        assert f"| `{slot}` | [" in text
+    for s in SLOTS:
+        assert f"| `{s.path}` | [{s.kind}](components.md#{s.kind}) | `{s.default}` |" in text
+    for f in FIELDS:
+        assert re.search(rf"\| `{f.name}` \| [^|]+ \| {re.escape(f.provided_by)} \|", text)
     assert "| `rollout.top_p` | number | `1.0` | > 0, <= 1 |" in text
+    assert "| `reward` | list[component] | `demo` | len >= 1 |" in text
 
 
 # ---------------------------------------------------------------------- the tutorial

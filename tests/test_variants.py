@@ -12,11 +12,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from ppokit import docgen as GEN_DOCS
 from ppokit.cli import app
 from ppokit.explain import explain
 from ppokit.registry import Registry, get_registry
 from ppokit.spec import Spec, SpecError, load_spec
-from tests.helpers import load_gen_docs
 
 ARXIV = re.compile(r"arXiv:\d{4}\.\d{4,5}")
 #: The methods docs/variants.md promises (ppo_hlgauss is optional).
@@ -37,7 +37,6 @@ REQUIRED = (
 )
 
 
-GEN_DOCS = load_gen_docs()
 METHODS = GEN_DOCS.method_paths()
 
 
