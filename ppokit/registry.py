@@ -61,6 +61,14 @@ KINDS: tuple[str, ...] = (
 REQUIREMENTS: tuple[str, ...] = tuple(f.name for f in FIELDS)
 
 BUILTIN_PLUGIN = "ppokit"
+
+#: Components of the plugins published with ppokit (in its ``plugins/`` folder), so that a
+#: spec naming one without the plugin installed is told what to install (a test keeps this
+#: table equal to what those plugins register).
+KNOWN_PLUGINS: dict[tuple[str, str], str] = {
+    ("regression_loss", "hlgauss"): "ppokit-hlgauss",
+    ("advantage", "lite_ppo"): "ppokit-example",
+}
 ENTRY_POINT_GROUP = "ppokit"
 
 
@@ -446,6 +454,12 @@ class Registry:
         try:
             return self._components[key]
         except KeyError:
+            dist = KNOWN_PLUGINS.get(key)
+            if dist is not None:
+                raise RegistryError(
+                    f"{kind} {name!r} comes with the plugin {dist}, which is not installed: "
+                    f"pip install {dist} (from a ppokit checkout: pip install ./plugins/{dist})"
+                ) from None
             raise RegistryError(
                 f"unknown {kind} {name!r}{suggest(str(name), self.names(kind))}"
             ) from None

@@ -42,8 +42,6 @@ def ppokit_register(register):
     register(ppokit.Component("advantage", "chatty", "ppokit_prints:X"))
 """
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def hostile_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
@@ -60,6 +58,7 @@ def hostile_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     return venv
 
 
+@pytest.mark.slow
 def test_list_json_and_schema_survive(hostile_venv: Venv) -> None:
     listed = hostile_venv.ppokit("list", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -76,6 +75,7 @@ def test_list_json_and_schema_survive(hostile_venv: Venv) -> None:
     assert '"grpo"' in advantages and "ghost" not in advantages
 
 
+@pytest.mark.slow
 def test_the_hostile_plugins_are_reported(hostile_venv: Venv, tmp_path: Path) -> None:
     result = hostile_venv.ppokit("plugins", "--json")
     assert result.returncode == 0, result.stderr
@@ -90,6 +90,7 @@ def test_the_hostile_plugins_are_reported(hostile_venv: Venv, tmp_path: Path) ->
     assert "Traceback" not in validate.stderr
 
 
+@pytest.mark.slow
 def test_strict_and_filter_switches(hostile_venv: Venv) -> None:
     strict = hostile_venv.ppokit("list", PPOKIT_STRICT_PLUGINS="yes")
     assert strict.returncode == 1 and "plugin exits" in strict.stderr
@@ -170,3 +171,26 @@ def test_a_lazy_factory_naming_a_missing_attribute(tmp_path: Path) -> None:
     with pytest.raises(RegistryError, match="cannot be imported: AttributeError"):
         info.load()
     assert "no_such_thing" in info.as_dict()["error"]
+
+
+def test_a_component_of_a_known_plugin_names_the_plugin() -> None:
+    registry = Registry()  # no plugin installed
+    with pytest.raises(RegistryError, match=r"plugin ppokit-hlgauss.*pip install"):
+        registry.info("regression_loss", "hlgauss")
+
+
+def test_the_known_plugins_table_matches_the_bundled_plugins() -> None:
+    from ppokit_example import plugin as example
+    from ppokit_hlgauss import plugin as hlgauss
+
+    from ppokit.registry import KNOWN_PLUGINS
+
+    registry = Registry()
+    registry.load_plugin("example", example, distribution="ppokit-example")
+    registry.load_plugin("hlgauss", hlgauss, distribution="ppokit-hlgauss")
+    registered = {
+        (kind, name): record.distribution
+        for record in registry.plugins.values()
+        for kind, name in record.components
+    }
+    assert registered == KNOWN_PLUGINS
