@@ -132,13 +132,20 @@ def _power_matrices(d: Tensor, size: int) -> Tensor:
 
 
 def dense_reverse_scan(
-    x: Tensor, discount: Discount, chunk: int = CHUNK, *, overwrite: bool = False
+    x: Tensor,
+    discount: Discount,
+    chunk: int = CHUNK,
+    *,
+    overwrite: bool = False,
+    wide: Tensor | None = None,
 ) -> Tensor:
     """y_t = x_t + d * y_{t+1} along the last axis of a dense [B, L] tensor, y_L = 0.
 
     ``x``: float32 or float64 (the result has x's dtype). ``discount``: a float, or a per-row
     [B] tensor. Chunked matmul scan (see module doc); ``chunk`` >= 2. ``overwrite``: x may be
-    used as scratch space (saves a copy when L is a whole number of chunks).
+    used as scratch space (saves a copy when L is a whole number of chunks). ``wide``: the
+    same values in the carry dtype, when the caller has them more exactly than ``x`` holds
+    them (the carry's chunk sums are then taken from them).
     """
     b, length = x.shape
     d = _as_carry(discount, x.device)
@@ -163,7 +170,12 @@ def dense_reverse_scan(
         # The chunk sums are recomputed in the carry dtype: float32 sums would add their
         # rounding errors along the whole row.
         carry_dtype = torch.promote_types(x.dtype, accumulate_dtype(x.device))
-        wide = x.to(carry_dtype)  # contiguous: a strided conversion is several times slower
+        if wide is None:
+            wide = x.to(carry_dtype)  # contiguous: a strided conversion is several times slower
+        else:
+            if padded != length:
+                wide = torch.nn.functional.pad(wide, (0, padded - length))
+            wide = wide.reshape(b, n_chunks, size)
         first = first.to(carry_dtype)
         if first.dim() == 2:
             sums = torch.mv(wide.view(-1, size), first[:, 0]).view(b, n_chunks)
@@ -316,13 +328,16 @@ def gae(
     if batch.values is None:
         raise ValueError("GAE needs batch.values (a critic)")
     rows = Compaction(batch.response_mask)
-    values = rows.compact(batch.values)
-    deltas = rows.compact(batch.token_rewards).sub_(values)
+    # the TD errors are formed in the carry dtype: with gamma * lam = 1 nothing decays, and
+    # float32 roundings of r - V + gamma V' would add up along the whole row
+    carry = accumulate_dtype(batch.device)
+    values = rows.compact(batch.values, carry)
+    deltas = rows.compact(batch.token_rewards, carry).sub_(values)
     deltas[:, :-1].add_(values[:, 1:], alpha=gamma)
     rows.add_at_last(deltas, gamma * batch.terminal_values)
-    adv = dense_reverse_scan(deltas, gamma * lam, overwrite=True)
+    adv = dense_reverse_scan(deltas.float(), gamma * lam, overwrite=True, wide=deltas)
     if plus_values:
-        adv.add_(values)
+        adv.add_(values.float())
     return rows.expand(rows.whiten(adv) if whiten else adv)
 
 

@@ -11,19 +11,20 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
-from ppokit.errors import MissingDependency, UserError
-from ppokit.registry import RegistryError, get_registry
-from ppokit.rewards import (
-    ExactMatchReward,
-    HFClassifierReward,
+from ppokit.components.reward import RegexParams
+from ppokit.components.reward.impl import (
     LengthPenaltyReward,
     MathVerifyReward,
-    RegexReward,
 )
+from ppokit.errors import MissingDependency, UserError
+from ppokit.registry import RegistryError, build_registry, get_registry
 from ppokit.spec import Spec, SpecError, validate_spec
+from tests.components import builtin_names, make
 
-REWARDS = ("math_verify", "exact_match", "regex", "length_penalty", "hf_classifier", "demo")
+#: The built-in rewards, as registered.
+REWARDS = builtin_names("reward")
 
 
 def _check_scores(scores: torch.Tensor, n: int) -> None:
@@ -86,7 +87,7 @@ def test_math_verify_missing_field(math_reward: MathVerifyReward) -> None:
 def test_math_verify_missing_dependency(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "math_verify", None)
     with pytest.raises(MissingDependency, match=r"pip install 'ppokit\[math\]'"):
-        MathVerifyReward()
+        make("reward", "math_verify")
 
 
 # ------------------------------------------------------------------ exact_match
@@ -112,7 +113,7 @@ def test_exact_match_cases(params: dict, response: str, answer: object, expected
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.text(max_size=12), min_size=1, max_size=6), st.booleans())
 def test_exact_match_identities(texts: list[str], strip: bool) -> None:
-    reward = ExactMatchReward(strip=strip)
+    reward = make("reward", "exact_match", strip=strip)
     n = len(texts)
     assert reward(["q"] * n, texts, answer=texts).tolist() == [1.0] * n
     padded = [f" {t.upper()}\t" for t in texts]
@@ -122,13 +123,13 @@ def test_exact_match_identities(texts: list[str], strip: bool) -> None:
 
 def test_exact_match_missing_field() -> None:
     with pytest.raises(UserError, match="'label'"):
-        ExactMatchReward(field="label")(["q"], ["a"], answer=["a"])
+        make("reward", "exact_match", field="label")(["q"], ["a"], answer=["a"])
 
 
 # ------------------------------------------------------------------------ regex
 def test_regex_search_and_fullmatch() -> None:
-    search = RegexReward(r"<answer>.*</answer>")
-    full = RegexReward(r"<answer>.*</answer>", mode="fullmatch")
+    search = make("reward", "regex", pattern=r"<answer>.*</answer>")
+    full = make("reward", "regex", pattern=r"<answer>.*</answer>", mode="fullmatch")
     responses = ["<answer>3</answer>", "so <answer>3</answer>", "no tags"]
     assert search(["q"] * 3, responses).tolist() == [1.0, 1.0, 0.0]
     assert full(["q"] * 3, responses).tolist() == [1.0, 0.0, 0.0]
@@ -144,12 +145,12 @@ def test_regex_capture_group_compared_with_field() -> None:
 
 
 def test_regex_optional_group_that_did_not_match() -> None:
-    reward = RegexReward(r"done(?: (\w+))?", field="answer")
+    reward = make("reward", "regex", pattern=r"done(?: (\w+))?", field="answer")
     assert reward(["q", "q"], ["done", "done ok"], answer=["ok", "ok"]).tolist() == [0.0, 1.0]
 
 
 def test_regex_missing_field() -> None:
-    reward = RegexReward(r"(\d+)", field="answer")
+    reward = make("reward", "regex", pattern=r"(\d+)", field="answer")
     with pytest.raises(UserError, match="'answer'"):
         reward(["q"], ["1"], lengths=[1])
 
@@ -167,6 +168,27 @@ def test_regex_missing_field() -> None:
 def test_regex_params_rejected(params: dict, message: str) -> None:
     with pytest.raises(RegistryError, match=message):
         get_registry().create("reward", "regex", **params)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"pattern": r"\d+", "field": "answer"}, "needs a capture group"),
+        ({"pattern": "x", "mode": "match"}, "mode"),
+        ({"pattern": "(x"}, "invalid regular expression"),
+    ],
+)
+def test_regex_params_model_validates(params: dict, message: str) -> None:
+    """The params model checks the pattern, the mode and the capture group (the
+    implementation trusts it)."""
+    with pytest.raises(ValidationError, match=message):
+        RegexParams(**params)
+
+
+def test_regex_params_defaults() -> None:
+    params = RegexParams(pattern=r"(\d+)", field="answer")
+    assert (params.mode, params.field) == ("search", "answer")
+    assert RegexParams(pattern="x").field is None
 
 
 def test_bad_regex_in_a_spec_is_reported_with_its_path() -> None:
@@ -235,7 +257,7 @@ def test_length_penalty_params_and_missing_lengths() -> None:
     with pytest.raises(RegistryError, match="max_length"):
         get_registry().create("reward", "length_penalty", target=10, max_length=10)
     with pytest.raises(UserError, match="'lengths'"):
-        LengthPenaltyReward()(["q"], ["r"], answer=["a"])
+        make("reward", "length_penalty")(["q"], ["r"], answer=["a"])
 
 
 # ---------------------------------------------------------------- hf_classifier
@@ -331,14 +353,14 @@ def test_hf_classifier_single_logit_matches_the_model(llama_dir: Path) -> None:
 
 
 def test_hf_classifier_batching_and_padding_do_not_change_scores(llama_dir: Path) -> None:
-    whole = HFClassifierReward(str(llama_dir), batch_size=4, device="cpu")
-    single = HFClassifierReward(str(llama_dir), batch_size=1, device="cpu")
+    whole = make("reward", "hf_classifier", path=str(llama_dir), batch_size=4, device="cpu")
+    single = make("reward", "hf_classifier", path=str(llama_dir), batch_size=1, device="cpu")
     torch.testing.assert_close(whole(PROMPTS, RESPONSES), single(PROMPTS, RESPONSES))
 
 
 def test_hf_classifier_truncates_to_max_length(llama_dir: Path) -> None:
-    truncating = HFClassifierReward(str(llama_dir), max_length=3, device="cpu")
-    full = HFClassifierReward(str(llama_dir), device="cpu")
+    truncating = make("reward", "hf_classifier", path=str(llama_dir), max_length=3, device="cpu")
+    full = make("reward", "hf_classifier", path=str(llama_dir), device="cpu")
     # longest_first: tokens come off the longer text until 3 remain
     torch.testing.assert_close(
         truncating(["the answer is"], ["good good good good"]), full(["the"], ["good good"])
@@ -362,7 +384,7 @@ def test_hf_classifier_label_probabilities(bert_dir: Path) -> None:
     [(None, "set 'label'"), ("MAYBE", "unknown label"), (5, "out of range")],
 )
 def test_hf_classifier_bad_label(bert_dir: Path, label: object, message: str) -> None:
-    reward = HFClassifierReward(str(bert_dir), label=label, device="cpu")  # type: ignore[arg-type]
+    reward = make("reward", "hf_classifier", path=str(bert_dir), label=label, device="cpu")
     with pytest.raises(UserError, match=message):
         reward(PROMPTS, RESPONSES)
 
@@ -373,7 +395,7 @@ def test_hf_classifier_missing_directory(tmp_path: Path) -> None:
 
 
 def test_hf_classifier_directory_without_a_model(tmp_path: Path) -> None:
-    reward = HFClassifierReward(str(tmp_path), device="cpu")
+    reward = make("reward", "hf_classifier", path=str(tmp_path), device="cpu")
     with pytest.raises(UserError, match="cannot load"):
         reward(["q"], ["r"])
 
@@ -381,6 +403,8 @@ def test_hf_classifier_directory_without_a_model(tmp_path: Path) -> None:
 # --------------------------------------------------------------------- registry
 def test_every_reward_is_registered_with_its_documentation() -> None:
     registry = get_registry()
+    known = {"math_verify", "exact_match", "regex", "length_penalty", "hf_classifier", "demo"}
+    assert known <= set(REWARDS)
     for name in REWARDS:
         info = registry.info("reward", name)
         assert info.summary
@@ -388,7 +412,8 @@ def test_every_reward_is_registered_with_its_documentation() -> None:
             assert info.source and "arXiv:" in info.source
             assert info.formula.startswith("r = ")
     assert registry.info("reward", "demo").params.model_fields == {}
-    assert registry.info("reward", "demo").factory == "ppokit.tasks.demo:DemoReward"
+    # registered lazily (loading a component replaces the string: ask a fresh registry)
+    assert build_registry().info("reward", "demo").factory == "ppokit.tasks.demo:DemoReward"
 
 
 def test_registry_round_trip_and_defaults() -> None:
@@ -423,7 +448,7 @@ def _reward_errors(data: dict) -> list[str]:
 
 def test_reward_catalogue_does_not_import_torch() -> None:
     code = (
-        "import sys; import ppokit.builtins.reward as r; "
+        "import sys; import ppokit.components.reward as r; "
         "from ppokit.registry import get_registry; "
         "get_registry().info('reward', 'regex').schema(); "
         "assert 'torch' not in sys.modules, 'torch imported'"

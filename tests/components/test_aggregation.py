@@ -9,25 +9,41 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppokit.components.aggregation import (
+from ppokit.components.aggregation.impl import (
+    RatioAggregation,
     SeqMeanTokenMean,
     SeqMeanTokenSum,
     SeqMeanTokenSumNorm,
     TokenMean,
 )
 from ppokit.registry import RegistryError, build_registry
+from tests.components import builtin_names, make, make_any, names
 from tests.strategies import token_tensors
 
 SETTINGS = settings(max_examples=80, deadline=None)
+#: Per component of a generic test: every registered component runs.
+EACH = settings(max_examples=30, deadline=None)
 
-AGGREGATIONS = [
-    TokenMean(),
-    SeqMeanTokenMean(),
-    SeqMeanTokenSum(),
-    SeqMeanTokenSumNorm(),
-    SeqMeanTokenSumNorm(norm=7.5),
-]
-which = st.sampled_from(range(len(AGGREGATIONS)))
+#: Every registered aggregation (installed plugins included) with its default parameters,
+#: plus a non-default variant.
+AGGREGATIONS = {name: {} for name in names("aggregation")} | {
+    "seq_mean_token_sum_norm(norm=7.5)": {"norm": 7.5}
+}
+#: The built-ins share the numerator / denominator form (exact micro-batch accumulation).
+RATIOS = {name: {} for name in builtin_names("aggregation")} | {
+    "seq_mean_token_sum_norm(norm=7.5)": {"norm": 7.5}
+}
+
+
+def aggregation(key: str):
+    """The aggregation of an AGGREGATIONS / RATIOS key, built by the registry."""
+    return make_any("aggregation", key.split("(")[0], **AGGREGATIONS[key])
+
+
+def test_every_builtin_is_a_ratio_aggregation():
+    for name in builtin_names("aggregation"):
+        assert isinstance(make_any("aggregation", name), RatioAggregation)
+
 
 L = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 50.0, 6.0, 7.0], [9.0, 9.0, 9.0, 9.0]])
 MASK = torch.tensor(
@@ -41,8 +57,9 @@ MASK = torch.tensor(
         (TokenMean(), (1 + 2 + 3 + 4 + 6 + 7) / 6),
         (SeqMeanTokenMean(), (6 / 3 + 17 / 3) / 2),
         (SeqMeanTokenSum(), (6 + 17) / 2),
-        (SeqMeanTokenSumNorm(), (6 + 17) / 2 / 4),
+        (SeqMeanTokenSumNorm(norm=None), (6 + 17) / 2 / 4),
         (SeqMeanTokenSumNorm(norm=10.0), (6 + 17) / 2 / 10),
+        (make("aggregation", "seq_mean_token_sum_norm"), (6 + 17) / 2 / 4),
     ],
 )
 def test_hand_computed(agg, expected):
@@ -60,11 +77,12 @@ def test_explicit_denominator():
     torch.testing.assert_close(agg(L, MASK, denom=4.0), torch.tensor(23 / 4))
 
 
-@SETTINGS
-@given(token_tensors(n=1), which)
-def test_masked_values_never_matter(case, k):
+@pytest.mark.parametrize("key", AGGREGATIONS)
+@EACH
+@given(token_tensors(n=1))
+def test_masked_values_never_matter(key, case):
     values, mask = case
-    agg = AGGREGATIONS[k]
+    agg = aggregation(key)
     pool = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30])
     garbage = pool[torch.arange(values.numel()) % 4].reshape(values.shape)
     clean = agg(values, mask)
@@ -77,23 +95,26 @@ def test_masked_values_never_matter(case, k):
     assert (grad[~mask] == 0).all()
 
 
-@SETTINGS
-@given(which, st.integers(1, 5), st.integers(1, 6))
-def test_all_masked_gives_zero(k, b, t):
-    agg = AGGREGATIONS[k]
+@pytest.mark.parametrize("key", AGGREGATIONS)
+@EACH
+@given(st.integers(1, 5), st.integers(1, 6))
+def test_all_masked_gives_zero(key, b, t):
+    agg = aggregation(key)
     mask = torch.zeros(b, t, dtype=torch.bool)
     values = torch.full((b, t), float("nan"))
     out = agg(values, mask)
     assert torch.equal(out, torch.tensor(0.0))
-    assert torch.equal(agg(values, mask, denom=agg.denominator(mask)), torch.tensor(0.0))
+    if key in RATIOS:
+        assert torch.equal(agg(values, mask, denom=agg.denominator(mask)), torch.tensor(0.0))
 
 
-@SETTINGS
-@given(st.data(), which)
-def test_micro_batches_sum_to_the_whole(data, k):
+@pytest.mark.parametrize("key", RATIOS)
+@EACH
+@given(st.data())
+def test_micro_batches_sum_to_the_whole(key, data):
     """sum over any row split of agg(L_part, mask_part, denom=denominator(full)) == agg(L, mask)."""
     values, mask = data.draw(token_tensors(n=1))
-    agg = AGGREGATIONS[k]
+    agg = aggregation(key)
     b = values.shape[0]
     cuts = sorted(set(data.draw(st.lists(st.integers(1, max(b - 1, 1)), max_size=4))))
     bounds = [0, *[c for c in cuts if c < b], b]
@@ -137,10 +158,10 @@ def test_norm_variant_is_seq_mean_token_sum_over_t(case):
     values, mask = case
     t = values.shape[1]
     torch.testing.assert_close(
-        SeqMeanTokenSumNorm()(values, mask), SeqMeanTokenSum()(values, mask) / t
+        SeqMeanTokenSumNorm(norm=None)(values, mask), SeqMeanTokenSum()(values, mask) / t
     )
     # the padded length comes from the whole minibatch's mask, even for a narrower part
-    agg = SeqMeanTokenSumNorm()
+    agg = make("aggregation", "seq_mean_token_sum_norm")
     torch.testing.assert_close(
         agg(values[:, : max(t - 1, 1)], mask[:, : max(t - 1, 1)], denom=agg.denominator(mask)),
         agg.numerator(values[:, : max(t - 1, 1)], mask[:, : max(t - 1, 1)]) / agg.denominator(mask),
@@ -156,10 +177,10 @@ def test_token_mean_gradient_is_mask_over_count(case):
     torch.testing.assert_close(grad, mask.float() / mask.sum().clamp_min(1))
 
 
-@pytest.mark.parametrize("k", range(len(AGGREGATIONS)))
-def test_bfloat16_values_give_float32(k):
-    agg = AGGREGATIONS[k]
-    values = torch.randn(4, 6, generator=torch.Generator().manual_seed(k)).to(torch.bfloat16)
+@pytest.mark.parametrize("key", AGGREGATIONS)
+def test_bfloat16_values_give_float32(key):
+    agg = aggregation(key)
+    values = torch.randn(4, 6, generator=torch.Generator().manual_seed(len(key))).to(torch.bfloat16)
     mask = torch.ones(4, 6, dtype=torch.bool)
     out = agg(values, mask)
     assert out.dtype == torch.float32

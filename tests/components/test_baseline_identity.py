@@ -15,7 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppokit.components.policy_loss import PPOClip, Reinforce
+from ppokit.components.policy_loss.impl import Reinforce
+from tests.components import make
 
 SETTINGS = settings(max_examples=50, deadline=None)
 
@@ -105,9 +106,8 @@ def test_state_baseline_leaves_the_policy_gradient_unchanged(seed, k, depth):
     torch.testing.assert_close(_surrogate_gradient(tree, logits, plain), exact, **tol)
     torch.testing.assert_close(_surrogate_gradient(tree, logits, with_baseline), exact, **tol)
     # on-policy, the clipped surrogate has the same gradient
-    torch.testing.assert_close(
-        _surrogate_gradient(tree, logits, with_baseline, PPOClip()), exact, **tol
-    )
+    ppo = make("policy_loss", "ppo_clip")
+    torch.testing.assert_close(_surrogate_gradient(tree, logits, with_baseline, ppo), exact, **tol)
 
 
 @SETTINGS

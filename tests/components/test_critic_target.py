@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppokit.batch import RolloutBatch
 from ppokit.registry import get_registry
-from tests.components import reference
+from tests.components import builtin_names, make_any, names, reference
 from tests.strategies import batches
 
-NAMES = ("lambda_return", "mc_return", "td0")
+#: Every registered critic target (installed plugins included): the generic contract tests.
+NAMES = names("critic_target")
 FAST = settings(max_examples=60, deadline=None)
+#: Per component of a generic test: every registered component runs.
+EACH = settings(max_examples=30, deadline=None)
 
 
 def make(name: str, **params):
-    return get_registry().create("critic_target", name, **params)
+    return make_any("critic_target", name, **params)
 
 
 def close(a: torch.Tensor, ref: torch.Tensor, tol: float = 1e-5) -> bool:
@@ -30,7 +34,8 @@ def masked(batch: RolloutBatch, x: torch.Tensor) -> torch.Tensor:
 
 def test_registered():
     reg = get_registry()
-    for name in NAMES:
+    assert {"lambda_return", "mc_return", "td0"} <= set(builtin_names("critic_target"))
+    for name in builtin_names("critic_target"):
         info = reg.info("critic_target", name)
         assert info.formula and info.source
     assert reg.info("critic_target", "mc_return").requires == ()
@@ -42,18 +47,20 @@ def test_registered():
         raise AssertionError("lam = 2 accepted")
 
 
-@FAST
-@given(batches(), st.sampled_from(NAMES))
-def test_contract(batch, name):
+@pytest.mark.parametrize("name", NAMES)
+@EACH
+@given(batches())
+def test_contract(name, batch):
     y = make(name)(batch)
     assert y.dtype == torch.float32 and y.shape == batch.response_mask.shape
     assert not y.requires_grad
     assert bool((y[~batch.response_mask] == 0).all())
 
 
-@FAST
-@given(batches(dtype=torch.float32), st.sampled_from(NAMES), st.randoms(use_true_random=False))
-def test_masked_garbage_and_row_order(batch, name, rnd):
+@pytest.mark.parametrize("name", NAMES)
+@EACH
+@given(batches(dtype=torch.float32), st.randoms(use_true_random=False))
+def test_masked_garbage_and_row_order(name, batch, rnd):
     tgt = make(name)
     y = tgt(batch)
     mask = batch.response_mask
@@ -69,9 +76,10 @@ def test_masked_garbage_and_row_order(batch, name, rnd):
     assert torch.allclose(tgt(batch.rows(index)), y[index], atol=1e-6)
 
 
-@FAST
-@given(batches(dtype=torch.float32), st.sampled_from(NAMES))
-def test_bfloat16_close_to_float32(batch, name):
+@pytest.mark.parametrize("name", NAMES)
+@EACH
+@given(batches(dtype=torch.float32))
+def test_bfloat16_close_to_float32(name, batch):
     fields = ("token_rewards", "values", "bootstrap_values")
     low = batch.replace(**{f: getattr(batch, f).bfloat16() for f in fields})
     rounded = batch.replace(**{f: getattr(batch, f).bfloat16().float() for f in fields})
@@ -126,7 +134,11 @@ def test_td0_equals_formula(batch, gamma):
 
 
 @FAST
-@given(batches(truncation=True), st.floats(0, 1), st.sampled_from(NAMES))
+@given(
+    batches(truncation=True),
+    st.floats(0, 1),
+    st.sampled_from(("lambda_return", "mc_return", "td0")),
+)
 def test_bootstrap_adds_discounted_terminal_value(batch, gamma, name):
     """With lam = 1, bootstrapping adds gamma^(k+1) V_T, k = True positions after t
     (td0: only at the last position, k = 0)."""

@@ -9,12 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppokit.components.aggregation import SeqMeanTokenMean
-from ppokit.components.policy_loss import CISPO, GSPO, PPOClip, Reinforce
+from ppokit.components.aggregation.impl import SeqMeanTokenMean
+from ppokit.components.policy_loss.impl import CISPO, GSPO, PPOClip, Reinforce
 from ppokit.registry import RegistryError, build_registry
+from tests.components import builtin_names, make, make_any, names
 from tests.strategies import token_tensors
 
 SETTINGS = settings(max_examples=60, deadline=None)
+#: Per component of a generic test: every registered component runs.
+EACH = settings(max_examples=30, deadline=None)
 
 clips = st.floats(0.01, 0.5)
 
@@ -42,15 +45,20 @@ def _garbage_like(x: torch.Tensor) -> torch.Tensor:
     return pool[torch.arange(x.numel()) % len(pool)].reshape(x.shape)
 
 
-def all_losses() -> list[object]:
-    return [
-        PPOClip(),
-        PPOClip(clip_low=0.1, clip_high=0.3, dual_clip=3.0),
-        GSPO(),
-        GSPO(clip_low=0.05, clip_high=0.1),
-        CISPO(clip_high=0.2),
-        Reinforce(),
-    ]
+#: Every registered policy loss (installed plugins included) with its default parameters,
+#: plus non-default variants: the generic contract tests run over all of them.
+LOSSES: dict[str, tuple[str, dict]] = {name: (name, {}) for name in names("policy_loss")} | {
+    "ppo_clip(0.1,0.3,dual=3)": ("ppo_clip", {"clip_low": 0.1, "clip_high": 0.3, "dual_clip": 3.0}),
+    "gspo(0.05,0.1)": ("gspo", {"clip_low": 0.05, "clip_high": 0.1}),
+}
+#: The built-in ones and the variants.
+BUILTIN_LOSSES = [k for k, (name, _) in LOSSES.items() if name in builtin_names("policy_loss")]
+
+
+def loss_of(key: str):
+    """The loss of a LOSSES key, built by the registry."""
+    name, params = LOSSES[key]
+    return make_any("policy_loss", name, **params)
 
 
 # ---------------------------------------------------------------------------- ppo_clip
@@ -73,7 +81,7 @@ def test_ppo_clip_hand_computed():
 
 
 def test_ppo_clip_without_dual_clip_is_unbounded_for_negative_advantages():
-    loss = PPOClip()
+    loss = make("policy_loss", "ppo_clip")
     logp_old = torch.zeros(1, 1)
     logp = torch.full((1, 1), math.log(5.0))
     adv = torch.full((1, 1), -1.0)
@@ -111,8 +119,8 @@ def test_ppo_clip_gradient_is_zero_exactly_where_clipped(case, low, high, dual):
 @given(token_tensors(n=3), st.floats(1.1, 5.0))
 def test_dual_clip_caps_the_loss_at_minus_c_a(case, c):
     logp, logp_old, adv, mask = _inputs(case, spread=1.5)
-    with_dual = PPOClip(dual_clip=c)(logp, logp_old, adv, mask)
-    plain = PPOClip()(logp, logp_old, adv, mask)
+    with_dual = make("policy_loss", "ppo_clip", dual_clip=c)(logp, logp_old, adv, mask)
+    plain = make("policy_loss", "ppo_clip")(logp, logp_old, adv, mask)
     neg = mask & (adv < 0)
     assert (with_dual[neg] <= (-c * adv)[neg] + 1e-6).all()
     torch.testing.assert_close(with_dual, torch.where(neg, torch.minimum(plain, -c * adv), plain))
@@ -120,18 +128,15 @@ def test_dual_clip_caps_the_loss_at_minus_c_a(case, c):
     assert torch.equal(with_dual[adv >= 0], plain[adv >= 0])
 
 
-@SETTINGS
+@pytest.mark.parametrize("key", BUILTIN_LOSSES)
+@EACH
 @given(token_tensors(n=3))
-def test_on_policy_ppo_gradient_is_the_reinforce_gradient(case):
+def test_on_policy_gradient_is_the_reinforce_gradient(key, case):
+    """At rho = 1 every built-in surrogate has the policy gradient -A grad logp."""
     logp, _, adv, mask = _inputs(case)
-    _, g_ppo = _grad(PPOClip(), logp, logp.clone(), adv, mask)
-    _, g_gspo = _grad(GSPO(), logp, logp.clone(), adv, mask)
-    _, g_cispo = _grad(CISPO(clip_high=0.1), logp, logp.clone(), adv, mask)
-    _, g_pg = _grad(Reinforce(), logp, logp.clone(), adv, mask)
+    _, grad = _grad(loss_of(key), logp, logp.clone(), adv, mask)
     expected = torch.where(mask, -adv, torch.zeros_like(adv))
-    torch.testing.assert_close(g_pg, expected)
-    for g in (g_ppo, g_gspo, g_cispo):
-        torch.testing.assert_close(g, expected)
+    torch.testing.assert_close(grad, expected)
 
 
 # ---------------------------------------------------------------------------- gspo
@@ -262,10 +267,11 @@ def test_reinforce_hand_computed():
 
 
 # ---------------------------------------------------------------------------- all losses
-@SETTINGS
-@given(token_tensors(n=3), st.sampled_from(range(len(all_losses()))))
-def test_masked_positions_give_zero_and_never_matter(case, which):
-    loss = all_losses()[which]
+@pytest.mark.parametrize("key", LOSSES)
+@EACH
+@given(token_tensors(n=3))
+def test_masked_positions_give_zero_and_never_matter(key, case):
+    loss = loss_of(key)
     logp, logp_old, adv, mask = _inputs(case)
     out, grad = _grad(loss, logp, logp_old, adv, mask)
     assert out.dtype == torch.float32
@@ -278,12 +284,18 @@ def test_masked_positions_give_zero_and_never_matter(case, which):
     # a float mask works like the bool one
     out3, _ = _grad(loss, logp, logp_old, adv, mask.float())
     assert torch.equal(out, out3)
+    # the optional clipfrac: bool, never at a masked position, blind to what they hold
+    if hasattr(loss, "clipped"):
+        clipped = loss.clipped(logp, logp_old, adv, mask)
+        assert clipped.dtype == torch.bool and clipped.shape == mask.shape
+        assert not clipped[~mask].any()
+        assert torch.equal(loss.clipped(*dirty, mask), clipped)
 
 
-@pytest.mark.parametrize("which", range(len(all_losses())))
-def test_bfloat16_inputs_give_float32(which):
-    loss = all_losses()[which]
-    g = torch.Generator().manual_seed(which)
+@pytest.mark.parametrize("key", LOSSES)
+def test_bfloat16_inputs_give_float32(key):
+    loss = loss_of(key)
+    g = torch.Generator().manual_seed(list(LOSSES).index(key))
     logp = -torch.rand(3, 5, generator=g)
     logp_old = logp + 0.1 * torch.randn(3, 5, generator=g)
     adv = torch.randn(3, 5, generator=g)
@@ -294,15 +306,15 @@ def test_bfloat16_inputs_give_float32(which):
     torch.testing.assert_close(low, ref)
 
 
-@SETTINGS
+@pytest.mark.parametrize("key", LOSSES)
+@EACH
 @given(token_tensors(n=3))
-def test_extreme_log_ratios_stay_finite(case):
+def test_extreme_log_ratios_stay_finite(key, case):
     logp, _, adv, mask = _inputs(case)
     logp_old = logp - 100.0 * torch.sign(adv)
-    for loss in all_losses():
-        out, grad = _grad(loss, logp, logp_old, adv, mask)
-        assert torch.isfinite(out).all()
-        assert torch.isfinite(grad).all()
+    out, grad = _grad(loss_of(key), logp, logp_old, adv, mask)
+    assert torch.isfinite(out).all()
+    assert torch.isfinite(grad).all()
 
 
 def test_registry_builds_and_validates_policy_losses():

@@ -7,11 +7,16 @@ import torch
 from hypothesis import given, settings
 
 from ppokit.batch import RolloutBatch
-from ppokit.components.position_mask import CompletedMask, LastTokenMask, ResponseMask
+from ppokit.components.position_mask.impl import CompletedMask, LastTokenMask, ResponseMask
 from ppokit.registry import build_registry
+from tests.components import make_any, names
 from tests.strategies import batches
 
 SETTINGS = settings(max_examples=60, deadline=None)
+#: Per component of a generic test: every registered component runs.
+EACH = settings(max_examples=30, deadline=None)
+#: Every registered position mask (installed plugins included): the generic contract tests.
+NAMES = names("position_mask")
 
 
 def _batch() -> RolloutBatch:
@@ -47,6 +52,17 @@ def test_completed_needs_truncated():
         CompletedMask()(batch)
 
 
+@pytest.mark.parametrize("name", NAMES)
+@EACH
+@given(batches())
+def test_every_mask_is_binary_float32_and_inside_the_response(name, batch):
+    m = make_any("position_mask", name)(batch)
+    assert m.dtype == torch.float32
+    assert m.shape == batch.response_mask.shape
+    assert ((m == 0) | (m == 1)).all()
+    assert (m[~batch.response_mask] == 0).all()
+
+
 @SETTINGS
 @given(batches())
 def test_masks_are_binary_float32_and_inside_the_response(batch):
@@ -70,12 +86,16 @@ def test_masks_are_binary_float32_and_inside_the_response(batch):
     assert torch.equal(last.bool(), batch.last_mask)
 
 
-@SETTINGS
+@pytest.mark.parametrize("name", NAMES)
+@EACH
 @given(batches())
-def test_masks_do_not_depend_on_rewards_or_values(batch):
-    other = batch.replace(token_rewards=torch.randn_like(batch.token_rewards.float()))
-    for m in (ResponseMask(), CompletedMask(), LastTokenMask()):
-        assert torch.equal(m(batch), m(other))
+def test_masks_do_not_depend_on_rewards_or_values(name, batch):
+    other = batch.replace(
+        token_rewards=torch.randn_like(batch.token_rewards.float()),
+        values=torch.randn_like(batch.values.float()),
+    )
+    m = make_any("position_mask", name)
+    assert torch.equal(m(batch), m(other))
 
 
 def test_registry_builds_masks():

@@ -8,11 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppokit.batch import RolloutBatch
-from ppokit.components.prompt_weight import InformativeGroups, PassRateVariance, Uniform
+from ppokit.components.prompt_weight.impl import InformativeGroups, PassRateVariance, Uniform
 from ppokit.registry import RegistryError, build_registry
+from tests.components import make_any, names
 from tests.strategies import batches
 
 SETTINGS = settings(max_examples=60, deadline=None)
+#: Per component of a generic test: every registered component runs.
+EACH = settings(max_examples=30, deadline=None)
+#: Every registered prompt weight (installed plugins included): the generic contract tests.
+NAMES = names("prompt_weight")
 
 
 def _outcome_batch(scores: list[float], groups: list[int], garbage: float = 0.0) -> RolloutBatch:
@@ -34,7 +39,7 @@ def test_hand_computed():
     torch.testing.assert_close(raw, torch.tensor([0.25, 0.25, 0.0, 0.0, 0.25, 0.25]))
     # mean of the raw weights is 1/6
     torch.testing.assert_close(
-        PassRateVariance()(batch), torch.tensor([1.5, 1.5, 0.0, 0.0, 1.5, 1.5])
+        PassRateVariance(normalize=True)(batch), torch.tensor([1.5, 1.5, 0.0, 0.0, 1.5, 1.5])
     )
     torch.testing.assert_close(
         InformativeGroups()(batch), torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
@@ -63,7 +68,7 @@ def test_empty_rows_do_not_count_in_their_group():
 
 def test_all_zero_weights_stay_zero():
     batch = _outcome_batch([1.0, 1.0, 0.0, 0.0], [0, 0, 1, 1])
-    out = PassRateVariance()(batch)
+    out = PassRateVariance(normalize=True)(batch)
     assert torch.equal(out, torch.zeros(4))
     assert torch.equal(InformativeGroups()(batch), torch.zeros(4))
 
@@ -76,12 +81,33 @@ def _reference_informative(scores: list[float], groups: list[int], live: list[bo
     return [1.0 if ok and len(values[g]) > 1 else 0.0 for g, ok in zip(groups, live, strict=True)]
 
 
+@pytest.mark.parametrize("name", NAMES)
+@EACH
+@given(batches(outcome_only=True))
+def test_every_weight_is_per_group_and_non_negative(name, batch):
+    """One weight per prompt: float32 [B], constant over each group's responses, >= 0; a row
+    without tokens weighs 0."""
+    live = batch.nonempty
+    w = make_any("prompt_weight", name)(batch)
+    assert w.dtype == torch.float32
+    assert w.shape == (batch.batch_size,)
+    torch.testing.assert_close(batch.group_mean(w, weights=live.float())[live], w[live])
+    assert torch.equal(w[~live], torch.zeros_like(w[~live]))
+    assert (w >= 0).all()
+    assert not w.requires_grad
+
+
 @SETTINGS
 @given(batches(outcome_only=True), st.booleans())
 def test_weights_are_per_group_and_bounded(batch, normalize):
     index = batch.group_index
     live = batch.nonempty
-    for w in (Uniform()(batch), PassRateVariance(normalize)(batch), InformativeGroups()(batch)):
+    weights = (
+        Uniform()(batch),
+        PassRateVariance(normalize=normalize)(batch),
+        InformativeGroups()(batch),
+    )
+    for w in weights:
         assert w.dtype == torch.float32
         assert w.shape == (batch.batch_size,)
         # one weight per prompt: constant over each group's responses; empty rows weigh 0
@@ -90,7 +116,7 @@ def test_weights_are_per_group_and_bounded(batch, normalize):
         assert (w >= 0).all()
     raw = PassRateVariance(normalize=False)(batch)
     assert (raw <= 0.25).all()
-    norm = PassRateVariance()(batch)
+    norm = PassRateVariance(normalize=True)(batch)
     if (raw > 0).any():
         torch.testing.assert_close(norm[live].mean(), torch.tensor(1.0))
         torch.testing.assert_close(norm * raw[live].mean(), raw)
@@ -102,15 +128,29 @@ def test_weights_are_per_group_and_bounded(batch, normalize):
 
 @SETTINGS
 @given(batches(), st.booleans())
-def test_masked_rewards_never_matter(batch, normalize):
+def test_masked_rewards_never_matter_to_pass_rate_variance(batch, normalize):
     noise = torch.randn(batch.token_rewards.shape) * 10
     other = batch.replace(
         token_rewards=torch.where(
             batch.response_mask, batch.token_rewards, noise.to(batch.token_rewards.dtype)
         )
     )
-    for w in (PassRateVariance(normalize), InformativeGroups()):
-        assert torch.equal(w(batch), w(other))
+    w = PassRateVariance(normalize=normalize)
+    assert torch.equal(w(batch), w(other))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@EACH
+@given(batches())
+def test_masked_rewards_never_matter(name, batch):
+    noise = torch.randn(batch.token_rewards.shape) * 10
+    other = batch.replace(
+        token_rewards=torch.where(
+            batch.response_mask, batch.token_rewards, noise.to(batch.token_rewards.dtype)
+        )
+    )
+    w = make_any("prompt_weight", name)
+    assert torch.equal(w(batch), w(other))
 
 
 def test_registry_builds_weights():

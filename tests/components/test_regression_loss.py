@@ -8,9 +8,13 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppokit.components.regression_loss import MSE, ClippedMSE, Huber, RegressionLoss
+from ppokit.components.regression_loss.impl import MSE, ClippedMSE, Huber, RegressionLoss
 from ppokit.registry import RegistryError, build_registry
+from tests.components import builtin_names, make, make_any, names
 from tests.strategies import token_tensors
+
+#: Every registered regression loss (installed plugins included): the generic contract tests.
+NAMES = names("regression_loss")
 
 SETTINGS = settings(max_examples=80, deadline=None)
 
@@ -92,13 +96,15 @@ def test_huber_is_mse_for_small_errors(case):
 
 def test_base_class_defaults():
     head_out = torch.arange(24.0).reshape(2, 3, 4)
-    for loss in (MSE(), ClippedMSE(), Huber()):
+    assert {"mse", "clipped_mse", "huber"} <= set(builtin_names("regression_loss"))
+    for name in builtin_names("regression_loss"):
+        loss = make_any("regression_loss", name)
         assert isinstance(loss, RegressionLoss)
         assert loss.head_size == 1
         torch.testing.assert_close(loss.value(head_out), head_out[..., 0])
         torch.testing.assert_close(loss.prediction(head_out), head_out[..., 0])
     assert not hasattr(MSE(), "clipped")
-    assert not hasattr(Huber(), "clipped")
+    assert not hasattr(Huber(delta=1.0), "clipped")
 
 
 def test_subclass_changes_the_head():
@@ -117,16 +123,35 @@ def test_subclass_changes_the_head():
 
 def test_clipped_mse_needs_old_values():
     with pytest.raises(ValueError, match="old"):
-        ClippedMSE()(torch.zeros(1, 1), torch.zeros(1, 1))
+        make("regression_loss", "clipped_mse")(torch.zeros(1, 1), torch.zeros(1, 1))
 
 
-@pytest.mark.parametrize("loss", [MSE(), ClippedMSE(), Huber()])
-def test_bfloat16_gives_float32(loss):
-    g = torch.Generator().manual_seed(0)
-    xs = [torch.randn(3, 4, generator=g) for _ in range(3)]
+def _inputs(loss, seed: int = 0) -> list[torch.Tensor]:
+    """(pred, target, old) for a [3, 4] batch: pred read from a head output of the loss's
+    ``head_size`` (default 1) by its ``prediction`` (default: the value)."""
+    g = torch.Generator().manual_seed(seed)
+    head_out = torch.randn(3, 4, getattr(loss, "head_size", 1), generator=g)
+    pred = loss.prediction(head_out) if hasattr(loss, "prediction") else head_out[..., 0]
+    return [pred, torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bfloat16_gives_float32(name):
+    loss = make_any("regression_loss", name)
+    xs = _inputs(loss)
     out = loss(*(x.to(torch.bfloat16) for x in xs))
     assert out.dtype == torch.float32
+    assert out.shape == (3, 4)
     torch.testing.assert_close(out, loss(*(x.to(torch.bfloat16).float() for x in xs)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_gradient_reaches_the_target_or_the_old_values(name):
+    loss = make_any("regression_loss", name)
+    pred, target, old = (x.requires_grad_(True) for x in _inputs(loss, seed=1))
+    loss(pred, target, old).sum().backward()
+    assert pred.grad is not None and torch.isfinite(pred.grad).all()
+    assert target.grad is None and old.grad is None
 
 
 def test_registry_builds_regression_losses():

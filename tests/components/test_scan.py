@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppokit.components._scan import (
+from ppokit.ops import (
     Compaction,
     batch_whiten,
     dense_reverse_scan,

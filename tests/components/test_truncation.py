@@ -8,11 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppokit.batch import RolloutBatch
-from ppokit.components.truncation import Bootstrap, Exclude, Penalty, SoftOverlong, Terminal
+from ppokit.components.truncation.impl import Bootstrap, Exclude, Penalty, SoftOverlong, Terminal
 from ppokit.registry import RegistryError, build_registry
+from tests.components import make, make_any, names
 from tests.strategies import batches
 
 SETTINGS = settings(max_examples=60, deadline=None)
+#: Per component of a generic test: every registered component runs.
+EACH = settings(max_examples=30, deadline=None)
+#: Every registered truncation rule (installed plugins included): the generic contract tests.
+NAMES = names("truncation")
 
 
 def _batch() -> RolloutBatch:
@@ -67,7 +72,7 @@ def test_penalty():
     torch.testing.assert_close(out.scores, torch.tensor([1.0, -2.0, -2.0]))
     assert out.bootstrap_values is None
     with pytest.raises(ValueError, match="truncated"):
-        Penalty()(_batch().replace(truncated=None))
+        make("truncation", "penalty")(_batch().replace(truncated=None))
 
 
 def test_soft_overlong_hand_computed():
@@ -112,7 +117,13 @@ def test_soft_overlong_properties(batch, data, factor):
 @given(batches(), st.floats(-3.0, 3.0))
 def test_rules_on_generated_batches(batch, value):
     truncated = batch.truncated
-    for rule in (Terminal(), Exclude(), Penalty(value), SoftOverlong(max_length=5, buffer=2)):
+    rules = (
+        Terminal(),
+        Exclude(),
+        Penalty(value=value),
+        make("truncation", "soft_overlong", max_length=5, buffer=2),
+    )
+    for rule in rules:
         out = rule(batch)
         assert out.bootstrap_values is None
         assert torch.equal(out.terminal_values, torch.zeros(batch.batch_size))
@@ -124,7 +135,7 @@ def test_rules_on_generated_batches(batch, value):
     assert not excluded.response_mask[truncated].any()
     assert torch.equal(excluded.response_mask[~truncated], batch.response_mask[~truncated])
     # penalty: truncated rows score exactly `value`, the others keep every reward
-    penalised = Penalty(value)(batch)
+    penalised = Penalty(value=value)(batch)
     rewards = penalised.token_rewards
     assert torch.equal(rewards[~truncated], batch.token_rewards[~truncated])
     torch.testing.assert_close(
@@ -132,6 +143,31 @@ def test_rules_on_generated_batches(batch, value):
         torch.full_like(penalised.scores[truncated], value).to(rewards.dtype).float(),
     )
     assert (rewards[truncated][~batch.last_mask[truncated]] == 0).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@EACH
+@given(batches())
+def test_every_rule_keeps_the_batch_and_ignores_masked_rewards(name, batch):
+    """A rule returns a batch of the same shape whose mask is inside the input's; it leaves
+    the policy's and the critic's tensors alone; what masked positions held never matters to
+    the scores."""
+    rule = make_any("truncation", name)
+    out = rule(batch)
+    assert isinstance(out, RolloutBatch)
+    assert out.response_mask.shape == batch.response_mask.shape
+    assert not (out.response_mask & ~batch.response_mask).any()
+    for field in ("values", "logp_old", "logp_ref", "group_ids", "truncated"):
+        assert torch.equal(getattr(out, field), getattr(batch, field)), field
+    assert out.token_rewards.dtype == batch.token_rewards.dtype
+    noise = (torch.randn(batch.token_rewards.shape) * 100).to(batch.token_rewards.dtype)
+    dirty = batch.replace(
+        token_rewards=torch.where(batch.response_mask, batch.token_rewards, noise)
+    )
+    out_dirty = rule(dirty)
+    assert torch.equal(out_dirty.response_mask, out.response_mask)
+    assert torch.equal(out_dirty.scores, out.scores)
+    assert torch.equal(out_dirty.terminal_values, out.terminal_values)
 
 
 def test_registry_builds_rules():
