@@ -1,5 +1,5 @@
 """The ``ppokit`` command line: list, show, validate, explain, schema, docs, plugins,
-new-plugin, train.
+new-plugin, train, compare.
 
 Mistakes a user can make (a bad spec, an unknown component, a missing file, a broken plugin
 under ``PPOKIT_STRICT_PLUGINS=1``) print one red line each on stderr and exit with status 1,
@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ppokit import __version__
+from ppokit.compare import compare_command
 from ppokit.docgen import param_rows, params_table, write_docs
 from ppokit.errors import UserError
 from ppokit.registry import KINDS, RegistryError, get_registry
@@ -350,6 +351,9 @@ def train(
     result = run_training(spec, resume=resume, smoke=smoke, overwrite=overwrite, smoke_out=out_dir)
     if as_json:
         _print_json(result)
+
+
+app.command("compare")(compare_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,148 @@
+"""Small statistics for comparing runs: a Student-t confidence interval of a mean, and the
+unbiased pass@k estimator.
+
+Torch-free and SciPy-free: the Student-t quantile is computed exactly (to about 1e-12) by
+inverting the t distribution's CDF, itself written with the regularised incomplete beta
+function (a continued fraction, as in Numerical Recipes, 3rd ed., section 6.4).
+
+- :func:`mean_ci95` ``(values) -> (mean, half_width)``: the two-sided 95% Student-t interval
+  ``mean ± t_{0.975, n-1} · s / sqrt(n)`` (``s`` the sample standard deviation).
+- :func:`pass_at_k` ``(n, c, k)``: the probability that at least one of ``k`` samples drawn
+  without replacement from ``n`` samples, ``c`` of them correct, is correct.
+- :func:`student_t_cdf` and :func:`student_t_quantile`: the distribution behind the interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+__all__ = ["mean_ci95", "pass_at_k", "student_t_cdf", "student_t_quantile"]
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz's method)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 10_000):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b), for a, b > 0 and x in [0, 1]."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    front = math.exp(log_front)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def student_t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t distribution with ``df > 0`` degrees of freedom."""
+    if not df > 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df}")
+    if math.isnan(t):
+        return math.nan
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))  # P(T > |t|)
+    return 1.0 - tail if t >= 0 else tail
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t distribution (``0 < p < 1``, ``df > 0``).
+
+    Exact up to about 1e-12: the CDF is inverted by bisection (df = 1 and df = 2 have closed
+    forms and use them). ``student_t_quantile(0.975, 2) = 4.302653``.
+    """
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    if not df > 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df}")
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -student_t_quantile(1.0 - p, df)
+    if df == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if df == 2:
+        return (2.0 * p - 1.0) / math.sqrt(2.0 * p * (1.0 - p))
+    lo, hi = 0.0, 1.0
+    while student_t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if student_t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-13 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+def mean_ci95(values: Iterable[float]) -> tuple[float, float]:
+    """``(mean, half_width)`` of the two-sided 95% Student-t confidence interval of the mean.
+
+    ``half_width = t_{0.975, n-1} · s / sqrt(n)`` with ``s`` the sample standard deviation
+    (divisor ``n - 1``); the interval is ``mean ± half_width``. With a single value the spread
+    is unknown, so the half-width is ``nan`` (not 0: one seed says nothing about the
+    variability over seeds). Raises ``ValueError`` for no values.
+    """
+    xs = [float(v) for v in values]
+    n = len(xs)
+    if n == 0:
+        raise ValueError("mean_ci95 needs at least one value")
+    mean = math.fsum(xs) / n
+    if n == 1:
+        return mean, math.nan
+    var = math.fsum((x - mean) ** 2 for x in xs) / (n - 1)
+    half = student_t_quantile(0.975, n - 1) * math.sqrt(var / n)
+    return mean, half
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator of Chen et al. (2021), arXiv:2107.03374.
+
+    With ``n`` samples of which ``c`` are correct, ``pass@k = 1 - C(n-c, k) / C(n, k)``: the
+    probability that a draw of ``k`` of the ``n`` samples (without replacement) holds a
+    correct one. Computed stably as in the paper, ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``, and
+    exactly 1.0 when ``n - c < k``. Needs ``0 <= c <= n`` and ``1 <= k <= n``.
+    """
+    if n < 1 or not 0 <= c <= n:
+        raise ValueError(f"pass_at_k needs n >= 1 and 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    # the product runs from i = n down to n-c+1, so one more correct sample multiplies the
+    # same partial product by one more factor < 1: the result is monotone in c exactly
+    prod = 1.0
+    for i in range(n, n - c, -1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
