@@ -106,13 +106,13 @@ def finished(out: Path, rounds: int) -> bool:
 def value_error(spec: Spec, out: Path, rounds: int) -> tuple[float, float]:
     """(mean |Y - V|, sqrt(mean (Y - V)^2)) of the run's final checkpoint on fresh rollouts."""
     from ppokit.data import format_prompts, make_prompt_source
+    from ppokit.trainer.assembly import Assembly
     from ppokit.trainer.checkpoint import load_checkpoint
-    from ppokit.trainer.components import Components
     from ppokit.trainer.models import build_models
     from ppokit.trainer.round import Learner
 
-    comps = Components.from_spec(spec)
-    learner = Learner(spec, build_models(spec, comps.head_size), comps)
+    assembly = Assembly.from_spec(spec)
+    learner = Learner(spec, build_models(spec, assembly.head_size), assembly)
     source = make_prompt_source(spec.data, spec.seed)
     load_checkpoint(out, learner, source)
     abs_sum = torch.zeros((), dtype=torch.float64)

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from ppokit.data import format_prompts, make_prompt_source
 from ppokit.spec import Spec, SpecError, load_spec
-from ppokit.trainer.components import Components
+from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.logprobs import position_ids
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.models import Models, autocast, build_models, trunk_of
@@ -92,7 +92,7 @@ class Bare:
 
     spec: Spec
     models: Models
-    comps: Components
+    assembly: Assembly
     actor_opt: torch.optim.Optimizer
     critic_opt: torch.optim.Optimizer | None
     eos: list[int] = field(default_factory=list)
@@ -118,7 +118,7 @@ class Bare:
                 list(models.critic_parameters()), lr=t.critic_lr, weight_decay=t.weight_decay
             )
         eos = eos_ids(m.tokenizer, m.actor)
-        return cls(learner.spec, models, learner.comps, actor_opt, critic_opt, eos)
+        return cls(learner.spec, models, learner.assembly, actor_opt, critic_opt, eos)
 
     # ------------------------------------------------------------------ passes
     def _generate(self, ids: Tensor, attn: Tensor, greedy: bool) -> Tensor:
@@ -198,7 +198,7 @@ class Bare:
         lengths = mask.sum(1).tolist()
         truncated = (is_eos.sum(1) == 0).tolist()
         scores = torch.zeros(len(texts), device=device)
-        for _name, fn, weight in self.comps.rewards:
+        for _name, fn, weight in self.assembly.rewards:
             s = fn(
                 [row["prompt"] for row in expanded],
                 texts,
@@ -207,13 +207,13 @@ class Bare:
                 truncated=truncated,
             )
             scores = scores + weight * torch.as_tensor(s, dtype=torch.float32).to(device)
-        if "baseline_rewards" in self.comps.requires:
+        if "baseline_rewards" in self.assembly.requires:
             g_ids = self._generate(
                 enc["input_ids"].to(device), enc["attention_mask"].to(device), greedy=True
             )
             g_texts = tok.batch_decode(g_ids.cpu(), True)
             g_fields = {k: [row.get(k) for row in rows] for k in answers}
-            for _name, fn, _weight in self.comps.rewards:
+            for _name, fn, _weight in self.assembly.rewards:
                 fn([row["prompt"] for row in rows], g_texts, **g_fields)
         times["score"] = clock() - start
 
@@ -283,8 +283,8 @@ class Bare:
 def make_learner(spec: Spec) -> Learner:
     random.seed(spec.seed)
     torch.manual_seed(spec.seed)
-    comps = Components.from_spec(spec)
-    return Learner(spec, build_models(spec, comps.head_size), comps)
+    assembly = Assembly.from_spec(spec)
+    return Learner(spec, build_models(spec, assembly.head_size), assembly)
 
 
 def median_times(runs: list[dict[str, float]]) -> dict[str, float]:

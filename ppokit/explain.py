@@ -132,26 +132,24 @@ def _critic(w: _Writer, spec: Spec) -> None:
         f"{c.loss.name}(V_φ(s_t), Y_t, V_old(s_t)) · ω[:, None], m^V)",
         1,
     )
+    w.line("(rows of weight ω = 0 stay in m^V and in the denominator)", 1)
 
 
 def _actor(w: _Writer, spec: Spec, kl_placement: str | None) -> None:
     p = spec.policy
     agg = p.aggregation.name
-    weight: ComponentSpec | None = getattr(p, "weight", None)
     w.section(6, "Actor")
     w.component("policy loss", "policy_loss", p.loss)
     w.component("aggregation", "aggregation", p.aggregation)
-    mask = "mask"
-    if weight is not None:
-        w.component("prompt weight ω", "prompt_weight", weight)
-        mask = "mask·ω[:, None]"
-    terms = [f"{agg}({p.loss.name}(logp, logp_old, A, {mask}), {mask})"]
+    w.component("prompt weight ω", "prompt_weight", p.weight)
+    w.line("mask' = mask·[ω > 0]: rows of weight 0 leave every actor term and its denominator", 1)
+    terms = [f"{agg}({p.loss.name}(logp, logp_old, A, mask') · ω[:, None], mask')"]
     if kl_placement == "loss" and spec.kl is not None:
-        terms.append(f"+ {spec.kl.coef:g}·{agg}({spec.kl.estimator.name}(logp, logp_ref), {mask})")
+        terms.append(f"+ {spec.kl.coef:g}·{agg}({spec.kl.estimator.name}(logp, logp_ref), mask')")
     if p.entropy_coef:
-        terms.append(f"− {p.entropy_coef:g}·{agg}(entropy, {mask})")
+        terms.append(f"− {p.entropy_coef:g}·{agg}(entropy, mask')")
     if p.nll_coef:
-        terms.append(f"+ {p.nll_coef:g}·{agg}(−logp, {mask}·[R > 0])")
+        terms.append(f"+ {p.nll_coef:g}·{agg}(−logp, mask'·[R > 0])")
     w.line("L_π = " + terms[0], 1)
     for term in terms[1:]:
         w.line("      " + term, 1)

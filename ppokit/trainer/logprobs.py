@@ -10,21 +10,12 @@ keeps them instead, which gives the same values without recomputing the LM head.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = [
-    "position_ids",
-    "response_hidden",
-    "sampled_logprobs",
-    "token_logprobs",
-    "trunk_hidden",
-]
+__all__ = ["position_ids", "response_hidden", "token_logprobs", "trunk_hidden"]
 
 #: Elements of float32 logits one chunk may hold (64 MiB).
 CHUNK_ELEMENTS = 1 << 24
@@ -57,52 +48,11 @@ def response_hidden(hidden: Tensor, prompt_len: int) -> Tensor:
 
 
 def _chunk_stats(
-    head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float
-) -> tuple[Tensor, Tensor]:
-    logits = head(hidden).float() / temperature
-    logsm = F.log_softmax(logits, dim=-1)
-    logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logsm.exp() * logsm).sum(-1)
-    return logp, entropy
-
-
-def _chunk_logp(head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, entropy: bool
+) -> tuple[Tensor, Tensor | None]:
     logsm = F.log_softmax(head(hidden).float() / temperature, dim=-1)
-    return logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def _chunked(
-    fn: Callable[..., Any],
-    hidden: Tensor,
-    head: nn.Module,
-    targets: Tensor,
-    temperature: float,
-    chunk_elements: int,
-    checkpoint_min_elements: int,
-) -> list[Any]:
-    """``fn(head, hidden_chunk, targets_chunk, temperature)`` over chunks of positions,
-    checkpointed when a gradient is needed and the logits of the call hold more than
-    ``checkpoint_min_elements`` elements."""
-    b, t = targets.shape
-    vocab = head.weight.shape[0] if hasattr(head, "weight") else 1
-    step = max(1, chunk_elements // max(1, b * vocab))
-    grad = torch.is_grad_enabled() and (
-        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
-    )
-    recompute = grad and b * t * vocab > checkpoint_min_elements
-    out = []
-    for start in range(0, t, step):  # chunks of positions (memory), not time steps
-        h = hidden[:, start : start + step]
-        y = targets[:, start : start + step]
-        if recompute:  # deterministic: no RNG state to preserve
-            out.append(
-                checkpoint(
-                    fn, head, h, y, temperature, use_reentrant=False, preserve_rng_state=False
-                )
-            )
-        else:
-            out.append(fn(head, h, y, temperature))
-    return out
+    logp = logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logp, (-(logsm.exp() * logsm).sum(-1) if entropy else None)
 
 
 def token_logprobs(
@@ -112,31 +62,43 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_elements: int = CHUNK_ELEMENTS,
     checkpoint_min_elements: int = CHECKPOINT_MIN_ELEMENTS,
-) -> tuple[Tensor, Tensor]:
+    *,
+    entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """log π(targets | state) and the entropy of π at each position, float32 ``[B, T]``.
 
     π = softmax(head(hidden) / temperature), the distribution the rollout samples from.
+    ``entropy=False`` skips the entropy's full-vocabulary pass (a reference policy needs the
+    log-probs only; they are the same values) and returns ``(logp, None)``.
+
+    The positions go through the head in chunks whose float32 logits hold at most
+    ``chunk_elements`` elements; with a gradient needed and more than
+    ``checkpoint_min_elements`` logit elements in the call, each chunk is checkpointed.
     """
-    parts = _chunked(
-        _chunk_stats, hidden, head, targets, temperature, chunk_elements, checkpoint_min_elements
+    b, t = targets.shape
+    vocab = head.weight.shape[0] if hasattr(head, "weight") else 1
+    step = max(1, chunk_elements // max(1, b * vocab))
+    grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
     )
-    if len(parts) == 1:
-        return parts[0]
-    return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
-
-
-def sampled_logprobs(
-    hidden: Tensor,
-    head: nn.Module,
-    targets: Tensor,
-    temperature: float = 1.0,
-    chunk_elements: int = CHUNK_ELEMENTS,
-    checkpoint_min_elements: int = CHECKPOINT_MIN_ELEMENTS,
-) -> Tensor:
-    """log π(targets | state) alone, float32 ``[B, T]`` (the same values as
-    :func:`token_logprobs`), without the entropy's full-vocabulary pass: a reference policy
-    needs only this."""
-    parts = _chunked(
-        _chunk_logp, hidden, head, targets, temperature, chunk_elements, checkpoint_min_elements
-    )
-    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    recompute = grad and b * t * vocab > checkpoint_min_elements
+    chunks = []
+    for start in range(0, t, step):  # chunks of positions (memory), not time steps
+        args = (head, hidden[:, start : start + step], targets[:, start : start + step])
+        if recompute:  # deterministic: no RNG state to preserve
+            chunks.append(
+                checkpoint(
+                    _chunk_stats,
+                    *args,
+                    temperature,
+                    entropy,
+                    use_reentrant=False,
+                    preserve_rng_state=False,
+                )
+            )
+        else:
+            chunks.append(_chunk_stats(*args, temperature, entropy))
+    if len(chunks) == 1:
+        return chunks[0]
+    logp = torch.cat([c[0] for c in chunks], 1)
+    return logp, (torch.cat([c[1] for c in chunks], 1) if entropy else None)

@@ -15,13 +15,14 @@ import torch
 
 from ppokit.errors import UserError
 from ppokit.spec import Spec, validate_spec
+from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.checkpoint import (
     CHECKPOINT,
+    has_checkpoint,
     load_checkpoint,
     save_checkpoint,
     truncate_jsonl,
 )
-from ppokit.trainer.components import Components
 from ppokit.trainer.display import Display
 from ppokit.trainer.metrics import MetricsLog, plot_curves, read_metrics, read_once
 from ppokit.trainer.models import build_models
@@ -71,7 +72,7 @@ def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
 
 def _prepare_output(out: Path, resume: bool, overwrite: bool) -> None:
     if resume:
-        if not (out / CHECKPOINT).is_dir():
+        if not has_checkpoint(out):
             raise UserError(f"nothing to resume: {out / CHECKPOINT} does not exist")
         return
     if out.exists() and not out.is_dir():
@@ -123,9 +124,9 @@ def train(
     _prepare_output(out, resume, overwrite or spec.output.overwrite)
     wall = time.perf_counter()
     _seed_all(spec.seed)
-    comps = Components.from_spec(spec)
-    models = build_models(spec, comps.head_size)
-    learner = Learner(spec, models, comps)
+    assembly = Assembly.from_spec(spec)
+    models = build_models(spec, assembly.head_size)
+    learner = Learner(spec, models, assembly)
     source = make_prompt_source(spec.data, spec.seed)
     log = MetricsLog(out)
     start = 0

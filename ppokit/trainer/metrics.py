@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["CURVES", "MetricsLog", "plot_curves", "read_metrics"]
+__all__ = ["CURVES", "Meter", "MetricsLog", "plot_curves", "read_metrics"]
 
 #: Keys every metrics line carries (None when a run has no such quantity).
 REQUIRED = (
@@ -61,6 +61,37 @@ CURVES = (
     "clipfrac",
     "grad_norm_actor",
 )
+
+
+class Meter:
+    """Sums and counts of metric tensors, averaged at the end without a host read.
+
+    ``add(name, total, count)`` adds a sum and the number of items it sums (a tensor or a
+    number); ``mean(name, value)`` adds one item. ``means()`` gives each name's Σ total / Σ
+    count as a 0-d float32 tensor (0 where nothing was counted).
+    """
+
+    def __init__(self) -> None:
+        self.totals: dict[str, list[Tensor]] = {}
+        self.counts: dict[str, list[Tensor]] = {}
+
+    def add(self, name: str, total: Tensor, count: Tensor | float) -> None:
+        total = total.detach().float()
+        if not isinstance(count, Tensor):
+            count = total.new_full((), count)  # a fill on the device, no host-to-device copy
+        self.totals.setdefault(name, []).append(total)
+        self.counts.setdefault(name, []).append(count.detach().float())
+
+    def mean(self, name: str, value: Tensor) -> None:
+        self.add(name, value, 1.0)
+
+    def means(self) -> dict[str, Tensor]:
+        out = {}
+        for name, totals in self.totals.items():
+            total = torch.stack(totals).sum()
+            count = torch.stack(self.counts[name]).sum()
+            out[name] = torch.where(count > 0, total / count, 0.0)
+        return out
 
 
 def read_once(tensors: dict[str, Tensor]) -> dict[str, float | None]:

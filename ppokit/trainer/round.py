@@ -1,5 +1,9 @@
-"""One PPO round: generate → reward → truncation rule → KL in the reward → advantages,
-critic targets, position mask, prompt weights → ``ppo_epochs`` passes of minibatch updates.
+"""One PPO round, in the order it runs (docs/design.md):
+
+1. ``collect``: generate → reward → values and reference log-probs → truncation rule → KL in
+   the reward → advantages, critic targets, position mask, prompt weights;
+2. ``update``: ``ppo_epochs`` passes of shuffled minibatch steps, each the sum of its
+   micro-batches' losses (the actor and critic objectives) and one optimizer step per model.
 
 Nothing in a round reads a tensor back to the host except the decoded responses the rewards
 need and one read of the stacked metric tensors at its end.
@@ -11,7 +15,8 @@ import math
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,13 +24,10 @@ import torch
 from torch import Tensor, nn
 
 from ppokit.batch import RolloutBatch
-from ppokit.trainer.components import Components, aggregate, as_scores, denominator
-from ppokit.trainer.logprobs import (
-    response_hidden,
-    sampled_logprobs,
-    token_logprobs,
-    trunk_hidden,
-)
+from ppokit.spec import Spec
+from ppokit.trainer.assembly import Assembly, aggregate, as_scores, denominator
+from ppokit.trainer.logprobs import response_hidden, token_logprobs, trunk_hidden
+from ppokit.trainer.metrics import Meter
 from ppokit.trainer.models import Models, autocast, trunk_of
 from ppokit.trainer.rollout import Rollout, generate
 
@@ -39,8 +41,11 @@ def _linear_warmup(steps: int) -> Callable[[int], float]:
     return factor
 
 
-def _ignore(name: str, value: Tensor) -> None:
-    pass
+@contextmanager
+def _timed(timings: dict[str, float], key: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    timings[key] = time.perf_counter() - start
 
 
 def explained_variance(target: Tensor, pred: Tensor, mask: Tensor) -> Tensor:
@@ -81,9 +86,9 @@ class UpdateData:
     rollout: Rollout
     batch: RolloutBatch
     advantages: Tensor
-    actor_mask: Tensor  # bool [B, T]: response mask of rows with a positive policy weight
-    policy_weights: Tensor  # [B]
-    nll_mask: Tensor | None
+    actor_mask: Tensor  # bool [B, T]: mask' = response mask · [ω > 0]
+    policy_weights: Tensor  # ω [B]
+    nll_mask: Tensor | None  # bool [B, T]: mask' · [R > 0], when the NLL term is on
     targets: Tensor | None = None
     value_mask: Tensor | None = None  # bool [B, T]
     value_weights: Tensor | None = None
@@ -106,10 +111,10 @@ class RoundResult:
 class Learner:
     """Models, components, optimizers and the adaptive KL state of a run."""
 
-    def __init__(self, spec: Any, models: Models, comps: Components) -> None:
+    def __init__(self, spec: Spec, models: Models, assembly: Assembly) -> None:
         self.spec = spec
         self.models = models
-        self.comps = comps
+        self.assembly = assembly
         self.device = models.runtime.device
         t = spec.train
         self.actor_opt = torch.optim.AdamW(
@@ -148,6 +153,7 @@ class Learner:
             logp, ent = token_logprobs(
                 hidden[:, :-1], model.get_output_embeddings(), ro.response_ids, self.temperature
             )
+        assert ent is not None
         return logp, ent, hidden
 
     def reference_logprobs(self, ro: Rollout) -> Tensor:
@@ -156,13 +162,19 @@ class Learner:
         assert ref is not None
         hidden = self.actor_hidden(ref, ro)
         with autocast(self.models.runtime):
-            return sampled_logprobs(
-                hidden[:, :-1], ref.get_output_embeddings(), ro.response_ids, self.temperature
+            logp, _ = token_logprobs(
+                hidden[:, :-1],
+                ref.get_output_embeddings(),
+                ro.response_ids,
+                self.temperature,
+                entropy=False,
             )
+        return logp
 
     def critic_head_out(self, ro: Rollout, shared_hidden: Tensor | None) -> Tensor:
         """The value head's output ``[B, T+1, head_size]`` (state before each token, then the
-        state after the last position)."""
+        state after the last position); ``shared_hidden``: the actor trunk's states, for a
+        shared critic."""
         critic = self.models.critic
         assert critic is not None
         with autocast(self.models.runtime):
@@ -179,7 +191,46 @@ class Learner:
         if self.models.critic is not None:
             self.models.critic.eval()
 
-    # ------------------------------------------------------------------ rollout
+    def train_mode(self) -> None:
+        self.models.actor.train()
+        if self.models.critic is not None:
+            self.models.critic.train()
+
+    # ------------------------------------------------------------ 1. collect
+    def collect(
+        self, rows: list[dict[str, Any]], formatted: list[str]
+    ) -> tuple[UpdateData, RoundResult]:
+        """Generate, score and estimate: everything up to the updates."""
+        n = self.spec.rollout.n
+        timings: dict[str, float] = {}
+        self.eval_mode()  # sampling and scoring see no dropout
+        with _timed(timings, "time_generate"):
+            ro = self.sample(formatted, n)
+        with _timed(timings, "time_score"):
+            expanded = [row for row in rows for _ in range(n)]
+            texts, lengths, truncated = self.decode(ro)
+            scores, parts = self.score(expanded, texts, lengths, truncated)
+            needs_baseline = "baseline_rewards" in self.assembly.requires
+            baseline = self.baseline(rows, formatted) if needs_baseline else None
+        with _timed(timings, "time_logprob"):
+            batch = self.rollout_batch(ro, scores, baseline)
+        data, estimates = self.estimate(ro, batch, scores)
+
+        lengths_t = ro.response_mask.float().sum(1)
+        metrics = {
+            "reward_mean": scores.mean(),
+            "reward_std": scores.std() if len(texts) > 1 else scores.new_zeros(()),
+            "response_length_mean": lengths_t.mean(),
+            "truncated_frac": ro.truncated.float().mean(),
+            "tokens": lengths_t.sum(),
+            **estimates,
+        }
+        if len(parts) > 1:
+            metrics.update({f"reward/{name}": s.mean() for name, s in parts.items()})
+        prompts = [row["prompt"] for row in expanded]
+        return data, RoundResult(metrics, timings, prompts, texts, scores)
+
+    # ------------------------------------------------------------ 1a. generate
     def encode(self, prompts: list[str], n: int = 1) -> tuple[Tensor, Tensor]:
         """Left-padded prompt ids and attention mask on the device, each prompt ``n`` times
         (the chat template already holds its special tokens)."""
@@ -205,7 +256,7 @@ class Learner:
 
     def _generate(self, prompts: list[str], n: int, **sampling: Any) -> Rollout:
         ids, attn = self.encode(prompts, n)
-        with autocast(self.models.runtime):
+        with torch.no_grad(), autocast(self.models.runtime):
             return generate(
                 self.models.actor,
                 self.models.tokenizer,
@@ -215,6 +266,7 @@ class Learner:
                 **sampling,
             )
 
+    # ------------------------------------------------------------ 1b. score
     def decode(self, ro: Rollout) -> tuple[list[str], list[int], list[bool]]:
         """Response texts, lengths and truncation flags (one host read)."""
         tok = self.models.tokenizer
@@ -227,165 +279,128 @@ class Learner:
 
     def score(
         self,
-        prompts: list[str],
-        responses: list[str],
         rows: list[dict[str, Any]],
+        responses: list[str],
         lengths: list[int],
         truncated: list[bool],
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """Σ_k weight_k · reward_k, float32 [B], and each reward's scores."""
+        """R = Σ_k weight_k · reward_k, float32 [B], and each reward's scores, for one
+        response per data row."""
         columns = sorted({k for row in rows for k in row if k != "prompt"})
         fields: dict[str, list[Any]] = {c: [row.get(c) for row in rows] for c in columns}
-        fields["lengths"] = lengths
-        fields["truncated"] = truncated
+        prompts = [row["prompt"] for row in rows]
         total = torch.zeros(len(responses), device=self.device)
         parts = {}
-        for name, fn, weight in self.comps.rewards:
-            s = as_scores(fn(prompts, responses, **fields), self.device)
+        for name, fn, weight in self.assembly.rewards:
+            s = as_scores(
+                fn(prompts, responses, **fields, lengths=lengths, truncated=truncated), self.device
+            )
             parts[name] = s
             total = total + weight * s
         return total, parts
 
-    # ------------------------------------------------------------------ round
-    def collect(
-        self, rows: list[dict[str, Any]], formatted: list[str]
-    ) -> tuple[UpdateData, RoundResult]:
-        """Generate, score and estimate: everything up to the updates."""
-        spec, comps, models = self.spec, self.comps, self.models
-        n = spec.rollout.n
-        timings: dict[str, float] = {}
-        metrics: dict[str, Tensor] = {}
-        self.eval_mode()  # sampling and scoring see no dropout
-        start = time.perf_counter()
-        with torch.no_grad():
-            ro = self.sample(formatted, n)
-        timings["time_generate"] = time.perf_counter() - start
+    def baseline(self, rows: list[dict[str, Any]], formatted: list[str]) -> Tensor:
+        """R of one greedy response per prompt, repeated for the prompt's ``n`` samples."""
+        greedy = self.greedy(formatted)
+        scores, _ = self.score(rows, *self.decode(greedy))
+        return scores.repeat_interleave(self.spec.rollout.n)
 
-        start = time.perf_counter()
-        texts, lengths, truncated = self.decode(ro)
-        expanded = [row for row in rows for _ in range(n)]
-        raw_prompts = [row["prompt"] for row in expanded]
-        scores, parts = self.score(raw_prompts, texts, expanded, lengths, truncated)
-        baseline = None
-        if "baseline_rewards" in comps.requires:
-            with torch.no_grad():
-                greedy = self.greedy(formatted)
-            g_texts, g_len, g_trunc = self.decode(greedy)
-            g_scores, _ = self.score([r["prompt"] for r in rows], g_texts, rows, g_len, g_trunc)
-            baseline = g_scores.repeat_interleave(n)
-        timings["time_score"] = time.perf_counter() - start
-
-        start = time.perf_counter()
+    # ------------------------------------------------------------ 1c. estimate
+    def rollout_batch(self, ro: Rollout, scores: Tensor, baseline: Tensor | None) -> RolloutBatch:
+        """The round's batch: R on each response's last token, the recorded log π_old, groups
+        of ``rollout.n`` responses, and (no-grad forwards) the critic's values with the value
+        after each row's last token and log π_ref."""
         mask = ro.response_mask
         b = mask.shape[0]
-        token_rewards = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
-        fields: dict[str, Tensor | None] = {
-            "response_mask": mask,
-            "token_rewards": token_rewards,
-            "logp_old": ro.logp_old,
-            "group_ids": torch.arange(b, device=self.device) // n,
-            "truncated": ro.truncated,
-            "baseline_rewards": baseline,
-        }
-        batch = RolloutBatch(**fields)  # type: ignore[arg-type]
+        batch = RolloutBatch(
+            response_mask=mask,
+            token_rewards=torch.zeros(mask.shape, dtype=torch.float32, device=self.device),
+            logp_old=ro.logp_old,
+            group_ids=torch.arange(b, device=self.device) // self.spec.rollout.n,
+            truncated=ro.truncated,
+            baseline_rewards=baseline,
+        )
         batch = batch.replace(token_rewards=torch.where(batch.last_mask, scores[:, None], 0.0))
+        models = self.models
         with torch.no_grad():
             if models.critic is not None:
-                shared = None
-                if models.shared_critic:
-                    shared = self.actor_hidden(models.actor, ro)  # the trunk only
-                head_out = self.critic_head_out(ro, shared)
-                v_all = comps.value(head_out)
-                rows_idx = torch.arange(b, device=self.device)
+                shared = self.actor_hidden(models.actor, ro) if models.shared_critic else None
+                v_all = self.assembly.value(self.critic_head_out(ro, shared))  # [B, T+1]
                 batch = batch.replace(
                     values=v_all[:, :-1] * mask,
-                    bootstrap_values=v_all[rows_idx, batch.last_index + 1],
+                    bootstrap_values=v_all.gather(1, batch.last_index[:, None] + 1).squeeze(1),
                 )
             if models.ref is not None:
                 batch = batch.replace(logp_ref=self.reference_logprobs(ro) * mask)
-        timings["time_logprob"] = time.perf_counter() - start
+        return batch
 
-        batch = comps.truncation(batch)
-        if comps.kl is not None:
-            kl_tok = comps.kl(batch.logp_old, batch.logp_ref).float() * batch.maskf
-            kl_seq = kl_tok.sum(1).mean()
-            metrics["kl"] = kl_seq
-            if spec.kl.placement == "reward":
-                batch = batch.replace(token_rewards=batch.token_rewards - self.kl_coef * kl_tok)
-            metrics["kl_coef"] = self.kl_coef.clone()
-            if spec.kl.target is not None:
-                self.kl_coef = kl_controller_step(
-                    self.kl_coef, kl_seq, spec.kl.target, spec.kl.horizon, b
-                )
-        adv = comps.advantage(batch).float().detach()
-        w_pol = comps.policy_weight(batch).float().detach()
-        actor_mask = batch.response_mask & (w_pol > 0)[:, None]
-        nll_mask = None
-        if spec.policy.nll_coef > 0:
-            nll_mask = actor_mask & (scores > 0)[:, None]
-        data = UpdateData(ro, batch, adv, actor_mask, w_pol, nll_mask)
-        batch_tokens = batch.lengths.sum().clamp_min(1)  # positions the estimators saw
-        if models.critic is not None:
-            assert comps.critic_target and comps.critic_mask and comps.critic_weight
-            data.targets = comps.critic_target(batch).float().detach()
-            data.value_mask = comps.critic_mask(batch).detach() > 0
-            data.value_weights = comps.critic_weight(batch).float().detach()
+    def kl_to_reference(self, batch: RolloutBatch, metrics: dict[str, Tensor]) -> RolloutBatch:
+        """KL(π_old ‖ π_ref) per sequence (the ``kl`` metric); with the ``reward`` placement
+        r_t ← r_t − β·kl_t; then the adaptive controller's step of β."""
+        kl = self.spec.kl
+        assert kl is not None and self.assembly.kl is not None
+        kl_tok = self.assembly.kl(batch.logp_old, batch.logp_ref).float() * batch.maskf
+        kl_seq = kl_tok.sum(1).mean()
+        metrics["kl"] = kl_seq
+        metrics["kl_coef"] = self.kl_coef.clone()
+        if kl.placement == "reward":
+            batch = batch.replace(token_rewards=batch.token_rewards - self.kl_coef * kl_tok)
+        if kl.target is not None:
+            self.kl_coef = kl_controller_step(
+                self.kl_coef, kl_seq, kl.target, kl.horizon, batch.batch_size
+            )
+        return batch
+
+    def estimate(
+        self, ro: Rollout, batch: RolloutBatch, scores: Tensor
+    ) -> tuple[UpdateData, dict[str, Tensor]]:
+        """Truncation rule → KL in the reward → what the updates read: advantages A, prompt
+        weights ω with the actor's masks mask' = mask·[ω > 0] and mask'·[R > 0]; critic
+        targets Y, position mask m^V and weights. Returns them with their metrics."""
+        parts, metrics = self.assembly, {}
+        batch = parts.truncation(batch)
+        if self.spec.kl is not None:
+            batch = self.kl_to_reference(batch, metrics)
+        adv = parts.advantage(batch).float().detach()
+        weights = parts.policy_weight(batch).float().detach()
+        actor_mask = batch.response_mask & (weights > 0)[:, None]
+        nll_mask = actor_mask & (scores > 0)[:, None] if self.spec.policy.nll_coef > 0 else None
+        data = UpdateData(ro, batch, adv, actor_mask, weights, nll_mask)
+        tokens = batch.lengths.sum().clamp_min(1)  # positions the estimators saw
+        metrics["advantage_mean"] = (adv * batch.maskf).sum() / tokens
+        if self.models.critic is not None:
+            assert parts.critic_target and parts.critic_mask and parts.critic_weight
+            data.targets = parts.critic_target(batch).float().detach()
+            data.value_mask = parts.critic_mask(batch).detach() > 0
+            data.value_weights = parts.critic_weight(batch).float().detach()
             metrics["explained_variance"] = explained_variance(
                 data.targets, batch.values, batch.response_mask
             )
             # mean |Y - V_old|: stays meaningful when Var[Y] is near 0 and EV is not
             value_error = ((data.targets - batch.values).abs() * batch.maskf).sum()
-            metrics["value_error"] = value_error / batch_tokens
-        maskf = mask.float()
-        metrics["reward_mean"] = scores.mean()
-        metrics["reward_std"] = scores.std() if b > 1 else torch.zeros((), device=self.device)
-        metrics["response_length_mean"] = maskf.sum(1).mean()
-        metrics["truncated_frac"] = ro.truncated.float().mean()
-        metrics["advantage_mean"] = (adv * batch.maskf).sum() / batch_tokens
-        metrics["tokens"] = maskf.sum()
-        if len(parts) > 1:
-            for name, s in parts.items():
-                metrics[f"reward/{name}"] = s.mean()
-        result = RoundResult(metrics, timings, raw_prompts, texts, scores)
-        return data, result
+            metrics["value_error"] = value_error / tokens
+        return data, metrics
 
-    # ------------------------------------------------------------------ updates
+    # ------------------------------------------------------------ 2. update
     def update(self, data: UpdateData, train_actor: bool, result: RoundResult) -> None:
-        """``ppo_epochs`` passes of shuffled minibatch steps with gradient accumulation."""
+        """``ppo_epochs`` passes of shuffled minibatch steps with gradient accumulation; the
+        update's metrics go into ``result``."""
         start = time.perf_counter()
         t = self.spec.train
-        models = self.models
         b = data.batch.batch_size
         mb = t.minibatch_size or b
         micro = t.micro_batch_size or mb
-        has_critic = models.critic is not None
-        acc: dict[str, list[Tensor]] = {}
-
-        def add(name: str, value: Tensor) -> None:
-            acc.setdefault(name, []).append(value.detach().float())
-
-        models.actor.train()
-        if has_critic:
-            models.critic.train()  # type: ignore[union-attr]
+        meter = Meter()
+        self.train_mode()
         for _epoch in range(t.ppo_epochs):
             perm = torch.randperm(b).to(self.device)
             for s in range(0, b, mb):
-                idx = perm[s : s + mb]
-                self.accumulate(data, idx, micro, train_actor, add)
+                self.accumulate(data, perm[s : s + mb], micro, train_actor, meter)
                 if train_actor:
-                    add("grad_norm_actor", self._step(self.actor_opt, self.actor_sched))
+                    meter.mean("grad_norm_actor", self._step(self.actor_opt, self.actor_sched))
                 if self.critic_opt is not None:
-                    add("grad_norm_critic", self._step(self.critic_opt, self.critic_sched))
-        for name, values in acc.items():
-            if name.endswith("_count"):
-                continue
-            if name.endswith("_num"):
-                key = name[: -len("_num")]
-                result.metrics[key] = torch.stack(values).sum() / torch.stack(
-                    acc[key + "_count"]
-                ).sum().clamp_min(1)
-            else:
-                result.metrics[name] = torch.stack(values).mean()
+                    meter.mean("grad_norm_critic", self._step(self.critic_opt, self.critic_sched))
+        result.metrics.update(meter.means())
         result.timings["time_update"] = time.perf_counter() - start
         result.timings["peak_memory_gb"] = peak_memory_gb(self.device)
 
@@ -395,21 +410,25 @@ class Learner:
         idx: Tensor,
         micro: int,
         train_actor: bool,
-        add: Callable[[str, Tensor], None] | None = None,
-    ) -> None:
+        meter: Meter | None = None,
+    ) -> Tensor:
         """Zero the gradients, then accumulate those of the minibatch ``idx`` over
         micro-batches of ``micro`` rows; every micro-batch uses the whole minibatch's
-        aggregation denominators, so the sum is exactly the minibatch gradient."""
+        aggregation denominators, so the sum is exactly the minibatch gradient. Returns the
+        minibatch loss, the sum of the micro-batch losses (detached)."""
+        meter = meter if meter is not None else Meter()
         self.actor_opt.zero_grad(set_to_none=True)
         if self.critic_opt is not None:
             self.critic_opt.zero_grad(set_to_none=True)
         denoms = self._denominators(data, idx)
         mb = idx.shape[0]
+        total = torch.zeros((), device=self.device)
         for u in range(0, mb, micro):
             j = idx[u : u + micro]
-            share = j.shape[0] / mb
-            loss = self._micro_loss(data, j, denoms, share, train_actor, add or _ignore)
+            loss = self._micro_loss(data, j, denoms, j.shape[0] / mb, train_actor, meter)
             loss.backward()
+            total = total + loss.detach()
+        return total
 
     def _step(self, opt: torch.optim.Optimizer, sched: Any) -> Tensor:
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
@@ -420,15 +439,18 @@ class Learner:
         return norm
 
     def _denominators(self, data: UpdateData, idx: Tensor) -> dict[str, Tensor | None]:
+        """Each aggregation's denominator over the whole minibatch ``idx``: the policy terms'
+        over mask', the NLL term's over mask'·[R > 0], the critic's over m^V."""
+
         def clamp(d: Tensor | None) -> Tensor | None:
             return None if d is None else d.clamp_min(1e-8)
 
-        comps = self.comps
-        out = {"policy": clamp(denominator(comps.policy_agg, data.actor_mask[idx]))}
+        parts = self.assembly
+        out = {"policy": clamp(denominator(parts.policy_agg, data.actor_mask[idx]))}
         if data.nll_mask is not None:
-            out["nll"] = clamp(denominator(comps.policy_agg, data.nll_mask[idx]))
-        if data.value_mask is not None and comps.critic_agg is not None:
-            out["critic"] = clamp(denominator(comps.critic_agg, data.value_mask[idx]))
+            out["nll"] = clamp(denominator(parts.policy_agg, data.nll_mask[idx]))
+        if data.value_mask is not None and parts.critic_agg is not None:
+            out["critic"] = clamp(denominator(parts.critic_agg, data.value_mask[idx]))
         return out
 
     def _micro_loss(
@@ -438,66 +460,70 @@ class Learner:
         denoms: dict[str, Tensor | None],
         share: float,
         train_actor: bool,
-        add: Callable[[str, Tensor], None],
+        meter: Meter,
     ) -> Tensor:
+        """The loss of the micro-batch ``j``: actor (when it trains) plus critic."""
         models = self.models
         ro = data.rollout.rows(j)
-        batch = data.batch.rows(j)
         loss = torch.zeros((), device=self.device)
-        shared_hidden = None
-        if train_actor or models.shared_critic:
-            grad_ctx = torch.enable_grad() if train_actor else torch.no_grad()
-            with grad_ctx:
-                logp, ent, hidden = self.actor_forward(models.actor, ro)
-            if models.shared_critic:
-                shared_hidden = hidden if train_actor else hidden.detach()
+        shared = None
         if train_actor:
-            loss = loss + self._actor_loss(data, j, batch, logp, ent, denoms, share, add)
+            logp, ent, hidden = self.actor_forward(models.actor, ro)
+            loss = loss + self._actor_loss(data, j, logp, ent, denoms, share, meter)
+            shared = hidden if models.shared_critic else None
+        elif models.shared_critic:
+            with torch.no_grad():
+                shared = self.actor_hidden(models.actor, ro)
         if models.critic is not None:
-            loss = loss + self._critic_loss(data, j, ro, batch, shared_hidden, denoms, share, add)
+            loss = loss + self._critic_loss(data, j, ro, shared, denoms, share, meter)
         return loss
 
     def _actor_loss(
         self,
         data: UpdateData,
         j: Tensor,
-        batch: RolloutBatch,
         logp: Tensor,
         ent: Tensor,
         denoms: dict[str, Tensor | None],
         share: float,
-        add: Callable[[str, Tensor], None],
+        meter: Meter,
     ) -> Tensor:
-        spec, comps = self.spec, self.comps
+        """L_π of the micro-batch (docs/design.md): with mask' = mask·[ω > 0],
+        agg(pl(logp, logp_old, A, mask')·ω, mask') + β·agg(kl(logp, logp_ref), mask')
+        − c_H·agg(entropy, mask') + c_NLL·agg(−logp, mask'·[R > 0])."""
+        policy = self.spec.policy
+        parts = self.assembly
         mask = data.actor_mask[j]
-        agg = comps.policy_agg
-        logp_old = batch.logp_old.float()
+        logp_old = data.batch.logp_old[j].float()  # type: ignore[index]
         adv = data.advantages[j]
-        pl = comps.policy_loss(logp, logp_old, adv, mask) * data.policy_weights[j][:, None]
-        policy_term = aggregate(agg, pl, mask, denoms["policy"], share)
-        add("policy_loss_num", policy_term)
-        add("policy_loss_count", torch.full((), share, device=self.device))
-        loss = policy_term
-        if spec.kl is not None and spec.kl.placement == "loss":
-            kl = comps.kl(logp, batch.logp_ref.float())  # type: ignore[misc]
-            loss = loss + self.kl_coef * aggregate(agg, kl, mask, denoms["policy"], share)
-        ent_term = aggregate(agg, ent, mask, denoms["policy"], share)
-        if spec.policy.entropy_coef > 0:
-            loss = loss - spec.policy.entropy_coef * ent_term
+
+        def term(elementwise: Tensor, m: Tensor, denom: Tensor | None) -> Tensor:
+            return aggregate(parts.policy_agg, elementwise, m, denom, share)
+
+        weighted = parts.policy_loss(logp, logp_old, adv, mask) * data.policy_weights[j][:, None]
+        pg = term(weighted, mask, denoms["policy"])
+        loss = pg
+        kl = self.spec.kl
+        if kl is not None and kl.placement == "loss":
+            assert parts.kl is not None and data.batch.logp_ref is not None
+            estimate = parts.kl(logp, data.batch.logp_ref[j].float())
+            loss = loss + self.kl_coef * term(estimate, mask, denoms["policy"])
+        if policy.entropy_coef > 0:
+            loss = loss - policy.entropy_coef * term(ent, mask, denoms["policy"])
         if data.nll_mask is not None:
-            nll = aggregate(agg, -logp, data.nll_mask[j], denoms["nll"], share)
-            loss = loss + spec.policy.nll_coef * nll
-        maskf = mask.float()
+            loss = loss + policy.nll_coef * term(-logp, data.nll_mask[j], denoms["nll"])
+
+        meter.add("policy_loss", pg, share)
         with torch.no_grad():
-            log_ratio = (logp - logp_old) * maskf
-            add("approx_kl_num", ((log_ratio.exp() - 1) - log_ratio).mul(maskf).sum())
-            add("approx_kl_count", maskf.sum())
-            add("entropy_num", (ent * maskf).sum())
-            add("entropy_count", maskf.sum())
-            clipped = getattr(comps.policy_loss, "clipped", None)
+            tokens = mask.float().sum()
+            log_ratio = torch.where(mask, logp - logp_old, 0.0)
+            # (ρ − 1) − log ρ, an estimate of KL(π_old ‖ π) from the sampled tokens
+            meter.add("approx_kl", (log_ratio.exp() - 1 - log_ratio).sum(), tokens)
+            meter.add("entropy", torch.where(mask, ent, 0.0).sum(), tokens)
+            clipped = getattr(parts.policy_loss, "clipped", None)
             if clipped is not None:
-                add("clipfrac_num", (clipped(logp, logp_old, adv, mask) & mask).float().sum())
-                add("clipfrac_count", maskf.sum())
+                active = clipped(logp, logp_old, adv, mask) & mask
+                meter.add("clipfrac", active.float().sum(), tokens)
         return loss
 
     def _critic_loss(
@@ -505,28 +531,27 @@ class Learner:
         data: UpdateData,
         j: Tensor,
         ro: Rollout,
-        batch: RolloutBatch,
-        shared_hidden: Tensor | None,
+        shared: Tensor | None,
         denoms: dict[str, Tensor | None],
         share: float,
-        add: Callable[[str, Tensor], None],
+        meter: Meter,
     ) -> Tensor:
-        comps = self.comps
-        assert comps.critic_loss is not None and comps.critic_agg is not None
+        """L_V of the micro-batch (docs/design.md): vf_coef·agg(ℓ(pred, Y, V_old)·ω^V, m^V)."""
+        parts = self.assembly
+        assert parts.critic_loss is not None and parts.critic_agg is not None
         assert data.targets is not None and data.value_mask is not None
-        assert data.value_weights is not None
-        head_out = self.critic_head_out(ro, shared_hidden)[:, :-1]
-        pred = comps.prediction(head_out)
+        assert data.value_weights is not None and data.batch.values is not None
+        pred = parts.prediction(self.critic_head_out(ro, shared)[:, :-1])
         target = data.targets[j]
-        old = batch.values.float()  # type: ignore[union-attr]
+        old = data.batch.values[j].float()
         vmask = data.value_mask[j]
-        elem = comps.critic_loss(pred, target, old) * data.value_weights[j][:, None]
-        value_term = aggregate(comps.critic_agg, elem, vmask, denoms.get("critic"), share)
-        add("value_loss_num", value_term)
-        add("value_loss_count", torch.full((), share, device=self.device))
-        clipped = getattr(comps.critic_loss, "clipped", None)
+        weighted = parts.critic_loss(pred, target, old) * data.value_weights[j][:, None]
+        value = aggregate(parts.critic_agg, weighted, vmask, denoms.get("critic"), share)
+
+        meter.add("value_loss", value, share)
+        clipped = getattr(parts.critic_loss, "clipped", None)
         if clipped is not None:
             with torch.no_grad():
-                add("vf_clipfrac_num", (clipped(pred, target, old) & vmask).float().sum())
-                add("vf_clipfrac_count", vmask.float().sum())
-        return self.spec.train.vf_coef * value_term
+                active = clipped(pred, target, old) & vmask
+                meter.add("vf_clipfrac", active.float().sum(), vmask.float().sum())
+        return self.spec.train.vf_coef * value

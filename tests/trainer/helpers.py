@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ppokit.spec import Spec, load_spec
-from ppokit.trainer.components import Components
+from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.models import build_models
 from ppokit.trainer.round import Learner
 
@@ -36,8 +36,8 @@ def small_spec(tmp: Path | None = None, *overrides: str) -> Spec:
 def learner(spec: Spec) -> Learner:
     random.seed(spec.seed)
     torch.manual_seed(spec.seed)
-    comps = Components.from_spec(spec)
-    return Learner(spec, build_models(spec, comps.head_size), comps)
+    assembly = Assembly.from_spec(spec)
+    return Learner(spec, build_models(spec, assembly.head_size), assembly)
 
 
 def demo_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:

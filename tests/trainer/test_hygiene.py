@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import ppokit
-from ppokit.trainer.logprobs import sampled_logprobs, token_logprobs
-from ppokit.trainer.metrics import read_once
+from ppokit.trainer.logprobs import token_logprobs
+from ppokit.trainer.metrics import Meter, read_once
 from ppokit.trainer.models import trunk_of
 from ppokit.trainer.round import Learner
 
@@ -134,6 +134,26 @@ def test_the_counter_sees_a_host_read_in_ppokit_code(monkeypatch) -> None:
     assert calls == Counter({("cpu", "read_once"): 1, ("tolist", "read_once"): 1})
 
 
+def test_the_meter_averages_sums_over_counts_without_host_reads(monkeypatch) -> None:
+    with host_reads(monkeypatch) as calls:
+        meter = Meter()
+        meter.add("loss", torch.tensor(3.0), 0.5)  # a micro-batch's share
+        meter.add("loss", torch.tensor(1.0), 0.5)
+        meter.add("kl", torch.tensor(6.0), torch.tensor(4.0))  # a sum over 4 tokens
+        meter.add("kl", torch.tensor(0.0), torch.tensor(0.0))
+        meter.add("never", torch.tensor(0.0), torch.tensor(0.0))
+        meter.mean("norm", torch.tensor(2.0))
+        meter.mean("norm", torch.tensor(4.0))
+        means = meter.means()
+    assert not calls
+    assert {k: float(v) for k, v in means.items()} == {
+        "loss": 4.0,
+        "kl": 1.5,
+        "never": 0.0,
+        "norm": 3.0,
+    }
+
+
 @pytest.mark.parametrize("extra", [[], ["model.critic=shared"], ["kl.coef=0.1"]])
 def test_sampling_and_scoring_run_in_eval_mode_without_a_graph(tmp_path, extra) -> None:
     lrn = learner(small_spec(tmp_path, *extra))
@@ -187,7 +207,8 @@ def test_reference_pass_gives_the_full_pass_logprobs(
     targets = torch.randint(0, 9, (b, t), generator=g)
     with torch.no_grad():
         full, _ = token_logprobs(hidden, head, targets, temp, chunk_elements=chunk)
-        only = sampled_logprobs(hidden, head, targets, temp, chunk_elements=chunk)
+        only, none = token_logprobs(hidden, head, targets, temp, chunk, entropy=False)
+    assert none is None
     assert torch.equal(only, full)  # the same arithmetic: bit-identical
     assert only.dtype == torch.float32 and bool((only <= 0).all())
 
@@ -197,7 +218,7 @@ def test_reference_pass_hand_case() -> None:
     with torch.no_grad():
         head.weight.copy_(torch.tensor([[1.0], [0.0]]))
     hidden = torch.tensor([[[2.0], [-2.0]]])  # logits / 2: [1, 0] then [-1, 0]
-    lp = sampled_logprobs(hidden, head, torch.tensor([[0, 1]]), temperature=2.0)
+    lp, _ = token_logprobs(hidden, head, torch.tensor([[0, 1]]), temperature=2.0, entropy=False)
     e = torch.tensor(1.0).exp()
     expected = torch.stack([1 - (e + 1).log(), -(1 / e + 1).log()]).reshape(1, 2)
     torch.testing.assert_close(lp, expected)

@@ -90,7 +90,7 @@ def test_value_at_t_depends_only_on_the_prefix(tmp_path) -> None:
                 shared = None
                 if lrn.models.shared_critic:
                     shared = lrn.actor_forward(lrn.models.actor, ro)[2]
-                outs.append(lrn.comps.value(lrn.critic_head_out(ro, shared)))
+                outs.append(lrn.assembly.value(lrn.critic_head_out(ro, shared)))
         # V(s_u) for u <= t reads tokens before u only: unchanged; V(s_{t+1}) sees token t
         torch.testing.assert_close(outs[0][:, : t + 1], outs[1][:, : t + 1])
         assert not torch.allclose(outs[0][:, t + 1], outs[1][:, t + 1])

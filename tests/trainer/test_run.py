@@ -73,8 +73,11 @@ def test_checkpoint_contents(tmp_path) -> None:
     assert {
         "actor.safetensors",
         "critic.safetensors",
-        "optim.pt",
-        "rng.pt",
+        "optim.json",
+        "optim.safetensors",
+        "rng.json",
+        "rng.safetensors",
+        "manifest.json",
         "state.json",
         "spec.yaml",
     } <= names

@@ -1,0 +1,226 @@
+"""The loss the trainer backpropagates is the objective ``ppokit explain`` states
+(docs/design.md), with prompt weights that are not 0/1.
+
+A fixed batch of 3 prompts × 4 responses with hand-chosen rewards, pass_rate_variance as the
+prompt weight of the actor and of the critic (one group solved by every response: weight
+0), KL in the loss, an entropy bonus and an NLL term. The objective is computed here from
+the component functions and plain torch (full logits, no chunking, whole-batch
+aggregations), as explain prints it:
+
+    mask' = mask·[ω > 0]
+    L_π = agg(pl(logp, logp_old, A, mask') · ω[:, None], mask')
+          + β·agg(kl(logp, logp_ref), mask') − c_H·agg(entropy, mask')
+          + c_NLL·agg(−logp, mask'·[R > 0])
+    L_V = vf_coef · agg_V(ℓ(V_φ(s_t), Y_t, V_old(s_t)) · ω^V[:, None], m^V)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ppokit.explain import explain
+from ppokit.registry import get_registry
+from ppokit.spec import ComponentSpec, Spec
+from ppokit.trainer.rollout import Rollout
+from ppokit.trainer.round import Learner, UpdateData
+
+from .helpers import demo_rows, learner, small_spec
+
+#: Outcome rewards R, 3 groups of 4: pass rates 0.25, 0.375 and 1 (weight 0).
+REWARDS = [1.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+#: pass_rate_variance: p(1 − p) per group, normalised to mean 1 over the 12 responses.
+RAW = [0.25 * 0.75] * 4 + [0.375 * 0.625] * 4 + [0.0] * 4
+WEIGHTS = [w * 12 / sum(RAW) for w in RAW]
+#: Response lengths (positions of the response mask).
+LENGTHS = [5, 3, 4, 1, 2, 5, 5, 3, 4, 2, 5, 1]
+T = 5
+
+OBJECTIVE = [
+    "rollout.prompts_per_round=3",
+    "rollout.n=4",
+    f"rollout.max_new_tokens={T}",
+    "rollout.temperature=0.8",
+    "policy.weight=pass_rate_variance",
+    "critic.weight=pass_rate_variance",
+    "critic.loss=clipped_mse",
+    "kl.estimator=k3",
+    "kl.coef=0.2",
+    "kl.placement=loss",
+    "policy.entropy_coef=0.1",
+    "policy.nll_coef=0.3",
+    "train.vf_coef=0.7",
+]
+
+AGGREGATIONS = {
+    "token_mean": [],
+    "seq_mean_token_mean": ["critic.aggregation=seq_mean_token_mean"],
+    "seq_mean_token_sum_norm": ["policy.loss.clip_high=0.28"],
+}
+
+
+def _create(kind: str, comp: ComponentSpec) -> Any:
+    return get_registry().create(kind, comp.name, **comp.params)
+
+
+def _rollout(lrn: Learner) -> Rollout:
+    """3 prompts × 4 fixed responses, log π_old recorded from the actor as sampling would."""
+    rows = demo_rows(3)
+    ids, attn = lrn.encode([r["prompt"] for r in rows], 4)
+    g = torch.Generator().manual_seed(7)
+    response = torch.randint(3, 60, (12, T), generator=g)  # no EOS (id 2), no padding (id 0)
+    mask = torch.arange(T)[None, :] < torch.tensor(LENGTHS)[:, None]
+    response = response.masked_fill(~mask, 0)
+    ro = Rollout(ids, attn, response, mask, mask.all(1), None)
+    with torch.no_grad():
+        logp, _, _ = lrn.actor_forward(lrn.models.actor, ro)
+    ro.logp_old = logp * mask
+    return ro
+
+
+def _perturb(lrn: Learner) -> None:
+    """Move the actor and the critic away from the rollout's (ratios and values ≠ 1 and
+    V_old: clipping and KL active)."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]:
+            p.add_(0.08 * torch.randn(p.shape, generator=g))
+
+
+def _forward(lrn: Learner, ro: Rollout) -> tuple[Tensor, Tensor, Tensor]:
+    """(log π, entropy, V_φ) of the responses from full logits and the critic's trunk."""
+    ids, attn = ro.inputs()
+    positions = (attn.cumsum(-1) - 1).clamp_min(0)
+    p = ro.prompt_len
+    logits = lrn.models.actor(input_ids=ids, attention_mask=attn, position_ids=positions).logits
+    logsm = F.log_softmax(logits[:, p - 1 : -1].float() / lrn.spec.rollout.temperature, -1)
+    logp = logsm.gather(-1, ro.response_ids[..., None]).squeeze(-1)
+    entropy = -(logsm.exp() * logsm).sum(-1)
+    critic = lrn.models.critic
+    assert critic is not None
+    hidden = critic.trunk(
+        input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False
+    ).last_hidden_state
+    values = critic(hidden[:, p - 1 : -1])[..., 0]
+    return logp, entropy, values
+
+
+def objective(
+    spec: Spec, lrn: Learner, data: UpdateData, scores: Tensor, rows: Tensor
+) -> dict[str, Tensor]:
+    """L_π and L_V over the minibatch ``rows`` as explain states them (ω, A, Y and m^V are
+    estimated on the whole round's batch), and two objectives explain does not state."""
+    pol, crit, kl = spec.policy, spec.critic, spec.kl
+    assert crit is not None and kl is not None
+    agg = _create("aggregation", pol.aggregation)
+    pl = _create("policy_loss", pol.loss)
+    k = _create("kl_estimator", kl.estimator)
+    omega = _create("prompt_weight", pol.weight)(data.batch)[rows]
+    adv = _create("advantage", spec.advantage)(data.batch)[rows]
+    y = _create("critic_target", crit.target)(data.batch)[rows]
+    m_v = _create("position_mask", crit.mask)(data.batch)[rows]
+    omega_v = _create("prompt_weight", crit.weight)(data.batch)[rows]
+    batch, r = data.batch.rows(rows), scores[rows]
+    logp, entropy, values = _forward(lrn, data.rollout.rows(rows))
+    logp_old, logp_ref = batch.logp_old, batch.logp_ref
+
+    mask = batch.response_mask
+    mask_ = mask & (omega > 0)[:, None]  # mask'
+    positive = mask_ & (r > 0)[:, None]
+    policy = agg(pl(logp, logp_old, adv, mask_) * omega[:, None], mask_)
+    actor = (
+        policy
+        + kl.coef * agg(k(logp, logp_ref), mask_)
+        - pol.entropy_coef * agg(entropy, mask_)
+        + pol.nll_coef * agg(-logp, positive)
+    )
+    ell = _create("regression_loss", crit.loss)(values, y, batch.values)
+    critic_agg = _create("aggregation", crit.aggregation)
+    critic = spec.train.vf_coef * critic_agg(ell * omega_v[:, None], m_v)
+
+    # what explain printed before: ω inside the mask, KL and entropy over every response
+    weighted = mask.float() * omega[:, None]
+    old_explain = (
+        agg(pl(logp, logp_old, adv, weighted), weighted)
+        + kl.coef * agg(k(logp, logp_ref), mask)
+        - pol.entropy_coef * agg(entropy, mask)
+        + pol.nll_coef * agg(-logp, weighted * (r > 0)[:, None])
+    )
+    # regularisers weighted by ω too
+    weighted_regularisers = (
+        policy
+        + kl.coef * agg(k(logp, logp_ref) * omega[:, None], mask_)
+        - pol.entropy_coef * agg(entropy * omega[:, None], mask_)
+        + pol.nll_coef * agg(-logp * omega[:, None], positive)
+    )
+    return {
+        "omega": omega,
+        "objective": actor + critic,
+        "old explain": old_explain + critic,
+        "weighted regularisers": weighted_regularisers + critic,
+    }
+
+
+def _setup(tmp_path: Any, *extra: str) -> tuple[Spec, Learner, UpdateData, Tensor]:
+    """A learner, the round's estimates on the fixed rollout, then the models moved."""
+    spec = small_spec(tmp_path, *OBJECTIVE, *extra)
+    lrn = learner(spec)
+    ro = _rollout(lrn)
+    scores = torch.tensor(REWARDS)
+    data, _ = lrn.estimate(ro, lrn.rollout_batch(ro, scores, None), scores)
+    _perturb(lrn)
+    lrn.train_mode()
+    return spec, lrn, data, scores
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+def test_the_trainer_loss_is_the_explained_objective(tmp_path, aggregation: str) -> None:
+    spec, lrn, data, scores = _setup(
+        tmp_path, f"policy.aggregation={aggregation}", *AGGREGATIONS[aggregation]
+    )
+    b = len(REWARDS)
+    every = torch.arange(b)
+    loss = lrn.accumulate(data, every, b, train_actor=True)
+    by_hand = objective(spec, lrn, data, scores, every)
+
+    torch.testing.assert_close(by_hand["omega"], torch.tensor(WEIGHTS))
+    torch.testing.assert_close(data.policy_weights, torch.tensor(WEIGHTS))
+    expected = by_hand["objective"]
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    # the batch tells the objectives apart: neither alternative is the trainer's loss
+    for other in ("old explain", "weighted regularisers"):
+        assert (by_hand[other] - loss).abs() > 1e-3, other
+
+    # micro-batches of uneven sizes over a shuffled minibatch: the same total
+    perm = torch.randperm(b, generator=torch.Generator().manual_seed(1))
+    for micro in (5, 1):
+        total = lrn.accumulate(data, perm, micro, train_actor=True)
+        torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_minibatch_loss_is_the_objective_of_its_rows(tmp_path) -> None:
+    """A minibatch has its own mask' and denominators, also when every one of its rows has
+    actor weight 0 (then only the critic's term is left, 0 too with ω^V = 0)."""
+    spec, lrn, data, scores = _setup(tmp_path)
+    for rows in (torch.tensor([0, 5, 9, 10, 6]), torch.tensor([8, 9, 10, 11])):
+        loss = lrn.accumulate(data, rows, 2, train_actor=True)
+        expected = objective(spec, lrn, data, scores, rows)["objective"]
+        torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_explain_states_the_objective(tmp_path) -> None:
+    text = explain(small_spec(tmp_path, *OBJECTIVE))
+    for line in (
+        "mask' = mask·[ω > 0]: rows of weight 0 leave every actor term and its denominator",
+        "L_π = token_mean(ppo_clip(logp, logp_old, A, mask') · ω[:, None], mask')",
+        "+ 0.2·token_mean(k3(logp, logp_ref), mask')",
+        "− 0.1·token_mean(entropy, mask')",
+        "+ 0.3·token_mean(−logp, mask'·[R > 0])",
+        "L_V = 0.7 · token_mean(clipped_mse(V_φ(s_t), Y_t, V_old(s_t)) · ω[:, None], m^V)",
+        "(rows of weight ω = 0 stay in m^V and in the denominator)",
+    ):
+        assert line in text, line
