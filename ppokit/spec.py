@@ -16,6 +16,7 @@ Nothing here imports torch or transformers.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -128,6 +129,19 @@ class RewardSpec(ComponentSpec):
         return ("weight",)
 
 
+class LoraSpec(_Strict):
+    """LoRA adapters (peft) on the actor, and on a separate critic's trunk."""
+
+    r: int = Field(16, ge=1, le=4096, description="rank of the adapters")
+    alpha: float = Field(
+        32.0, gt=0, le=1e6, description="scaling numerator: updates scale by alpha / r"
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="names of the modules that get adapters, or 'all-linear'"
+    )
+
+
 class ModelSpec(_Strict):
     actor: str = Field(
         "tiny",
@@ -160,6 +174,21 @@ class ModelSpec(_Strict):
         False,
         description="run the Python code a model directory ships (its own modelling files); "
         "off by default: a model directory is data, not code",
+    )
+    revision: str | None = Field(
+        None, description="revision (branch, tag or commit) of a Hub model id"
+    )
+    lora: LoraSpec | None = Field(
+        None,
+        description="train LoRA adapters (peft) instead of every weight; the reference policy "
+        "is then the actor with its adapters disabled",
+    )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="CPU threads of torch's intra-op pool (null: automatic, one thread for a "
+        "model under 10M parameters on a CPU, where more threads only contend)",
     )
 
 
@@ -200,7 +229,34 @@ GENERATED_SOURCES: dict[str, type[BaseModel]] = {
 
 
 class DataSpec(_Strict):
-    source: str = Field("demo", description="'demo', 'arithmetic' or a path to a JSONL file")
+    """Where the prompts come from, and how a data file's rows become ppokit rows."""
+
+    source: str = Field(
+        "demo",
+        min_length=1,
+        description="'demo', 'arithmetic', a local data file or folder (.jsonl, .json, "
+        ".parquet, .csv, .arrow, a folder of data files or one written by save_to_disk) "
+        "or 'hf:owner/name' (a Hub dataset); all but 'demo', 'arithmetic' and .jsonl need "
+        "pip install 'ppokit[data]'",
+    )
+    config: str | None = Field(
+        None, min_length=1, description="the configuration of a Hub dataset (hf: sources)"
+    )
+    split: str = Field(
+        "train",
+        min_length=1,
+        description="the split to read: of a Hub dataset or of a folder with several splits",
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="ppokit field -> the data's column, e.g. {prompt: question, answer: "
+        "final}; other columns keep their names",
+    )
+    answer_pattern: str | None = Field(
+        None,
+        description="regular expression with one group that extracts the gold answer from "
+        "the answer column (GSM8K: '####\\s*(.+)$')",
+    )
     chat_template: bool = Field(False, description="wrap prompts in the tokenizer's chat template")
     system_prompt: str | None = Field(
         None, description="system message placed before each prompt (with chat_template)"
@@ -210,6 +266,44 @@ class DataSpec(_Strict):
         description="options of the built-in prompt generator (demo: symbols; arithmetic: "
         "ops, min_value, max_value, terms)",
     )
+    shuffle: bool = Field(True, description="shuffle the rows of a data file each epoch")
+
+    @model_validator(mode="after")
+    def _check(self) -> DataSpec:
+        import re
+
+        from pydantic_core import PydanticCustomError
+
+        def error(message: str) -> PydanticCustomError:
+            return PydanticCustomError("data", message.replace("{", "{{").replace("}", "}}"))
+
+        source = self.source
+        if source.startswith("hf:") and not re.fullmatch(r"hf:[\w.-]+(/[\w.-]+)?", source):
+            raise error(f"source: a Hub dataset is written hf:owner/name, got {source!r}")
+        if any(not name or not column for name, column in self.columns.items()):
+            raise error("columns: field and column names must not be empty")
+        if self.answer_pattern is not None:
+            try:
+                groups = re.compile(self.answer_pattern).groups
+            except re.error as exc:
+                raise error(f"answer_pattern: not a regular expression: {exc}") from None
+            if groups != 1:
+                raise error(
+                    "answer_pattern: needs exactly one capturing group, the answer "
+                    f"(use (?:...) for the others), got {groups}"
+                )
+        if source in GENERATED_SOURCES:
+            unused = [k for k in ("columns", "answer_pattern", "config") if getattr(self, k)]
+            unused += ["split"] if self.split != "train" else []
+            if unused:
+                verb = "applies" if len(unused) == 1 else "apply"
+                raise error(
+                    f"{', '.join(unused)}: {verb} to a data file or dataset, not to the built-in "
+                    f"{source!r} generator"
+                )
+        elif self.config is not None and not source.startswith("hf:"):
+            raise error("config: applies to a Hub dataset (source: hf:owner/name) only")
+        return self
 
     def generator_options(self) -> BaseModel | None:
         """The validated options of a built-in generator (None for a data file).
@@ -224,8 +318,6 @@ class DataSpec(_Strict):
                 )
             return None
         return model.model_validate(self.options)
-
-    shuffle: bool = Field(True, description="shuffle the prompts of a JSONL file each epoch")
 
 
 class RolloutSpec(_Strict):
@@ -299,6 +391,18 @@ class TrainSpec(_Strict):
         "a critic section)",
     )
     vf_coef: float = Field(0.5, ge=0, le=1000, description="weight of the critic loss")
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop",
+        description="a NaN or infinite reward, advantage, loss or gradient norm: 'stop' ends "
+        "the run with an error, keeping the last good checkpoint; 'skip' drops the step and "
+        "counts it (metric skipped_steps)",
+    )
+    max_skipped_steps: int = Field(
+        3, ge=1, le=1 << 20, description="with on_nonfinite 'skip': stop after this many in a row"
+    )
+    reward_timeout: float | None = Field(
+        600.0, gt=0, le=1e6, description="seconds one call of a reward may take (null: no bound)"
+    )
 
 
 class OutputSpec(_Strict):
@@ -309,6 +413,34 @@ class OutputSpec(_Strict):
     )
     overwrite: bool = Field(False, description="replace a non-empty output directory")
     progress: bool = Field(True, description="show a live progress display")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list,
+        description="experiment trackers that receive every metric, the spec, samples and "
+        "curves (metrics.jsonl is always written)",
+    )
+
+
+class EvalSpec(_Strict):
+    """Held-out evaluation: greedy accuracy, pass@k, mean reward and length."""
+
+    data: DataSpec = Field(
+        default_factory=lambda: DataSpec(), description="where the evaluation prompts come from"
+    )
+    every: int = Field(10, ge=1, le=1 << 30, description="evaluate every N rounds")
+    at_start: bool = Field(True, description="also evaluate before the first round")
+    prompts: int = Field(200, ge=1, le=1 << 20, description="evaluation prompts (the first N)")
+    k: int = Field(4, ge=1, le=1024, description="samples per prompt for pass@k")
+    temperature: float = Field(
+        1.0, gt=0, le=100, description="sampling temperature of the k samples"
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus mass of the k samples")
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=1 << 20, description="response length limit (null: rollout.max_new_tokens)"
+    )
+    correct_at: float = Field(
+        1.0, le=1e9, description="a response is correct when its reward is at least this"
+    )
+    batch_size: int = Field(64, ge=1, le=1 << 16, description="prompts generated at once")
 
 
 class Spec(_Strict):
@@ -335,6 +467,7 @@ class Spec(_Strict):
     kl: KLSpec | None = Field(
         None, description="KL to the reference policy; absent: no KL term, no reference model"
     )
+    eval: EvalSpec | None = Field(None, description="held-out evaluation; absent: none")
     truncation: ComponentSpec = _slot_field("truncation")
     train: TrainSpec = Field(TrainSpec(), description="optimisation")
     output: OutputSpec = Field(
@@ -426,6 +559,14 @@ def _messages(
     return lines
 
 
+def _optional_packages(spec: Spec) -> Iterator[tuple[str, str, str]]:
+    """(spec path, package, ppokit extra) of each optional package the spec uses."""
+    for i, tracker in enumerate(spec.output.report_to):
+        yield f"output.report_to.{i}", tracker, tracker
+    if spec.model.lora is not None:
+        yield "model.lora", "peft", "lora"
+
+
 def _check_slot(
     path: str, kind: str, comp: ComponentSpec, registry: Registry
 ) -> tuple[list[str], ComponentInfo | None]:
@@ -469,6 +610,12 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
         )
     except ValueError as exc:
         errors.append(f"data.options: {exc}")
+    for path, package, extra in _optional_packages(spec):
+        if importlib.util.find_spec(package) is None:
+            errors.append(
+                f"{path}: needs the package {package!r}, which is not installed: "
+                f"pip install 'ppokit[{extra}]'"
+            )
     if t.critic_warmup_rounds and spec.critic is None:
         errors.append(
             "train.critic_warmup_rounds: critic-only rounds need a critic: add a 'critic' "
