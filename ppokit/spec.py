@@ -319,6 +319,13 @@ class DataSpec(_Strict):
             return None
         return model.model_validate(self.options)
 
+    def needs_datasets(self) -> bool:
+        """Whether reading ``source`` needs the ``datasets`` package (the ``data`` extra):
+        every source but the built-in generators and ``.jsonl`` files."""
+        if self.source in GENERATED_SOURCES:
+            return False
+        return self.source.startswith("hf:") or not self.source.lower().endswith(".jsonl")
+
 
 class RolloutSpec(_Strict):
     prompts_per_round: int = Field(16, ge=1, le=1 << 20, description="prompts sampled each round")
@@ -565,6 +572,10 @@ def _optional_packages(spec: Spec) -> Iterator[tuple[str, str, str]]:
         yield f"output.report_to.{i}", tracker, tracker
     if spec.model.lora is not None:
         yield "model.lora", "peft", "lora"
+    if spec.data.needs_datasets():
+        yield "data.source", "datasets", "data"
+    if spec.eval is not None and spec.eval.data.needs_datasets():
+        yield "eval.data.source", "datasets", "data"
 
 
 def _check_slot(

@@ -356,3 +356,118 @@ def test_format_prompts_with_chat_template() -> None:
 def test_format_prompts_without_a_template_is_a_user_error() -> None:
     with pytest.raises(UserError, match="no chat template"):
         format_prompts(ROWS, _tokenizer(None), DataSpec(chat_template=True))
+
+
+# ------------------------------------------- column map, messages, answer_pattern
+def test_jsonl_column_map_messages_and_answer_pattern(tmp_path: Path) -> None:
+    """The JSONL reader (no ``datasets`` needed) maps rows as every data file does."""
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 6 * 7?"},
+        {"role": "assistant", "content": "42"},
+    ]
+    path = _jsonl(
+        tmp_path / "rows.jsonl",
+        [
+            {"question": "What is 1 + 1?", "solution": "1 + 1 = 2\n#### 2", "id": 1},
+            {"question": chat, "solution": "#### 42", "id": 2},
+        ],
+    )
+    spec = DataSpec(
+        source=str(path),
+        columns={"prompt": "question", "answer": "solution"},
+        answer_pattern=r"####\s*(.+)$",
+        shuffle=False,
+    )
+    rows = make_prompt_source(spec, 0).next_rows(2)
+    assert rows == [
+        {"prompt": "What is 1 + 1?", "answer": "2", "id": 1},
+        {"prompt": "What is 6 * 7?", "answer": "42", "id": 2, "messages": chat[:2]},
+    ]
+    tokenizer = _tokenizer(TEMPLATE)
+    assert format_prompts(rows, tokenizer, DataSpec(chat_template=True, system_prompt="S")) == [
+        "<|system|>S\n<|user|>What is 1 + 1?\n<|assistant|>",
+        "<|system|>Be brief.\n<|user|>What is 6 * 7?\n<|assistant|>",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rows", "spec", "message"),
+    [
+        (
+            [{"question": "a"}, {"q": "b"}],
+            {"columns": {"prompt": "question"}},
+            r":2: the row has no 'question' field \(data\.columns\.prompt\); its fields: q$",
+        ),
+        (
+            [{"prompt": "a", "answer": "#### 1"}, {"prompt": "b", "answer": "none"}],
+            {"answer_pattern": r"####\s*(.+)$"},
+            r":2: data\.answer_pattern '####\\\\s\*\(\.\+\)\$' does not match the answer 'none'",
+        ),
+        (
+            [{"prompt": [{"role": "assistant", "content": "hi"}]}],
+            {},
+            r":1: the chat messages in 'prompt' have no user message",
+        ),
+    ],
+)
+def test_jsonl_bad_rows_name_their_line(
+    tmp_path: Path, rows: list[dict], spec: dict, message: str
+) -> None:
+    path = _jsonl(tmp_path / "rows.jsonl", rows)
+    with pytest.raises(UserError, match=message):
+        make_prompt_source(DataSpec(source=str(path), **spec), 0)
+
+
+def test_jsonl_takes_no_split(jsonl_file: Path) -> None:
+    with pytest.raises(UserError, match=r"data\.split: a JSONL file is read whole"):
+        make_prompt_source(DataSpec(source=str(jsonl_file), split="test"), 0)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"source": "demo", "columns": {"prompt": "q"}}, "data: columns: applies to a data file"),
+        (
+            {"source": "arithmetic", "answer_pattern": "(x)", "split": "test"},
+            "data: answer_pattern, split: apply to a data file or dataset, not to the built-in "
+            "'arithmetic' generator",
+        ),
+        ({"source": "x.parquet", "config": "main"}, "data: config: applies to a Hub dataset"),
+        ({"source": "hf:a b"}, "data: source: a Hub dataset is written hf:owner/name"),
+        ({"source": "x.parquet", "answer_pattern": "(a"}, "answer_pattern: not a regular expr"),
+        ({"source": "x.parquet", "answer_pattern": "#+"}, "exactly one capturing group.*got 0"),
+        ({"source": "x.parquet", "answer_pattern": "(a)(b)"}, "exactly one capturing group"),
+        ({"source": "x.parquet", "columns": {"prompt": ""}}, "columns: field and column names"),
+        ({"source": "x.parquet", "columns": {"prompt": 3}}, r"data\.columns\.prompt"),
+        ({"source": "x.parquet", "split": ""}, r"data\.split"),
+    ],
+)
+def test_data_settings_are_checked_by_validate(data: dict, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        validate_spec({"data": data, "advantage": "grpo"})
+
+
+def test_data_settings_that_validate() -> None:
+    for data in (
+        {"source": "hf:openai/gsm8k", "config": "main", "split": "test"},
+        {"source": "hf:gsm8k", "answer_pattern": r"####\s*(.+)$", "columns": {"prompt": "q"}},
+        {"source": "data/rows.parquet", "answer_pattern": r"(?:####|answer:)\s*(?P<a>.+)$"},
+        {"source": "arithmetic", "split": "train"},
+    ):
+        assert validate_spec({"data": data, "advantage": "grpo"}).data.source == data["source"]
+
+
+def test_which_sources_need_the_datasets_package() -> None:
+    needs = {
+        "demo": False,
+        "arithmetic": False,
+        "rows.jsonl": False,
+        "data/ROWS.JSONL": False,
+        "rows.json": True,
+        "rows.jsonl.gz": True,
+        "rows.parquet": True,
+        "saved_folder": True,
+        "hf:openai/gsm8k": True,
+    }
+    assert {s: DataSpec(source=s).needs_datasets() for s in needs} == needs

@@ -454,3 +454,12 @@ def test_reward_catalogue_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_math_verify_reads_a_bare_latex_gold_answer_whole() -> None:
+    """``8\\sqrt{10}`` is one number, not 8: a LaTeX gold answer is parsed in math mode."""
+    from ppokit.registry import get_registry
+
+    reward = get_registry().create("reward", "math_verify")
+    responses = ["\\boxed{8\\sqrt{10}}", "\\boxed{8}"]
+    assert reward(["q", "q"], responses, answer=["8\\sqrt{10}"] * 2).tolist() == [1.0, 0.0]

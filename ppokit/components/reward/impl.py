@@ -87,12 +87,17 @@ class MathVerifyReward:
             return []
 
     def parse_gold(self, answer: Any, timeout: int | None) -> list[Any]:
-        """The parsed gold answer; a bare LaTeX answer is retried inside ``$...$``."""
+        """The parsed gold answer. A LaTeX answer (one with a backslash, e.g. ``8\\sqrt{10}``)
+        is parsed inside ``$...$`` first: bare, math-verify would read only its leading number.
+        Anything else is parsed as it is, then retried inside ``$...$``."""
         text = str(answer).strip()
-        parsed = self._parse_text(text, timeout)
-        if not parsed and text:
-            parsed = self._parse_text(f"${text}$", timeout)
-        return parsed
+        latex = "\\" in text and not text.startswith("$")
+        attempts = [f"${text}$", text] if latex else [text, f"${text}$"]
+        for attempt in attempts if text else []:
+            parsed = self._parse_text(attempt, timeout)
+            if parsed:
+                return parsed
+        return []
 
     def is_correct(self, gold: list[Any], response: str, timeout: int | None) -> bool:
         if not gold:
