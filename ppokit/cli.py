@@ -327,17 +327,34 @@ def train(
     overrides: list[str] = typer.Option([], "--set", "-s", help=SET_HELP),
     out_dir: str | None = typer.Option(None, "--out", help="Output directory (output.dir)."),
     seed: int | None = typer.Option(None, "--seed", help="Random seed (seed)."),
+    threads: int | None = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        help="CPU threads of torch (model.threads; default: 1 for a small model on a CPU).",
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint."),
+    allow_spec_change: bool = typer.Option(
+        False,
+        "--allow-spec-change",
+        help="With --resume: continue with a spec that differs from the run's in what it "
+        "optimises (recorded in spec_changes.jsonl).",
+    ),
     smoke: bool = typer.Option(False, "--smoke", help="A minimal run that checks the setup."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace an existing run (only the files a run wrote)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the run's summary as JSON."),
 ) -> None:
-    """Train a policy as the spec describes."""
+    """Train a policy as the spec describes (Ctrl-C stops it: exit status 130, with the
+    command that resumes it)."""
     extra = [*overrides]
     if out_dir is not None:
         extra.append(f"output.dir={json.dumps(out_dir)}")
     if seed is not None:
         extra.append(f"seed={seed}")
+    if threads is not None:
+        extra.append(f"model.threads={threads}")
     if spec_path is None:
         data = apply_overrides(_demo_spec(), extra)
         try:
@@ -348,7 +365,26 @@ def train(
         spec = _load(spec_path, extra)
     from ppokit.trainer import train as run_training
 
-    result = run_training(spec, resume=resume, smoke=smoke, overwrite=overwrite, smoke_out=out_dir)
+    options: dict[str, Any] = {}
+    if allow_spec_change:
+        options["allow_spec_change"] = True
+    try:
+        result = run_training(
+            spec, resume=resume, smoke=smoke, overwrite=overwrite, smoke_out=out_dir, **options
+        )
+    except KeyboardInterrupt as exc:
+        command = ["ppokit", "train"] + ([str(spec_path)] if spec_path is not None else [])
+        for item in overrides:
+            command += ["--set", item]
+        if seed is not None:
+            command += ["--seed", str(seed)]
+        if threads is not None:
+            command += ["--threads", str(threads)]
+        describe = getattr(exc, "describe", None)
+        lines = describe(command) if callable(describe) else ["interrupted"]
+        for line in lines:
+            err.print(f"[yellow]{escape(line)}[/yellow]")
+        raise typer.Exit(130) from None
     if as_json:
         _print_json(result)
 

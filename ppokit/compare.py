@@ -35,6 +35,7 @@ import typer
 import yaml
 
 from ppokit.errors import UserError
+from ppokit.runfiles import LOCK, RUN_FILES, TEMP_FILES
 from ppokit.slots import SLOTS
 from ppokit.spec import Spec, SpecError, load_spec
 from ppokit.stats import mean_ci95
@@ -69,24 +70,10 @@ PLOT = "compare.png"
 FINAL_WINDOW = 5
 #: At most this many seeds per sweep (a typo such as 0-10000 is refused, not launched).
 MAX_SEEDS = 1000
-#: Names a ppokit run writes in its output directory (trainer/loop.py RUN_FILES and the
-#: temporary names of its atomic writes), plus compare's own error.txt. A run folder holding
-#: anything else is not replaced.
-RUN_WRITES = frozenset(
-    {
-        "metrics.jsonl",
-        "samples.jsonl",
-        "curves.png",
-        "spec.yaml",
-        "checkpoint",
-        ".checkpoint.tmp",
-        ".checkpoint.old",
-        "metrics.jsonl.tmp",
-        "samples.jsonl.tmp",
-        "curves.tmp.png",
-        ERROR_FILE,
-    }
-)
+#: Names a ppokit run writes in its output directory (ppokit/runfiles.py: its files, the
+#: temporary names of its atomic writes and its lock), plus compare's own error.txt. A run
+#: folder holding anything else is not replaced.
+RUN_WRITES = frozenset({*RUN_FILES, *TEMP_FILES, LOCK, ERROR_FILE})
 #: Sections of the spec whose presence is itself a difference (absent: "critic=none"), and
 #: the slot that names the section in a label when it is present.
 SECTION_NAME_SLOT = {"critic": "critic.loss", "kl": "kl.estimator"}

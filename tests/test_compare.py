@@ -10,6 +10,7 @@ import math
 import os
 import signal
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -197,21 +198,30 @@ def write_run(
 
 
 def test_run_writes_cover_the_trainers_files() -> None:
-    """compare keeps its own (torch-free) list of the files a run writes: it must hold every
-    name of trainer/loop.py's RUN_FILES (read from the source, so no torch is imported)."""
+    """compare and the trainer read one torch-free list of the files a run writes
+    (ppokit/runfiles.py): trainer/loop.py imports its RUN_FILES from there (read from the
+    source, so no torch is imported), and compare's RUN_WRITES holds every name of it."""
     import ast
 
-    consts = {"CHECKPOINT": "checkpoint"}
-    source = ROOT / "ppokit" / "trainer" / "checkpoint.py"
-    assert 'CHECKPOINT = "checkpoint"' in source.read_text()
+    from ppokit import runfiles
+
     tree = ast.parse((ROOT / "ppokit" / "trainer" / "loop.py").read_text())
-    (node,) = [
-        n.value
+    imported = {
+        alias.name
         for n in ast.walk(tree)
-        if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "RUN_FILES" for t in n.targets)
-    ]
-    names = {e.value if isinstance(e, ast.Constant) else consts[e.id] for e in node.elts}
-    assert names and names <= cmp.RUN_WRITES
+        if isinstance(n, ast.ImportFrom) and n.module == "ppokit.runfiles"
+        for alias in n.names
+    }
+    assert "RUN_FILES" in imported
+    assert not any(
+        isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "RUN_FILES" for t in n.targets)
+        for n in ast.walk(tree)
+    )  # no second copy
+    names = {*runfiles.RUN_FILES, *runfiles.TEMP_FILES, runfiles.LOCK}
+    assert {"metrics.jsonl", "checkpoint", runfiles.MARKER} <= names <= cmp.RUN_WRITES
+    assert runfiles.CHECKPOINT == "checkpoint"
+    code = "import sys, ppokit.runfiles, ppokit.compare; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
 def test_run_status(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The trainer: a validated spec becomes a PPO run on transformers models (CPU or GPU).
 
-``train(spec, *, resume=False, smoke=False, overwrite=False) -> dict`` is the entry point;
-torch and transformers are imported only when it is called.
+``train(spec, *, resume=False, smoke=False, overwrite=False, allow_spec_change=False) ->
+dict`` is the entry point (Ctrl-C raises ``loop.Interrupted``, a KeyboardInterrupt that says
+how to resume); torch and transformers are imported only when it is called.
 """
 
 from __future__ import annotations

@@ -27,12 +27,14 @@ back into place.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +43,14 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from ppokit.errors import UserError
+from ppokit.runfiles import CHECKPOINT
+from ppokit.trainer.rundir import io_error, is_os_error
 
 __all__ = [
     "CHECKPOINT",
+    "NonFiniteCheckpointError",
     "capture_rng",
+    "checkpoint_round",
     "has_checkpoint",
     "load_checkpoint",
     "read_state",
@@ -53,7 +59,6 @@ __all__ = [
     "truncate_jsonl",
 ]
 
-CHECKPOINT = "checkpoint"
 TMP = f".{CHECKPOINT}.tmp"
 OLD = f".{CHECKPOINT}.old"
 FORMAT = 2
@@ -224,11 +229,114 @@ def _read_json(file: Path) -> Any:
 
 
 # -------------------------------------------------------------------------- write
+class NonFiniteCheckpointError(UserError):
+    """A model or optimizer tensor holds NaN or inf: such a state is never saved."""
+
+
+def _named_tensors(learner: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor a checkpoint stores of the models and optimizers, with a readable name."""
+    models = learner.models
+    modules: list[tuple[str, torch.nn.Module]] = [("actor", models.actor)]
+    if models.critic is not None:
+        modules.append(("critic", models.critic.head if models.shared_critic else models.critic))
+    names: dict[int, str] = {}
+    for label, module in modules:
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            names.setdefault(id(tensor), f"{label} {name}")
+            yield f"{label} {name}", tensor
+    for label, opt in (("actor", learner.actor_opt), ("critic", learner.critic_opt)):
+        if opt is None:
+            continue
+        for param, state in opt.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    owner = names.get(id(param), f"{label} parameter")
+                    yield f"the optimizer's {key} of {owner}", value
+
+
+def check_finite(learner: Any) -> None:
+    """Raise :class:`NonFiniteCheckpointError` naming the first model or optimizer tensor
+    that holds a NaN or an inf (one host read per device when all are finite)."""
+    tensors = [
+        (name, t) for name, t in _named_tensors(learner) if t.is_floating_point() or t.is_complex()
+    ]
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for _, t in tensors:
+        by_device.setdefault(t.device, []).append(torch.isfinite(t.detach()).all())
+    if all(bool(torch.stack(flags).all()) for flags in by_device.values()):
+        return
+    for name, t in tensors:
+        if not bool(torch.isfinite(t.detach()).all()):
+            raise NonFiniteCheckpointError(f"{name} holds NaN or inf")
+    raise NonFiniteCheckpointError("a tensor holds NaN or inf")  # pragma: no cover
+
+
+def checkpoint_round(out: Path) -> int | None:
+    """The round of the checkpoint a resume would read (unverified, cheap; None: none)."""
+    for name in (CHECKPOINT, TMP, OLD):
+        folder = out / name
+        if name != CHECKPOINT and not (folder / MANIFEST).is_file():
+            continue
+        try:
+            return int(_read_json(folder / "state.json")["round"])
+        except (OSError, ValueError, KeyError, TypeError):
+            if name == CHECKPOINT and folder.exists():
+                return None
+    return None
+
+
 def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_yaml: str) -> Path:
-    """Write ``out/checkpoint`` atomically; returns its path."""
+    """Write ``out/checkpoint`` atomically; returns its path.
+
+    Refused (:class:`NonFiniteCheckpointError`) when a model or optimizer tensor is not
+    finite. On any error the partly written temporary folder is removed and the previous
+    checkpoint is kept; an OS error (disk full, read-only folder, permission denied, also as
+    safetensors reports it) is one ``UserError`` line naming the path and the cause.
+    """
     final = out / CHECKPOINT
     tmp = out / TMP
     old = out / OLD
+    previous = checkpoint_round(out)
+    kept = (
+        f"the last good checkpoint (round {previous}) is kept in {final}"
+        if previous is not None
+        else "no checkpoint was written"
+    )
+    try:
+        check_finite(learner)
+    except NonFiniteCheckpointError as exc:
+        raise NonFiniteCheckpointError(
+            f"round {round_done}: not saving a checkpoint: {exc} (the training diverged: "
+            f"lower the learning rate or set train.max_grad_norm); {kept}"
+        ) from None
+    try:
+        _write_tmp(tmp, learner, source, round_done, spec_yaml)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not is_os_error(exc):
+            raise  # not an OS error: a bug, a user error or an interrupt
+        error = io_error(tmp, exc, f"cannot write the checkpoint of round {round_done}")
+        raise UserError(f"{error}; {kept}") from None
+    try:
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        _fsync_dir(out)
+    except OSError as exc:
+        if not final.exists() and old.is_dir():
+            with contextlib.suppress(OSError):
+                old.rename(final)  # put the previous checkpoint back
+        if final.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        error = io_error(final, exc, f"cannot write the checkpoint of round {round_done}")
+        raise UserError(f"{error}; {kept}") from None
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_tmp(tmp: Path, learner: Any, source: Any, round_done: int, spec_yaml: str) -> None:
+    """Fill ``tmp`` with a complete, synced checkpoint (manifest last)."""
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     models = learner.models
@@ -267,13 +375,6 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     _fsync_files(tmp, MANIFEST)
     _fsync_dir(tmp)
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    _fsync_dir(out)
-    shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def _sha256(file: Path) -> str:

@@ -4,34 +4,88 @@ checkpoints, display)."""
 from __future__ import annotations
 
 import random
-import shutil
+import shlex
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ppokit.errors import UserError
+from ppokit.runfiles import RUN_FILES
 from ppokit.spec import Spec, validate_spec
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.checkpoint import (
-    CHECKPOINT,
-    has_checkpoint,
+    checkpoint_round,
     load_checkpoint,
     save_checkpoint,
     truncate_jsonl,
 )
 from ppokit.trainer.display import Display
-from ppokit.trainer.metrics import MetricsLog, plot_curves, read_metrics, read_once
-from ppokit.trainer.models import build_models
+from ppokit.trainer.metrics import (
+    MetricsLog,
+    curves_title,
+    plot_curves,
+    read_metrics,
+    read_once,
+)
+from ppokit.trainer.models import Models, build_models
 from ppokit.trainer.round import Learner
+from ppokit.trainer.rundir import (
+    RunFolder,
+    check_metrics,
+    io_error,
+    io_errors,
+    record_spec_changes,
+    resume_spec_changes,
+    write_atomic,
+)
 
-__all__ = ["smoke_spec", "train"]
+__all__ = ["RUN_FILES", "Interrupted", "choose_threads", "smoke_spec", "train"]
 
-#: Files a run writes into its output directory (removed by ``overwrite``).
-RUN_FILES = ("metrics.jsonl", "samples.jsonl", "curves.png", "spec.yaml", CHECKPOINT)
+#: Below this many actor parameters a CPU run uses one thread (more only contend).
+SMALL_MODEL = 10_000_000
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during the rounds: which round, the last checkpoint, and how to continue."""
+
+    def __init__(
+        self,
+        out: Path,
+        round_no: int,
+        total: int,
+        checkpoint: int | None,
+        save_every: int,
+        smoke: bool,
+    ) -> None:
+        self.out = out
+        self.round = round_no
+        self.total = total
+        self.checkpoint = checkpoint
+        self.save_every = save_every
+        self.smoke = smoke
+        super().__init__(" ".join(self.describe()))
+
+    def describe(self, command: Sequence[str] | None = None) -> list[str]:
+        """The lines to show; ``command`` is the ``ppokit train SPEC [--set ...]`` that
+        started the run (``--out DIR --resume`` is added)."""
+        where = f"interrupted during round {self.round}/{self.total}"
+        if self.smoke:
+            return [f"{where} of the smoke run"]
+        base = list(command) if command else ["ppokit", "train", "SPEC"]
+        if self.checkpoint:
+            return [
+                f"{where}; the last checkpoint is round {self.checkpoint} "
+                f"({self.out / 'checkpoint'})",
+                "continue with: " + shlex.join([*base, "--out", str(self.out), "--resume"]),
+            ]
+        return [
+            f"{where}, before the first checkpoint (output.save_every={self.save_every})",
+            "start again with: " + shlex.join([*base, "--out", str(self.out), "--overwrite"]),
+        ]
 
 
 def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
@@ -70,32 +124,30 @@ def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
     return validate_spec(data)
 
 
-def _prepare_output(out: Path, resume: bool, overwrite: bool) -> None:
-    if resume:
-        if not has_checkpoint(out):
-            raise UserError(f"nothing to resume: {out / CHECKPOINT} does not exist")
-        return
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output.dir {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise UserError(
-                f"output.dir {out} is not empty: use --overwrite to replace it or --resume "
-                "to continue it"
-            )
-        for name in (*RUN_FILES, f".{CHECKPOINT}.tmp", f".{CHECKPOINT}.old"):
-            path = out / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-
-
 def _seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def choose_threads(setting: int | None, device: str, parameters: int) -> tuple[int | None, str]:
+    """(threads for torch's intra-op pool, why): ``model.threads`` when set; one thread for a
+    model under SMALL_MODEL parameters on the CPU, where more threads only contend; else
+    None (torch's default)."""
+    if setting is not None:
+        return setting, "model.threads"
+    if device == "cpu" and parameters < SMALL_MODEL:
+        return 1, f"automatic: a {parameters / 1e6:.2g}M-parameter model on the CPU"
+    return None, "torch's default"
+
+
+def _set_threads(spec: Spec, models: Models) -> str:
+    parameters = sum(p.numel() for p in models.actor.parameters())
+    threads, why = choose_threads(spec.model.threads, models.runtime.device.type, parameters)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    n = torch.get_num_threads()
+    return f"{n} CPU thread{'s' if n != 1 else ''} ({why})"
 
 
 def train(
@@ -105,55 +157,99 @@ def train(
     smoke: bool = False,
     overwrite: bool = False,
     smoke_out: str | None = None,
+    allow_spec_change: bool = False,
 ) -> dict[str, Any]:
     """Run the PPO loop the spec describes; returns a JSON-serialisable summary.
 
-    ``resume`` continues from ``output.dir/checkpoint``; ``smoke`` runs two small rounds on
-    the tiny model in ``smoke_out`` (default: a temporary directory); ``overwrite`` replaces
-    an existing output.
+    ``resume`` continues from ``output.dir/checkpoint`` (refused when the spec differs from
+    the run's in what it optimises, unless ``allow_spec_change``: the change is recorded in
+    ``spec_changes.jsonl``); ``smoke`` runs two small rounds on the tiny model in
+    ``smoke_out`` (default: a temporary directory); ``overwrite`` replaces an existing run
+    (only what a run wrote; a folder that is not a run is never emptied). The folder is
+    locked for the run's life. Ctrl-C raises :class:`Interrupted` (a KeyboardInterrupt).
     """
     from transformers.utils import logging as hf_logging
-
-    from ppokit.data import format_prompts, make_prompt_source
 
     hf_logging.set_verbosity_error()
     if smoke:
         spec = smoke_spec(spec, smoke_out)
         resume = False
     out = Path(spec.output.dir).expanduser()
-    _prepare_output(out, resume, overwrite or spec.output.overwrite)
+    with RunFolder(out, resume=resume, overwrite=overwrite or spec.output.overwrite):
+        changes = resume_spec_changes(out, spec.model_dump(), allow_spec_change) if resume else []
+        threads = torch.get_num_threads()
+        try:
+            return _train(spec, out, resume, smoke, changes)
+        finally:
+            torch.set_num_threads(threads)
+
+
+def _train(
+    spec: Spec, out: Path, resume: bool, smoke: bool, changes: list[tuple[str, Any, Any]]
+) -> dict[str, Any]:
+    from ppokit.data import format_prompts, make_prompt_source
+
     wall = time.perf_counter()
     _seed_all(spec.seed)
     assembly = Assembly.from_spec(spec)
     models = build_models(spec, assembly.head_size)
+    threads = _set_threads(spec, models)
     learner = Learner(spec, models, assembly)
     source = make_prompt_source(spec.data, spec.seed)
     log = MetricsLog(out)
     start = 0
+    redo: list[int] = []
     if resume:
-        start = load_checkpoint(out, learner, source)
-        truncate_jsonl(log.path, start)
-        truncate_jsonl(log.samples_path, start)
+        with io_errors(out / "checkpoint", "cannot restore the checkpoint"):
+            start = load_checkpoint(out, learner, source)
+        redo = check_metrics(log.path, start)
+        for path in (log.path, log.samples_path):
+            with io_errors(path):
+                truncate_jsonl(path, start)
+        if changes:
+            record_spec_changes(out, start, changes)
     spec_yaml = spec.to_yaml()
-    (out / "spec.yaml").write_text(spec_yaml)
+    write_atomic(out / "spec.yaml", spec_yaml)
     history = read_metrics(out)
     total = spec.train.rounds
     display = Display(total, start, spec.output.progress)
+    learner.on_phase = display.phase
     display.message(
-        f"ppokit: {total - start} round(s) on {models.runtime.device}, output {out}"
-        + (f" (resumed at round {start})" if resume else "")
+        f"ppokit: {max(0, total - start)} round(s) on {models.runtime.device}, {threads}, "
+        f"output {out}" + (f" (resumed at round {start})" if resume else "")
     )
+    if redo:
+        display.message(
+            f"metrics.jsonl had {len(redo)} round(s) after the checkpoint (round {start}): "
+            "they are run again"
+        )
+    if changes:
+        display.message(
+            f"spec changed on resume ({', '.join(k for k, _, _ in changes)}): recorded in "
+            f"{out / 'spec_changes.jsonl'}"
+        )
+    r = start
     try:
         for r in range(start, total):
+            display.start_round(r + 1)
             record = _run_round(spec, learner, source, format_prompts, r, log)
             history.append(record)
             if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
                 save_checkpoint(out, learner, source, r + 1, spec_yaml)
             display.round(record, total)
+    except KeyboardInterrupt:
+        display.close()
+        raise Interrupted(
+            out, r + 1, total, checkpoint_round(out), spec.output.save_every, smoke
+        ) from None
     finally:
         display.close()
     if history:
-        plot_curves(history, out / "curves.png")
+        curves = out / "curves.png"
+        try:
+            plot_curves(history, curves, title=curves_title(str(out), spec.seed))
+        except OSError as exc:
+            display.message(f"warning: {io_error(curves, exc)}")
     display.summary(history, str(out))
     first = history[0]["reward_mean"] if history else None
     tail = [h["reward_mean"] for h in history[-5:] if h.get("reward_mean") is not None]
@@ -162,6 +258,7 @@ def train(
         "rounds": len(history),
         "resumed_from": start if resume else None,
         "smoke": smoke,
+        "threads": torch.get_num_threads(),
         "seconds": round(time.perf_counter() - wall, 3),
         "reward_first": first,
         "reward_last": sum(tail) / len(tail) if tail else None,
@@ -175,6 +272,7 @@ def _run_round(
     begin = time.perf_counter()
     rows = source.next_rows(spec.rollout.prompts_per_round)
     formatted = format_prompts(rows, learner.models.tokenizer, spec.data)
+    learner.round = r  # collect counts it on: round r + 1, in its messages
     data, result = learner.collect(rows, formatted)
     train_actor = r >= spec.train.critic_warmup_rounds
     learner.update(data, train_actor, result)

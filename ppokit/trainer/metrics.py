@@ -3,8 +3,10 @@ final ``curves.png``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["CURVES", "Meter", "MetricsLog", "plot_curves", "read_metrics"]
+from ppokit.trainer.rundir import append_line
+
+__all__ = ["CURVES", "Meter", "MetricsLog", "curves_title", "plot_curves", "read_metrics"]
 
 #: Keys every metrics line carries (None when a run has no such quantity).
 REQUIRED = (
@@ -68,7 +72,8 @@ class Meter:
 
     ``add(name, total, count)`` adds a sum and the number of items it sums (a tensor or a
     number); ``mean(name, value)`` adds one item. ``means()`` gives each name's Σ total / Σ
-    count as a 0-d float32 tensor (0 where nothing was counted).
+    count as a 0-d float32 tensor: NaN where nothing was counted (e.g. no row had weight),
+    which the metrics record as missing (None), never as 0.
     """
 
     def __init__(self) -> None:
@@ -90,7 +95,7 @@ class Meter:
         for name, totals in self.totals.items():
             total = torch.stack(totals).sum()
             count = torch.stack(self.counts[name]).sum()
-            out[name] = torch.where(count > 0, total / count, 0.0)
+            out[name] = torch.where(count > 0, total / count, math.nan)
         return out
 
 
@@ -104,7 +109,8 @@ def read_once(tensors: dict[str, Tensor]) -> dict[str, float | None]:
 
 
 class MetricsLog:
-    """Appends one JSON object per round to ``metrics.jsonl`` (flushed line by line)."""
+    """Appends one JSON object per round to ``metrics.jsonl``, each line in one write (an OS
+    error is a one-line ``UserError`` naming the file, and leaves no partial line)."""
 
     def __init__(self, out: Path) -> None:
         self.path = out / "metrics.jsonl"
@@ -113,8 +119,7 @@ class MetricsLog:
     def append(self, record: dict[str, Any]) -> None:
         full = {k: record.get(k) for k in REQUIRED}
         full.update(record)
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(full) + "\n")
+        append_line(self.path, json.dumps(full))
 
     def samples(
         self,
@@ -124,22 +129,53 @@ class MetricsLog:
         scores: Sequence[float],
         limit: int = 8,
     ) -> None:
-        with self.samples_path.open("a") as fh:
-            for p, r, s in list(zip(prompts, responses, scores, strict=True))[:limit]:
-                fh.write(
-                    json.dumps({"round": round_no, "prompt": p, "response": r, "reward": s}) + "\n"
-                )
+        lines = [
+            json.dumps({"round": round_no, "prompt": p, "response": r, "reward": s})
+            for p, r, s in list(zip(prompts, responses, scores, strict=True))[:limit]
+        ]
+        if lines:
+            append_line(self.samples_path, "\n".join(lines))
 
 
 def read_metrics(out: Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` (a line cut short by a crash is skipped)."""
     path = Path(out) / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "round" in record:
+            records.append(record)
+    return records
 
 
-def plot_curves(history: Sequence[dict[str, Any]], path: Path) -> None:
-    """Reward and the main diagnostics against the round, one panel each (matplotlib Agg)."""
+#: Y-axis labels of the panels of curves.png.
+LABELS = {
+    "reward_mean": "mean reward",
+    "response_length_mean": "tokens",
+    "kl": "KL to the reference",
+    "entropy": "nats per token",
+    "value_loss": "critic loss",
+    "value_error": "mean |V - target|",
+    "clipfrac": "fraction of tokens",
+    "grad_norm_actor": "gradient norm",
+}
+
+
+def curves_title(name: str, seed: int, when: float | None = None) -> str:
+    """``NAME · seed S · YYYY-MM-DD HH:MM``, the title of curves.png."""
+    stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(when))
+    return f"{name} \u00b7 seed {seed} \u00b7 {stamp}"
+
+
+def plot_curves(history: Sequence[dict[str, Any]], path: Path, title: str | None = None) -> Any:
+    """Reward and the main diagnostics against the round, one panel each (matplotlib Agg),
+    under ``title`` (also the PNG's ``Title`` metadata); every axis labelled. Returns the
+    figure (closed), or None when there is nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,20 +183,30 @@ def plot_curves(history: Sequence[dict[str, Any]], path: Path) -> None:
 
     keys = [k for k in CURVES if any(h.get(k) is not None for h in history)]
     if not keys:
-        return
+        return None
     cols = 2 if len(keys) > 1 else 1
     rows = math.ceil(len(keys) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 2.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 2.6 * rows + 0.5), squeeze=False)
     for ax, key in zip(axes.flat, keys, strict=False):
         pts = [(h["round"], h[key]) for h in history if h.get(key) is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", linewidth=1)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("round", fontsize=8)
+        ax.set_ylabel(LABELS.get(key, key), fontsize=8)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        fig.savefig(tmp, dpi=100, metadata={"Title": title} if title else None)
+        tmp.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return fig

@@ -37,9 +37,17 @@ def test_refuses_a_non_empty_output_dir(tmp_path) -> None:
     (tmp_path / "notes.txt").write_text("keep me")
     with pytest.raises(UserError, match="not empty"):
         train(small_spec(tmp_path))
-    train(small_spec(tmp_path), overwrite=True)
-    assert (tmp_path / "notes.txt").read_text() == "keep me"
-    assert len(read_metrics(tmp_path)) == 1
+    with pytest.raises(UserError, match="not a ppokit run folder"):
+        train(small_spec(tmp_path), overwrite=True)  # never emptied: it was never a run
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    run = tmp_path / "run"
+    train(small_spec(run))
+    (run / "notes.txt").write_text("keep me")
+    with pytest.raises(UserError, match="not empty"):
+        train(small_spec(run))
+    train(small_spec(run), overwrite=True)  # a run: replaced, the user's file kept
+    assert (run / "notes.txt").read_text() == "keep me"
+    assert len(read_metrics(run)) == 1
 
 
 def test_resume_without_checkpoint_is_a_user_error(tmp_path) -> None:
