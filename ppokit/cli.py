@@ -365,12 +365,14 @@ def train(
         spec = _load(spec_path, extra)
     from ppokit.trainer import train as run_training
 
-    options: dict[str, Any] = {}
-    if allow_spec_change:
-        options["allow_spec_change"] = True
     try:
         result = run_training(
-            spec, resume=resume, smoke=smoke, overwrite=overwrite, smoke_out=out_dir, **options
+            spec,
+            resume=resume,
+            smoke=smoke,
+            overwrite=overwrite,
+            smoke_out=out_dir,
+            allow_spec_change=allow_spec_change,
         )
     except KeyboardInterrupt as exc:
         command = ["ppokit", "train"] + ([str(spec_path)] if spec_path is not None else [])

@@ -277,6 +277,7 @@ def fake_trainer(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         smoke: bool = False,
         overwrite: bool = False,
         smoke_out: str | None = None,
+        **options: Any,
     ) -> dict[str, Any]:
         if spec.seed == 666:
             raise UserError("output directory runs/x exists: pass --overwrite or --resume")
@@ -287,6 +288,7 @@ def fake_trainer(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
                 "smoke": smoke,
                 "overwrite": overwrite,
                 "smoke_out": smoke_out,
+                **options,
             }
         )
         return {"rounds": spec.train.rounds}
