@@ -14,3 +14,18 @@ class MissingDependency(UserError):
         install = install or f"pip install {package}"
         super().__init__(f"{purpose} needs the '{package}' package: {install}")
         self.package = package
+
+
+class ComponentError(UserError):
+    """A component broke its kind's contract at the trainer's boundary (wrong type, shape,
+    dtype, a gradient where none belongs) or failed to start; the message names its slot,
+    the component and its plugin."""
+
+
+class ComponentTimeout(ComponentError):
+    """A reward call did not return within ``train.reward_timeout`` seconds."""
+
+
+class NonFiniteError(UserError):
+    """A NaN or infinite reward, estimate, loss or gradient norm stopped the run before it
+    reached the parameters; the message names the round and where it appeared."""

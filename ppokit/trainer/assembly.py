@@ -1,19 +1,34 @@
-"""The components of a spec, created through the registry, plus what they declare.
+"""The components of a spec, created through the registry, plus what they declare, behind
+the trainer's boundary.
 
 The trainer never special-cases a component by name: what it needs (``requires``) and the
 optional members of the contract (aggregation ``denominator``, policy loss ``clipped``,
 regression loss ``head_size``/``value``/``prediction``/``clipped``) are read here.
+
+Every component is wrapped by :func:`checked`: its return value is checked against its
+kind's contract (docs/design.md) where it crosses into the trainer, so a plugin that breaks
+the contract is named in one line (``advantage (gae, plugin ppokit) returned ...``) instead
+of surfacing later as a tensor-shape traceback. The checks read only shapes, dtypes, devices
+and ``requires_grad``: no tensor is read back to the host. A reward runs under
+``train.reward_timeout``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import numbers
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from ppokit.registry import get_registry
+from ppokit.batch import RolloutBatch
+from ppokit.errors import ComponentError, ComponentTimeout, UserError
+from ppokit.registry import RegistryError, get_registry
 from ppokit.spec import RewardSpec, Spec
 
 if TYPE_CHECKING:
@@ -30,7 +45,17 @@ if TYPE_CHECKING:
         Truncation,
     )
 
-__all__ = ["ATTRIBUTES", "Assembly", "aggregate", "as_scores", "denominator"]
+__all__ = [
+    "ATTRIBUTES",
+    "Assembly",
+    "Checked",
+    "Where",
+    "aggregate",
+    "as_scores",
+    "call_with_timeout",
+    "checked",
+    "denominator",
+]
 
 #: The attribute of :class:`Assembly` each slot path of ``Spec.slots()`` fills. Rewards
 #: (``reward``, or ``reward.0``, ``reward.1``, ... for a list) go to ``Assembly.rewards``.
@@ -49,10 +74,275 @@ ATTRIBUTES: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class Where:
+    """A component in its slot: ``str()`` is ``advantage (gae, plugin ppokit)``."""
+
+    slot: str
+    name: str
+    plugin: str
+
+    def __str__(self) -> str:
+        return f"{self.slot} ({self.name}, plugin {self.plugin})"
+
+    @property
+    def inline(self) -> str:
+        """``policy.loss ppo_clip, plugin ppokit`` (inside parentheses of a message)."""
+        return f"{self.slot} {self.name}, plugin {self.plugin}"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+# ---------------------------------------------------------------------- the contract
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        grad = " that requires grad" if value.requires_grad else ""
+        dtype = str(value.dtype).removeprefix("torch.")
+        article = "an" if dtype[0] in "aeiou" else "a"
+        return f"{article} {dtype} tensor of shape {list(value.shape)}{grad}"
+    if isinstance(value, RolloutBatch):
+        return f"a RolloutBatch of shape {list(value.response_mask.shape)}"
+    if value is None:
+        return "None"
+    return f"a {type(value).__name__}"
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def _check_tensor(
+    where: Where,
+    out: Any,
+    expect: str,
+    shape: tuple[int, ...] | None,
+    device: torch.device | None,
+    *,
+    bool_ok: bool = False,
+    grad: bool | None = None,
+) -> Tensor:
+    """``out`` is a floating (or, with ``bool_ok``, bool) tensor of ``shape`` on ``device``;
+    ``grad`` False: it requires no grad (an estimate); True: it does (a loss)."""
+    if not isinstance(out, Tensor):
+        raise ComponentError(f"{where} returned {_describe(out)}: expected {expect}")
+    if shape is not None and tuple(out.shape) != tuple(shape):
+        raise ComponentError(f"{where} returned {_describe(out)}: expected {expect}")
+    if not (out.is_floating_point() or (bool_ok and out.dtype == torch.bool)):
+        raise ComponentError(f"{where} returned {_describe(out)}: expected {expect}")
+    if device is not None and out.device != device:
+        raise ComponentError(
+            f"{where} returned a tensor on {out.device}: expected it on {device}, the "
+            "device of its inputs"
+        )
+    if grad is False and out.requires_grad:
+        raise ComponentError(
+            f"{where} returned a tensor that requires grad: an estimate is detached "
+            "(docs/design.md, convention 3)"
+        )
+    if grad is True and not out.requires_grad:
+        raise ComponentError(
+            f"{where} returned a tensor without grad: a loss is differentiable in its "
+            "first argument"
+        )
+    return out
+
+
+def _shape_text(shape: tuple[int, ...], names: str) -> str:
+    return f"{list(shape)} ({names})"
+
+
+def _estimate(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """advantage, critic_target: float [B, T], detached."""
+    mask = _arg(args, kwargs, 0, "batch").response_mask
+    expect = f"a float tensor of shape {_shape_text(mask.shape, 'B, T')} without grad"
+    return _check_tensor(where, out, expect, mask.shape, mask.device, grad=False)
+
+
+def _position_mask(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    mask = _arg(args, kwargs, 0, "batch").response_mask
+    expect = f"a float or bool tensor of shape {_shape_text(mask.shape, 'B, T')} without grad"
+    return _check_tensor(where, out, expect, mask.shape, mask.device, bool_ok=True, grad=False)
+
+
+def _prompt_weight(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    mask = _arg(args, kwargs, 0, "batch").response_mask
+    shape = mask.shape[:1]
+    expect = f"a float tensor of shape {_shape_text(shape, 'B')} without grad"
+    return _check_tensor(where, out, expect, shape, mask.device, grad=False)
+
+
+def _truncation(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    mask = _arg(args, kwargs, 0, "batch").response_mask
+    if not isinstance(out, RolloutBatch) or out.response_mask.shape != mask.shape:
+        raise ComponentError(
+            f"{where} returned {_describe(out)}: expected a RolloutBatch of shape "
+            f"{_shape_text(mask.shape, 'B, T')}"
+        )
+    return out
+
+
+def _differentiable(x: Any) -> bool | None:
+    """True when the output must carry grad (``x`` requires it and grad is on), else no
+    requirement."""
+    return True if isinstance(x, Tensor) and x.requires_grad and torch.is_grad_enabled() else None
+
+
+def _elementwise(first: str, like_index: int, like_name: str) -> Callable[..., Any]:
+    """policy_loss, kl_estimator (shaped like their first argument) and regression_loss
+    (shaped like its target): [B, T], differentiable in the first argument."""
+
+    def check(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        like = _arg(args, kwargs, like_index, like_name)
+        grad = _differentiable(_arg(args, kwargs, 0, first))
+        expect = f"a float tensor of shape {_shape_text(like.shape, 'B, T')}"
+        return _check_tensor(where, out, expect, like.shape, like.device, grad=grad)
+
+    return check
+
+
+def _aggregation(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    loss = _arg(args, kwargs, 0, "values")
+    grad = _differentiable(loss)
+    device = loss.device if isinstance(loss, Tensor) else None
+    return _check_tensor(where, out, "a float scalar (a 0-d tensor)", (), device, grad=grad)
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, Tensor):
+        return value.numel() == 1 and not value.is_complex()
+    return isinstance(value, numbers.Real)
+
+
+def as_scores(value: Any, n: int, where: Where | str = "reward") -> Tensor:
+    """A reward's return value as float32 ``[n]``: exactly one real number per response,
+    as a tensor (any real dtype, any device), a numpy array or a list. Anything else
+    (one value for many responses, a [B, 1] tensor, strings, None) is a ComponentError."""
+    expect = f"one number per response: a tensor of shape [{n}] or a list of {n} numbers"
+    if isinstance(value, Tensor):
+        t = value.detach()
+    elif isinstance(value, (list, tuple)):
+        bad = [v for v in value if not _is_number(v)]
+        if bad:
+            raise ComponentError(
+                f"{where} returned a {type(value).__name__} holding {_describe(bad[0])}: "
+                f"expected {expect}"
+            )
+        if len(value) != n:
+            raise ComponentError(
+                f"{where} returned {len(value)} scores for {n} responses: expected {expect}"
+            )
+        t = torch.tensor([float(v) for v in value], dtype=torch.float32)
+    elif type(value).__module__ == "numpy" and hasattr(value, "dtype"):
+        if getattr(value.dtype, "kind", "") not in "biuf":
+            raise ComponentError(
+                f"{where} returned a numpy array of {value.dtype}: expected {expect}"
+            )
+        t = torch.as_tensor(value)
+    else:
+        raise ComponentError(f"{where} returned {_describe(value)}: expected {expect}")
+    if t.is_complex():
+        raise ComponentError(f"{where} returned {_describe(t)}: expected {expect}")
+    if tuple(t.shape) != (n,):
+        raise ComponentError(
+            f"{where} returned {_describe(t)} for {n} responses: expected {expect}"
+        )
+    return t.float()
+
+
+def _reward(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return as_scores(out, len(_arg(args, kwargs, 1, "responses")), where)
+
+
+#: The contract of each kind's return value (docs/design.md, "Component kinds").
+CONTRACTS: dict[str, Callable[[Where, Any, tuple[Any, ...], dict[str, Any]], Any]] = {
+    "reward": _reward,
+    "truncation": _truncation,
+    "advantage": _estimate,
+    "critic_target": _estimate,
+    "position_mask": _position_mask,
+    "prompt_weight": _prompt_weight,
+    "policy_loss": _elementwise("logp", 0, "logp"),
+    "kl_estimator": _elementwise("logp", 0, "logp"),
+    "regression_loss": _elementwise("pred", 1, "target"),
+    "aggregation": _aggregation,
+}
+
+
+def call_with_timeout(
+    fn: Callable[..., Any], timeout: float | None, where: Where | str, *args: Any, **kwargs: Any
+) -> Any:
+    """``fn(*args, **kwargs)`` on a worker thread, waited for at most ``timeout`` seconds
+    (``None``: called here, unbounded). A call that runs over raises
+    :class:`ComponentTimeout`. A Python thread cannot be killed: the call goes on in the
+    background (a daemon thread, so the process can still exit) and the run stops."""
+    if timeout is None:
+        return fn(*args, **kwargs)
+    future: Future[Any] = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to the waiting thread
+            future.set_exception(exc)
+
+    name = where.slot if isinstance(where, Where) else str(where)
+    threading.Thread(target=run, name=f"ppokit-{name}", daemon=True).start()
+    try:
+        return future.result(timeout)
+    except FutureTimeout:
+        raise ComponentTimeout(
+            f"{where} did not return within train.reward_timeout ({timeout:g} s); a running "
+            "call cannot be interrupted, so the run stops"
+        ) from None
+
+
+class Checked:
+    """A component behind the trainer's boundary: ``__call__`` calls it (a reward under
+    ``timeout``) and checks the result against its kind's contract (:data:`CONTRACTS`);
+    every other attribute (the optional members ``denominator``, ``clipped``,
+    ``head_size``, ...) is the component's own."""
+
+    def __init__(
+        self, kind: str, where: Where, component: Any, timeout: float | None = None
+    ) -> None:
+        self.kind = kind
+        self.where = where
+        self.component = component
+        self.timeout = timeout
+        self._contract = CONTRACTS[kind]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.kind == "reward":
+            out = call_with_timeout(self.component, self.timeout, self.where, *args, **kwargs)
+        else:
+            out = self.component(*args, **kwargs)
+        return self._contract(self.where, out, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            component = self.__dict__["component"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(component, name)
+
+    def __repr__(self) -> str:
+        return f"Checked({self.where}: {self.component!r})"
+
+
+def checked(kind: str, where: Where, component: Any, timeout: float | None = None) -> Checked:
+    """``component`` behind the boundary checks of its ``kind`` (see :class:`Checked`)."""
+    return Checked(kind, where, component, timeout)
+
+
 @dataclass
 class Assembly:
     """Every component of a spec, ready to call (``None`` for a slot of an absent section:
-    no ``kl``, no ``critic``)."""
+    no ``kl``, no ``critic``), each behind its boundary checks when built by
+    :meth:`from_spec`; ``where`` names each slot's component and plugin."""
 
     rewards: list[tuple[str, Reward, float]]  # (name, reward, weight)
     truncation: Truncation
@@ -67,21 +357,38 @@ class Assembly:
     critic_weight: PromptWeight | None = None
     critic_loss: RegressionLoss | None = None
     critic_agg: Aggregation | None = None
+    where: dict[str, Where] = field(default_factory=dict)  # slot path -> component, plugin
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Assembly:
+        """Create every component; a factory that raises is a :class:`ComponentError`
+        naming the slot, the component and the plugin."""
         registry = get_registry()
         slots: dict[str, Any] = {}
         rewards: list[tuple[str, Reward, float]] = []
         requires: set[str] = set()
+        where: dict[str, Where] = {}
         for path, kind, comp in spec.slots():
-            requires.update(registry.info(kind, comp.name).requires)
-            component = registry.create(kind, comp.name, **comp.params)
+            info = registry.info(kind, comp.name)
+            requires.update(info.requires)
+            here = where[path] = Where(path, comp.name, info.plugin)
+            try:
+                component = registry.create(kind, comp.name, **comp.params)
+            except (RegistryError, UserError):
+                raise  # these already name the component and say what to do
+            except Exception as exc:
+                raise ComponentError(f"{here} failed to start: {_one_line(exc)}") from exc
+            timeout = spec.train.reward_timeout if kind == "reward" else None
+            wrapped: Any = checked(kind, here, component, timeout)
             if isinstance(comp, RewardSpec):
-                rewards.append((comp.name, component, float(comp.weight)))
+                rewards.append((comp.name, wrapped, float(comp.weight)))
             else:
-                slots[ATTRIBUTES[path]] = component
-        return cls(rewards=rewards, requires=frozenset(requires), **slots)
+                slots[ATTRIBUTES[path]] = wrapped
+        return cls(rewards=rewards, requires=frozenset(requires), where=where, **slots)
+
+    def name(self, path: str) -> Where:
+        """The component in slot ``path`` (a bare slot name when unknown)."""
+        return self.where.get(path) or Where(path, "?", "?")
 
     # ------------------------------------------------------------ optional members
     @property
@@ -113,8 +420,3 @@ def aggregate(
     if denom is not None:
         return agg(loss, mask, denom=denom)
     return agg(loss, mask) * share
-
-
-def as_scores(value: Any, device: torch.device) -> Tensor:
-    """A reward's return value as float32 ``[B]`` on ``device``."""
-    return torch.as_tensor(value, dtype=torch.float32).to(device).reshape(-1)

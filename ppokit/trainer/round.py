@@ -5,8 +5,16 @@
 2. ``update``: ``ppo_epochs`` passes of shuffled minibatch steps, each the sum of its
    micro-batches' losses (the actor and critic objectives) and one optimizer step per model.
 
-Nothing in a round reads a tensor back to the host except the decoded responses the rewards
-need and one read of the stacked metric tensors at its end.
+Nothing non-finite reaches the parameters: NaN and inf counts of the rewards and estimates
+(per slot) are read back once per round at the end of ``collect``, those of the loss terms,
+losses and gradient norms once per optimizer step, before ``opt.step()``. A bad value stops
+the run with a :class:`~ppokit.errors.NonFiniteError` naming the round, the slot, the
+component and its plugin (``train.on_nonfinite: stop``), or drops the round's update or that
+optimizer step and counts it (``skip``, metric ``skipped_steps``; the error after
+``train.max_skipped_steps`` in a row).
+
+Apart from those checks, nothing in a round reads a tensor back to the host except the
+decoded responses the rewards need and one read of the stacked metric tensors at its end.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ppokit.batch import RolloutBatch
+from ppokit.errors import NonFiniteError
 from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly, aggregate, as_scores, denominator
 from ppokit.trainer.logprobs import response_hidden, token_logprobs, trunk_hidden
@@ -31,7 +40,22 @@ from ppokit.trainer.metrics import Meter
 from ppokit.trainer.models import Models, autocast, trunk_of
 from ppokit.trainer.rollout import Rollout, generate
 
-__all__ = ["Learner", "RoundResult", "UpdateData", "explained_variance", "kl_controller_step"]
+__all__ = [
+    "PHASES",
+    "Learner",
+    "NonFinite",
+    "RoundResult",
+    "UpdateData",
+    "explained_variance",
+    "kl_controller_step",
+]
+
+#: The phases of a round, in order, as ``Learner.on_phase`` receives them.
+PHASES = ("generating", "scoring", "estimating", "updating")
+
+
+def _no_phase(phase: str) -> None:
+    """The default ``Learner.on_phase``: nothing."""
 
 
 def _linear_warmup(steps: int) -> Callable[[int], float]:
@@ -49,7 +73,11 @@ def _timed(timings: dict[str, float], key: str) -> Iterator[None]:
 
 
 def explained_variance(target: Tensor, pred: Tensor, mask: Tensor) -> Tensor:
-    """1 − Var[Y − V] / Var[Y] over the masked positions (NaN when Var[Y] = 0)."""
+    """1 − Var[Y − V] / Var[Y] over the masked positions.
+
+    NaN when the targets have (next to) no variance, Var[Y] <= 1e-6·mean(Y²) + 1e-12: the
+    ratio then says nothing (it reached -200 on the demo once rewards saturate).
+    """
     m = mask.float()
     n = m.sum().clamp_min(1.0)
 
@@ -59,7 +87,9 @@ def explained_variance(target: Tensor, pred: Tensor, mask: Tensor) -> Tensor:
 
     vy = var(target.float())
     resid = var(target.float() - pred.float())
-    return torch.where(vy > 0, 1 - resid / vy.clamp_min(1e-30), torch.full_like(vy, math.nan))
+    second = (target.float() ** 2 * m).sum() / n
+    informative = vy > 1e-6 * second + 1e-12
+    return torch.where(informative, 1 - resid / vy.clamp_min(1e-30), torch.full_like(vy, math.nan))
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -79,6 +109,58 @@ def kl_controller_step(
     return beta * (1.0 + error * n_samples / horizon)
 
 
+class NonFinite:
+    """NaN and inf counts of named tensors, summed on the device and read back in one
+    transfer (:meth:`read_problem`).
+
+    ``add(label, x)`` counts ``x``'s non-finite entries under ``label`` (a component in its
+    slot, ``the actor's loss``, ...); labels keep the order they were first added in, the
+    order the values arise in a round, so the first bad label is where a NaN appeared
+    (everything computed from it is NaN too).
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[str, Tensor] = {}
+        self.sizes: dict[str, int] = {}
+        self.forms: dict[str, tuple[str, str]] = {}
+
+    def add(self, label: str, x: Tensor, unit: str = "positions", source: str = "") -> None:
+        """Count ``x``'s NaNs and infs under ``label``. A scalar (a loss, a norm) is
+        reported as ``label is NaN (source)``, anything else as ``label produced NaN at n
+        of N unit``."""
+        x = x.detach()
+        count = torch.stack([torch.isnan(x).sum(), torch.isinf(x).sum()])
+        previous = self.counts.get(label)
+        self.counts[label] = count if previous is None else previous + count
+        self.sizes[label] = self.sizes.get(label, 0) + x.numel()
+        self.forms[label] = (unit, source)
+
+    def read_problem(self) -> str | None:
+        """The first label with a non-finite value, as a message (one host read), or None."""
+        if not self.counts:
+            return None
+        values = torch.stack(list(self.counts.values())).tolist()
+        for label, (nan, inf) in zip(self.counts, values, strict=True):
+            if nan or inf:
+                return self._message(label, nan, inf)
+        return None
+
+    def _message(self, label: str, nan: int, inf: int) -> str:
+        unit, source = self.forms[label]
+        if unit == "scalar":  # a loss or a norm (of its source), or an aggregation's value
+            value = "NaN" if nan else "inf"
+            return f"{label} is {value} ({source})" if source else f"{label} produced {value}"
+        found = " and ".join(f"{name} at {n}" for name, n in (("NaN", nan), ("inf", inf)) if n)
+        return f"{label} produced {found} of {self.sizes[label]} {unit}"
+
+
+def _merge(into: Meter, step: Meter) -> None:
+    """Add a step's metric sums and counts to the round's."""
+    for name, totals in step.totals.items():
+        into.totals.setdefault(name, []).extend(totals)
+        into.counts.setdefault(name, []).extend(step.counts[name])
+
+
 @dataclass
 class UpdateData:
     """The tensors of one round the updates read (all ``[B, ...]`` on the device)."""
@@ -92,24 +174,33 @@ class UpdateData:
     targets: Tensor | None = None
     value_mask: Tensor | None = None  # bool [B, T]
     value_weights: Tensor | None = None
+    #: the round had a non-finite reward or estimate and on_nonfinite is skip: no update
+    skip: bool = False
 
 
 @dataclass
 class RoundResult:
     """Metric tensors of a round (read once at its end), host-side measurements (seconds
     per phase ``time_*``; on CUDA ``peak_memory_gb``, the caching allocator's peak of
-    allocated memory so far, a host-side counter read without device synchronisation) and
-    texts for samples."""
+    allocated memory so far, a host-side counter read without device synchronisation),
+    texts for samples and, with ``on_nonfinite: skip``, what was skipped and why."""
 
     metrics: dict[str, Tensor]
     timings: dict[str, float]
     prompts: list[str] = field(default_factory=list)
     responses: list[str] = field(default_factory=list)
     scores: Tensor | None = None
+    skipped: list[str] = field(default_factory=list)
 
 
 class Learner:
-    """Models, components, optimizers and the adaptive KL state of a run."""
+    """Models, components, optimizers and the adaptive KL state of a run.
+
+    ``round`` is the number of the round being run (1-based; ``collect`` advances it or
+    takes it from the loop), used in error messages; ``on_phase`` is called with each of
+    :data:`PHASES` as the phase starts (a live display's hook; a no-op by default);
+    ``bad_in_row`` counts the non-finite rounds and steps in a row (``on_nonfinite: skip``).
+    """
 
     def __init__(self, spec: Spec, models: Models, assembly: Assembly) -> None:
         self.spec = spec
@@ -134,6 +225,9 @@ class Learner:
             )
         coef = spec.kl.coef if spec.kl is not None else 0.0
         self.kl_coef = torch.tensor(coef, dtype=torch.float32, device=self.device)
+        self.on_phase: Callable[[str], None] = _no_phase
+        self.round = 0
+        self.bad_in_row = 0
 
     # ------------------------------------------------------------------ forwards
     @property
@@ -157,18 +251,18 @@ class Learner:
         return logp, ent, hidden
 
     def reference_logprobs(self, ro: Rollout) -> Tensor:
-        """log π_ref [B,T] of the responses (no entropy pass)."""
-        ref = self.models.ref
-        assert ref is not None
-        hidden = self.actor_hidden(ref, ro)
-        with autocast(self.models.runtime):
-            logp, _ = token_logprobs(
-                hidden[:, :-1],
-                ref.get_output_embeddings(),
-                ro.response_ids,
-                self.temperature,
-                entropy=False,
-            )
+        """log π_ref [B,T] of the responses (no entropy pass), from ``Models.reference()``:
+        the frozen copy, or with LoRA the actor with its adapters disabled."""
+        with torch.no_grad(), self.models.reference() as ref:
+            hidden = self.actor_hidden(ref, ro)
+            with autocast(self.models.runtime):
+                logp, _ = token_logprobs(
+                    hidden[:, :-1],
+                    ref.get_output_embeddings(),
+                    ro.response_ids,
+                    self.temperature,
+                    entropy=False,
+                )
         return logp
 
     def critic_head_out(self, ro: Rollout, shared_hidden: Tensor | None) -> Tensor:
@@ -198,23 +292,40 @@ class Learner:
 
     # ------------------------------------------------------------ 1. collect
     def collect(
-        self, rows: list[dict[str, Any]], formatted: list[str]
+        self, rows: list[dict[str, Any]], formatted: list[str], round_no: int | None = None
     ) -> tuple[UpdateData, RoundResult]:
-        """Generate, score and estimate: everything up to the updates."""
+        """Generate, score and estimate: everything up to the updates. ``round_no`` (1-based,
+        for messages) defaults to the previous round's plus one.
+
+        The rewards and estimates are checked for NaN and inf with one host read at the
+        end; a bad one raises :class:`NonFiniteError`, or with ``on_nonfinite: skip`` marks
+        the round's update as skipped (``data.skip``) and leaves β as it was."""
+        self.round = round_no if round_no is not None else self.round + 1
         n = self.spec.rollout.n
         timings: dict[str, float] = {}
+        checks = NonFinite()
         self.eval_mode()  # sampling and scoring see no dropout
+        self.on_phase("generating")
         with _timed(timings, "time_generate"):
             ro = self.sample(formatted, n)
+        self.on_phase("scoring")
         with _timed(timings, "time_score"):
             expanded = [row for row in rows for _ in range(n)]
             texts, lengths, truncated = self.decode(ro)
-            scores, parts = self.score(expanded, texts, lengths, truncated)
+            scores, parts = self.score(expanded, texts, lengths, truncated, checks)
             needs_baseline = "baseline_rewards" in self.assembly.requires
-            baseline = self.baseline(rows, formatted) if needs_baseline else None
+            baseline = self.baseline(rows, formatted, checks) if needs_baseline else None
+        self.on_phase("estimating")
+        kl_coef = self.kl_coef
         with _timed(timings, "time_logprob"):
             batch = self.rollout_batch(ro, scores, baseline)
-        data, estimates = self.estimate(ro, batch, scores)
+        data, estimates = self.estimate(ro, batch, scores, checks)
+        problem = checks.read_problem()  # once per round
+        skipped = []
+        if problem is not None:
+            skipped.append(self._nonfinite(problem, "the round's update is skipped"))
+            self.kl_coef = kl_coef  # a skipped round leaves β as it was
+            data.skip = True
 
         lengths_t = ro.response_mask.float().sum(1)
         metrics = {
@@ -224,11 +335,28 @@ class Learner:
             "truncated_frac": ro.truncated.float().mean(),
             "tokens": lengths_t.sum(),
             **estimates,
+            "skipped_steps": torch.full((), float(len(skipped)), device=self.device),
         }
         if len(parts) > 1:
             metrics.update({f"reward/{name}": s.mean() for name, s in parts.items()})
         prompts = [row["prompt"] for row in expanded]
-        return data, RoundResult(metrics, timings, prompts, texts, scores)
+        return data, RoundResult(metrics, timings, prompts, texts, scores, skipped)
+
+    def _nonfinite(self, problem: str, consequence: str) -> str:
+        """A non-finite value was caught before it reached a parameter: raise
+        :class:`NonFiniteError` (``on_nonfinite: stop``, or the ``max_skipped_steps``-th in
+        a row), else count it and return the message with its ``consequence``."""
+        t = self.spec.train
+        message = f"round {self.round}: {problem}"
+        if t.on_nonfinite == "stop":
+            raise NonFiniteError(message)
+        self.bad_in_row += 1
+        if self.bad_in_row >= t.max_skipped_steps:
+            raise NonFiniteError(
+                f"{message}; {self.bad_in_row} in a row (train.max_skipped_steps: "
+                f"{t.max_skipped_steps})"
+            )
+        return f"{message}: {consequence}"
 
     # ------------------------------------------------------------ 1a. generate
     def encode(self, prompts: list[str], n: int = 1) -> tuple[Tensor, Tensor]:
@@ -283,26 +411,33 @@ class Learner:
         responses: list[str],
         lengths: list[int],
         truncated: list[bool],
+        checks: NonFinite | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """R = Σ_k weight_k · reward_k, float32 [B], and each reward's scores, for one
-        response per data row."""
+        response per data row; each reward's scores go into ``checks`` under its slot."""
         columns = sorted({k for row in rows for k in row if k != "prompt"})
         fields: dict[str, list[Any]] = {c: [row.get(c) for row in rows] for c in columns}
         prompts = [row["prompt"] for row in rows]
         total = torch.zeros(len(responses), device=self.device)
         parts = {}
-        for name, fn, weight in self.assembly.rewards:
-            s = as_scores(
-                fn(prompts, responses, **fields, lengths=lengths, truncated=truncated), self.device
-            )
+        rewards = self.assembly.rewards
+        for i, (name, fn, weight) in enumerate(rewards):
+            slot = "reward" if len(rewards) == 1 else f"reward.{i}"
+            where = getattr(fn, "where", None) or self.assembly.name(slot)
+            out = fn(prompts, responses, **fields, lengths=lengths, truncated=truncated)
+            s = as_scores(out, len(responses), where).to(self.device)
+            if checks is not None:
+                checks.add(str(where), s, "responses")
             parts[name] = s
             total = total + weight * s
         return total, parts
 
-    def baseline(self, rows: list[dict[str, Any]], formatted: list[str]) -> Tensor:
+    def baseline(
+        self, rows: list[dict[str, Any]], formatted: list[str], checks: NonFinite | None = None
+    ) -> Tensor:
         """R of one greedy response per prompt, repeated for the prompt's ``n`` samples."""
         greedy = self.greedy(formatted)
-        scores, _ = self.score(rows, *self.decode(greedy))
+        scores, _ = self.score(rows, *self.decode(greedy), checks)
         return scores.repeat_interleave(self.spec.rollout.n)
 
     # ------------------------------------------------------------ 1c. estimate
@@ -330,16 +465,21 @@ class Learner:
                     values=v_all[:, :-1] * mask,
                     bootstrap_values=v_all.gather(1, batch.last_index[:, None] + 1).squeeze(1),
                 )
-            if models.ref is not None:
+            if models.has_reference:
                 batch = batch.replace(logp_ref=self.reference_logprobs(ro) * mask)
         return batch
 
-    def kl_to_reference(self, batch: RolloutBatch, metrics: dict[str, Tensor]) -> RolloutBatch:
+    def kl_to_reference(
+        self, batch: RolloutBatch, metrics: dict[str, Tensor], checks: NonFinite | None = None
+    ) -> RolloutBatch:
         """KL(π_old ‖ π_ref) per sequence (the ``kl`` metric); with the ``reward`` placement
         r_t ← r_t − β·kl_t; then the adaptive controller's step of β."""
         kl = self.spec.kl
         assert kl is not None and self.assembly.kl is not None
-        kl_tok = self.assembly.kl(batch.logp_old, batch.logp_ref).float() * batch.maskf
+        estimate = self.assembly.kl(batch.logp_old, batch.logp_ref).float()
+        if checks is not None:
+            checks.add(str(self.assembly.name("kl.estimator")), estimate)
+        kl_tok = estimate * batch.maskf
         kl_seq = kl_tok.sum(1).mean()
         metrics["kl"] = kl_seq
         metrics["kl_coef"] = self.kl_coef.clone()
@@ -352,17 +492,27 @@ class Learner:
         return batch
 
     def estimate(
-        self, ro: Rollout, batch: RolloutBatch, scores: Tensor
+        self, ro: Rollout, batch: RolloutBatch, scores: Tensor, checks: NonFinite | None = None
     ) -> tuple[UpdateData, dict[str, Tensor]]:
         """Truncation rule → KL in the reward → what the updates read: advantages A, prompt
         weights ω with the actor's masks mask' = mask·[ω > 0] and mask'·[R > 0]; critic
-        targets Y, position mask m^V and weights. Returns them with their metrics."""
+        targets Y, position mask m^V and weights. Returns them with their metrics; each
+        estimate goes into ``checks`` under its slot."""
         parts, metrics = self.assembly, {}
+        checks = checks if checks is not None else NonFinite()
+
+        def check(slot: str, x: Tensor, unit: str = "positions") -> Tensor:
+            checks.add(str(parts.name(slot)), x, unit)
+            return x
+
+        for values in (batch.values, batch.bootstrap_values):
+            if values is not None:
+                checks.add("the critic's forward pass", values, "values")
         batch = parts.truncation(batch)
         if self.spec.kl is not None:
-            batch = self.kl_to_reference(batch, metrics)
-        adv = parts.advantage(batch).float().detach()
-        weights = parts.policy_weight(batch).float().detach()
+            batch = self.kl_to_reference(batch, metrics, checks)
+        adv = check("advantage", parts.advantage(batch).float().detach())
+        weights = check("policy.weight", parts.policy_weight(batch).float().detach(), "responses")
         actor_mask = batch.response_mask & (weights > 0)[:, None]
         nll_mask = actor_mask & (scores > 0)[:, None] if self.spec.policy.nll_coef > 0 else None
         data = UpdateData(ro, batch, adv, actor_mask, weights, nll_mask)
@@ -370,9 +520,11 @@ class Learner:
         metrics["advantage_mean"] = (adv * batch.maskf).sum() / tokens
         if self.models.critic is not None:
             assert parts.critic_target and parts.critic_mask and parts.critic_weight
-            data.targets = parts.critic_target(batch).float().detach()
-            data.value_mask = parts.critic_mask(batch).detach() > 0
-            data.value_weights = parts.critic_weight(batch).float().detach()
+            data.targets = check("critic.target", parts.critic_target(batch).float().detach())
+            data.value_mask = check("critic.mask", parts.critic_mask(batch).detach().float()) > 0
+            data.value_weights = check(
+                "critic.weight", parts.critic_weight(batch).float().detach(), "responses"
+            )
             metrics["explained_variance"] = explained_variance(
                 data.targets, batch.values, batch.response_mask
             )
@@ -384,25 +536,69 @@ class Learner:
     # ------------------------------------------------------------ 2. update
     def update(self, data: UpdateData, train_actor: bool, result: RoundResult) -> None:
         """``ppo_epochs`` passes of shuffled minibatch steps with gradient accumulation; the
-        update's metrics go into ``result``."""
+        update's metrics go into ``result``.
+
+        Before each optimizer step the loss terms, the losses and the gradient norms are
+        checked for NaN and inf (one host read per step); a bad step changes no parameter
+        (no ``opt.step()``, gradients zeroed, schedulers not stepped) and raises
+        :class:`NonFiniteError`, or with ``on_nonfinite: skip`` is dropped and counted in
+        ``skipped_steps``. A round whose rewards or estimates were bad (``data.skip``) has
+        no update at all."""
+        self.on_phase("updating")
         start = time.perf_counter()
         t = self.spec.train
         b = data.batch.batch_size
         mb = t.minibatch_size or b
         micro = t.micro_batch_size or mb
         meter = Meter()
-        self.train_mode()
-        for _epoch in range(t.ppo_epochs):
-            perm = torch.randperm(b).to(self.device)
-            for s in range(0, b, mb):
-                self.accumulate(data, perm[s : s + mb], micro, train_actor, meter)
-                if train_actor:
-                    meter.mean("grad_norm_actor", self._step(self.actor_opt, self.actor_sched))
-                if self.critic_opt is not None:
-                    meter.mean("grad_norm_critic", self._step(self.critic_opt, self.critic_sched))
+        skipped = 0
+        if not data.skip:
+            self.train_mode()
+            for _epoch in range(t.ppo_epochs):
+                perm = torch.randperm(b).to(self.device)
+                for s in range(0, b, mb):
+                    message = self.step(data, perm[s : s + mb], micro, train_actor, meter)
+                    if message is not None:
+                        skipped += 1
+                        result.skipped.append(message)
+            result.metrics["skipped_steps"] = torch.full((), float(skipped), device=self.device)
         result.metrics.update(meter.means())
         result.timings["time_update"] = time.perf_counter() - start
         result.timings["peak_memory_gb"] = peak_memory_gb(self.device)
+
+    def step(
+        self, data: UpdateData, idx: Tensor, micro: int, train_actor: bool, meter: Meter
+    ) -> str | None:
+        """One optimizer step per model on the minibatch ``idx``, if its loss terms, losses
+        and gradient norms are finite (one host read); else none, and the message of the
+        skipped step (or NonFiniteError). The step's metrics go into ``meter`` only when it
+        is taken."""
+        checks = NonFinite()
+        step_meter = Meter()
+        self.accumulate(data, idx, micro, train_actor, step_meter, checks)
+        parts = self.assembly
+        norms: list[tuple[str, torch.optim.Optimizer, Any, Tensor]] = []
+        if train_actor:
+            norm = self._clip(self.actor_opt)
+            source = parts.name("policy.loss").inline
+            checks.add("the actor's gradient norm", norm, "scalar", source)
+            norms.append(("grad_norm_actor", self.actor_opt, self.actor_sched, norm))
+        if self.critic_opt is not None:
+            norm = self._clip(self.critic_opt)
+            source = parts.name("critic.loss").inline
+            checks.add("the critic's gradient norm", norm, "scalar", source)
+            norms.append(("grad_norm_critic", self.critic_opt, self.critic_sched, norm))
+        problem = checks.read_problem()  # once per optimizer step
+        if problem is not None:
+            self._zero_grad()
+            return self._nonfinite(problem, "the optimizer step is skipped")
+        self.bad_in_row = 0
+        for name, opt, sched, norm in norms:
+            opt.step()
+            sched.step()
+            step_meter.mean(name, norm)
+        _merge(meter, step_meter)
+        return None
 
     def accumulate(
         self,
@@ -411,32 +607,37 @@ class Learner:
         micro: int,
         train_actor: bool,
         meter: Meter | None = None,
+        checks: NonFinite | None = None,
     ) -> Tensor:
         """Zero the gradients, then accumulate those of the minibatch ``idx`` over
         micro-batches of ``micro`` rows; every micro-batch uses the whole minibatch's
         aggregation denominators, so the sum is exactly the minibatch gradient. Returns the
-        minibatch loss, the sum of the micro-batch losses (detached)."""
+        minibatch loss, the sum of the micro-batch losses (detached). The non-finite counts
+        of the loss terms go into ``checks``."""
         meter = meter if meter is not None else Meter()
-        self.actor_opt.zero_grad(set_to_none=True)
-        if self.critic_opt is not None:
-            self.critic_opt.zero_grad(set_to_none=True)
+        checks = checks if checks is not None else NonFinite()
+        self._zero_grad()
         denoms = self._denominators(data, idx)
         mb = idx.shape[0]
         total = torch.zeros((), device=self.device)
         for u in range(0, mb, micro):
             j = idx[u : u + micro]
-            loss = self._micro_loss(data, j, denoms, j.shape[0] / mb, train_actor, meter)
+            loss = self._micro_loss(data, j, denoms, j.shape[0] / mb, train_actor, meter, checks)
             loss.backward()
             total = total + loss.detach()
         return total
 
-    def _step(self, opt: torch.optim.Optimizer, sched: Any) -> Tensor:
+    def _zero_grad(self) -> None:
+        self.actor_opt.zero_grad(set_to_none=True)
+        if self.critic_opt is not None:
+            self.critic_opt.zero_grad(set_to_none=True)
+
+    def _clip(self, opt: torch.optim.Optimizer) -> Tensor:
+        """Clip the gradients of ``opt``'s parameters to ``max_grad_norm``; their total norm
+        before clipping (non-finite when a gradient is)."""
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         limit = self.spec.train.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(params, limit if limit is not None else math.inf)
-        opt.step()
-        sched.step()
-        return norm
+        return torch.nn.utils.clip_grad_norm_(params, limit if limit is not None else math.inf)
 
     def _denominators(self, data: UpdateData, idx: Tensor) -> dict[str, Tensor | None]:
         """Each aggregation's denominator over the whole minibatch ``idx``: the policy terms'
@@ -461,21 +662,28 @@ class Learner:
         share: float,
         train_actor: bool,
         meter: Meter,
+        checks: NonFinite,
     ) -> Tensor:
         """The loss of the micro-batch ``j``: actor (when it trains) plus critic."""
         models = self.models
+        parts = self.assembly
         ro = data.rollout.rows(j)
         loss = torch.zeros((), device=self.device)
         shared = None
         if train_actor:
             logp, ent, hidden = self.actor_forward(models.actor, ro)
-            loss = loss + self._actor_loss(data, j, logp, ent, denoms, share, meter)
+            checks.add("the actor's forward pass", torch.stack([logp.detach(), ent]), "values")
+            actor = self._actor_loss(data, j, logp, ent, denoms, share, meter, checks)
+            checks.add("the actor's loss", actor, "scalar", parts.name("policy.loss").inline)
+            loss = loss + actor
             shared = hidden if models.shared_critic else None
         elif models.shared_critic:
             with torch.no_grad():
                 shared = self.actor_hidden(models.actor, ro)
         if models.critic is not None:
-            loss = loss + self._critic_loss(data, j, ro, shared, denoms, share, meter)
+            critic = self._critic_loss(data, j, ro, shared, denoms, share, meter, checks)
+            checks.add("the critic's loss", critic, "scalar", parts.name("critic.loss").inline)
+            loss = loss + critic
         return loss
 
     def _actor_loss(
@@ -487,6 +695,7 @@ class Learner:
         denoms: dict[str, Tensor | None],
         share: float,
         meter: Meter,
+        checks: NonFinite,
     ) -> Tensor:
         """L_π of the micro-batch (docs/design.md): with mask' = mask·[ω > 0],
         agg(pl(logp, logp_old, A, mask')·ω, mask') + β·agg(kl(logp, logp_ref), mask')
@@ -500,13 +709,20 @@ class Learner:
         def term(elementwise: Tensor, m: Tensor, denom: Tensor | None) -> Tensor:
             return aggregate(parts.policy_agg, elementwise, m, denom, share)
 
-        weighted = parts.policy_loss(logp, logp_old, adv, mask) * data.policy_weights[j][:, None]
-        pg = term(weighted, mask, denoms["policy"])
+        elementwise = parts.policy_loss(logp, logp_old, adv, mask)
+        checks.add(str(parts.name("policy.loss")), elementwise)
+        pg = term(elementwise * data.policy_weights[j][:, None], mask, denoms["policy"])
+        checks.add(str(parts.name("policy.aggregation")), pg, "scalar")
         loss = pg
         kl = self.spec.kl
         if kl is not None and kl.placement == "loss":
             assert parts.kl is not None and data.batch.logp_ref is not None
-            estimate = parts.kl(logp, data.batch.logp_ref[j].float())
+            ref = data.batch.logp_ref[j].float()
+            # where the aggregation drops a position (padding, rows of weight 0) log π_ref is
+            # compared with itself: KL 0 there, so a huge log-ratio at a dropped position
+            # (exp overflows) cannot put 0·inf = NaN into the gradient
+            estimate = parts.kl(torch.where(mask, logp, ref), ref)
+            checks.add(str(parts.name("kl.estimator")), estimate)
             loss = loss + self.kl_coef * term(estimate, mask, denoms["policy"])
         if policy.entropy_coef > 0:
             loss = loss - policy.entropy_coef * term(ent, mask, denoms["policy"])
@@ -535,6 +751,7 @@ class Learner:
         denoms: dict[str, Tensor | None],
         share: float,
         meter: Meter,
+        checks: NonFinite,
     ) -> Tensor:
         """L_V of the micro-batch (docs/design.md): vf_coef·agg(ℓ(pred, Y, V_old)·ω^V, m^V)."""
         parts = self.assembly
@@ -542,11 +759,15 @@ class Learner:
         assert data.targets is not None and data.value_mask is not None
         assert data.value_weights is not None and data.batch.values is not None
         pred = parts.prediction(self.critic_head_out(ro, shared)[:, :-1])
+        checks.add("the critic's forward pass", pred, "values")
         target = data.targets[j]
         old = data.batch.values[j].float()
         vmask = data.value_mask[j]
-        weighted = parts.critic_loss(pred, target, old) * data.value_weights[j][:, None]
+        elementwise = parts.critic_loss(pred, target, old)
+        checks.add(str(parts.name("critic.loss")), elementwise)
+        weighted = elementwise * data.value_weights[j][:, None]
         value = aggregate(parts.critic_agg, weighted, vmask, denoms.get("critic"), share)
+        checks.add(str(parts.name("critic.aggregation")), value, "scalar")
 
         meter.add("value_loss", value, share)
         clipped = getattr(parts.critic_loss, "clipped", None)
