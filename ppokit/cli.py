@@ -25,6 +25,7 @@ from ppokit import __version__
 from ppokit.compare import compare_command
 from ppokit.docgen import param_rows, params_table, write_docs
 from ppokit.errors import UserError
+from ppokit.evaluate import eval_command
 from ppokit.registry import KINDS, RegistryError, get_registry
 from ppokit.spec import Spec, SpecError, apply_overrides, load_spec, validate_spec
 
@@ -392,6 +393,7 @@ def train(
 
 
 app.command("compare")(compare_command)
+app.command("eval")(eval_command)
 
 
 def main(argv: list[str] | None = None) -> None:

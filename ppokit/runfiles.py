@@ -25,6 +25,12 @@ RUN_FILES = (
     "spec.yaml",
     SPEC_CHANGES,
     CHECKPOINT,
+    # output.report_to (ppokit/trainer/trackers.py TRACKER_FILES): the trackers' run ids and
+    # the local stores; removed with the run so an --overwrite starts new tracker runs
+    "trackers.json",
+    "tensorboard",
+    "wandb",
+    "mlruns",
 )
 #: Temporary names of the run's atomic writes.
 TEMP_FILES = (
@@ -35,4 +41,5 @@ TEMP_FILES = (
     "samples.jsonl.tmp",
     "spec.yaml.tmp",
     "curves.tmp.png",
+    "trackers.json.tmp",
 )

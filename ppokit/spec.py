@@ -430,8 +430,10 @@ class OutputSpec(_Strict):
 class EvalSpec(_Strict):
     """Held-out evaluation: greedy accuracy, pass@k, mean reward and length."""
 
-    data: DataSpec = Field(
-        default_factory=lambda: DataSpec(), description="where the evaluation prompts come from"
+    data: DataSpec | None = Field(
+        None,
+        description="where the evaluation prompts come from (null: the spec's own data "
+        "section; name a held-out split or file)",
     )
     every: int = Field(10, ge=1, le=1 << 30, description="evaluate every N rounds")
     at_start: bool = Field(True, description="also evaluate before the first round")
@@ -480,6 +482,12 @@ class Spec(_Strict):
     output: OutputSpec = Field(
         OutputSpec(), description="where the run writes metrics, samples and checkpoints"
     )
+
+    @model_validator(mode="after")
+    def _eval_data(self) -> Spec:
+        if self.eval is not None and self.eval.data is None:
+            self.eval.data = self.data.model_copy()
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -574,7 +582,7 @@ def _optional_packages(spec: Spec) -> Iterator[tuple[str, str, str]]:
         yield "model.lora", "peft", "lora"
     if spec.data.needs_datasets():
         yield "data.source", "datasets", "data"
-    if spec.eval is not None and spec.eval.data.needs_datasets():
+    if spec.eval is not None and spec.eval.data is not None and spec.eval.data.needs_datasets():
         yield "eval.data.source", "datasets", "data"
 
 

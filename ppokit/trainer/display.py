@@ -24,6 +24,7 @@ PLAIN_WIDTH = 100
 #: is too long the one of the highest priority number goes first.
 SHOWN = (
     ("reward_mean", "reward", 0),
+    ("eval/accuracy", "eval acc", 1),  # on the rounds that evaluate
     ("response_length_mean", "len", 3),
     ("kl", "kl", 2),
     ("entropy", "ent", 5),
@@ -82,6 +83,8 @@ def best_direction(key: str) -> Literal["max", "min"] | None:
     direction (entropy, KL, kl_coef, gradient norms, clip fractions, lengths, times)."""
     if key in ("reward_mean", "explained_variance") or key.startswith("reward/"):
         return "max"
+    if key.endswith("_ci95") or key == "eval/prompts":  # an interval's width, a count
+        return None
     if key.startswith("eval") and any(
         word in key for word in ("acc", "pass", "correct", "reward_mean", "score")
     ):
@@ -281,8 +284,13 @@ def summary_row(history: Sequence[dict[str, Any]], key: str) -> tuple[str, str, 
     best = MISSING
     if direction is not None and values:
         best = fmt(max(values) if direction == "max" else min(values))
-    first = fmt(history[0].get(key)) if history else MISSING
-    last = fmt(history[-1].get(key)) if history else MISSING
+    if key.startswith("eval/"):  # logged every eval.every rounds: first and last logged
+        first = fmt(values[0]) if values else MISSING
+        last = fmt(values[-1]) if values else MISSING
+        return first, last, best
+    rounds = [h for h in history if h.get("round") != 0]  # round 0: an evaluation only
+    first = fmt(rounds[0].get(key)) if rounds else MISSING
+    last = fmt(rounds[-1].get(key)) if rounds else MISSING
     return first, last, best
 
 

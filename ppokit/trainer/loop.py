@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ppokit.evaluate import Evaluator
 from ppokit.runfiles import RUN_FILES
 from ppokit.spec import Spec, validate_spec
 from ppokit.trainer.assembly import Assembly
@@ -42,6 +43,7 @@ from ppokit.trainer.rundir import (
     resume_spec_changes,
     write_atomic,
 )
+from ppokit.trainer.trackers import Trackers
 
 __all__ = ["RUN_FILES", "Interrupted", "choose_threads", "smoke_spec", "train"]
 
@@ -120,7 +122,11 @@ def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
         data["output"].update(dir=tempfile.mkdtemp(prefix="ppokit-smoke-"), overwrite=True)
     else:
         data["output"].update(dir=out)
-    data["output"].update(save_every=1, sample_every=1)
+    data["output"].update(save_every=1, sample_every=1, report_to=[])
+    if data.get("eval") is not None:  # a small evaluation, at the start and at the end
+        e = data["eval"]
+        e.update(prompts=min(e["prompts"], 8), k=min(e["k"], 2), max_new_tokens=None)
+        e.update(batch_size=min(e["batch_size"], 8))
     return validate_spec(data)
 
 
@@ -211,63 +217,100 @@ def _train(
     spec_yaml = spec.to_yaml()
     write_atomic(out / "spec.yaml", spec_yaml)
     history = read_metrics(out)
-    total = spec.train.rounds
-    display = Display(total, start, spec.output.progress)
-    learner.on_phase = display.phase
-    display.message(
-        f"ppokit: {max(0, total - start)} round(s) on {models.runtime.device}, {threads}, "
-        f"output {out}" + (f" (resumed at round {start})" if resume else "")
-    )
-    if redo:
+    evaluator = Evaluator(spec, learner) if spec.eval is not None else None
+    with Trackers(spec, out, start_round=start) as trackers:
+        total = spec.train.rounds
+        display = Display(total, start, spec.output.progress)
+        learner.on_phase = display.phase
         display.message(
-            f"metrics.jsonl had {len(redo)} round(s) after the checkpoint (round {start}): "
-            "they are run again"
+            f"ppokit: {max(0, total - start)} round(s) on {models.runtime.device}, {threads}, "
+            f"output {out}" + (f" (resumed at round {start})" if resume else "")
         )
-    if changes:
-        display.message(
-            f"spec changed on resume ({', '.join(k for k, _, _ in changes)}): recorded in "
-            f"{out / 'spec_changes.jsonl'}"
-        )
-    r = start
-    try:
-        for r in range(start, total):
-            display.start_round(r + 1)
-            record = _run_round(spec, learner, source, format_prompts, r, log)
+        if redo:
+            display.message(
+                f"metrics.jsonl had {len(redo)} round(s) after the checkpoint (round {start}): "
+                "they are run again"
+            )
+        if changes:
+            display.message(
+                f"spec changed on resume ({', '.join(k for k, _, _ in changes)}): recorded in "
+                f"{out / 'spec_changes.jsonl'}"
+            )
+        if evaluator is not None and spec.eval is not None and spec.eval.at_start and start == 0:
+            display.phase("evaluating")
+            record = {"round": 0, **evaluator.run(), "time_eval": evaluator.seconds}
+            log.append(record)
+            trackers.log_metrics(0, record)
             history.append(record)
-            if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
-                save_checkpoint(out, learner, source, r + 1, spec_yaml)
-            display.round(record, total)
-    except KeyboardInterrupt:
-        display.close()
-        raise Interrupted(
-            out, r + 1, total, checkpoint_round(out), spec.output.save_every, smoke
-        ) from None
-    finally:
-        display.close()
-    if history:
-        curves = out / "curves.png"
+            display.message(eval_line(record))
+        r = start
         try:
-            plot_curves(history, curves, title=curves_title(str(out), spec.seed))
-        except OSError as exc:
-            display.message(f"warning: {io_error(curves, exc)}")
-    display.summary(history, str(out))
-    first = history[0]["reward_mean"] if history else None
-    tail = [h["reward_mean"] for h in history[-5:] if h.get("reward_mean") is not None]
-    return {
-        "output_dir": str(out),
-        "rounds": len(history),
-        "resumed_from": start if resume else None,
-        "smoke": smoke,
-        "threads": torch.get_num_threads(),
-        "seconds": round(time.perf_counter() - wall, 3),
-        "reward_first": first,
-        "reward_last": sum(tail) / len(tail) if tail else None,
-        "final": history[-1] if history else None,
-    }
+            for r in range(start, total):
+                display.start_round(r + 1)
+                record = _run_round(
+                    spec, learner, source, format_prompts, r, log, evaluator, trackers
+                )
+                for problem in record.pop("_skipped", ()):
+                    display.message(f"warning: {problem}")
+                history.append(record)
+                if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
+                    save_checkpoint(out, learner, source, r + 1, spec_yaml)
+                display.round(record, total)
+        except KeyboardInterrupt:
+            display.close()
+            raise Interrupted(
+                out, r + 1, total, checkpoint_round(out), spec.output.save_every, smoke
+            ) from None
+        finally:
+            display.close()
+        if history:
+            curves = out / "curves.png"
+            try:
+                plot_curves(history, curves, title=curves_title(str(out), spec.seed))
+            except OSError as exc:
+                display.message(f"warning: {io_error(curves, exc)}")
+            else:
+                trackers.log_image(curves)
+        display.summary(history, str(out))
+        rewards = [h["reward_mean"] for h in history if h.get("reward_mean") is not None]
+        first = rewards[0] if rewards else None  # round 0 (an evaluation only) has none
+        tail = [h["reward_mean"] for h in history[-5:] if h.get("reward_mean") is not None]
+        return {
+            "output_dir": str(out),
+            "rounds": sum(1 for h in history if h["round"] > 0),  # not round 0
+            "resumed_from": start if resume else None,
+            "smoke": smoke,
+            "threads": torch.get_num_threads(),
+            "seconds": round(time.perf_counter() - wall, 3),
+            "reward_first": first,
+            "reward_last": sum(tail) / len(tail) if tail else None,
+            "final": history[-1] if history else None,
+        }
+
+
+def eval_line(record: dict[str, Any]) -> str:
+    """``round 0 (before training): eval/accuracy 0.41  eval/pass@4 0.62 ...``"""
+    parts = [f"{k} {v:.4g}" for k, v in record.items() if k.startswith("eval/") and v is not None]
+    return f"round {record['round']} (before training): " + "  ".join(parts)
+
+
+def _evaluates(spec: Spec, r: int) -> bool:
+    """Whether round ``r`` (0-based) ends with an evaluation: every ``eval.every`` rounds,
+    and the last round (the policy ``ppokit eval RUN`` reads is always evaluated)."""
+    if spec.eval is None:
+        return False
+    return (r + 1) % spec.eval.every == 0 or r + 1 == spec.train.rounds
 
 
 def _run_round(
-    spec: Spec, learner: Learner, source: Any, format_prompts: Any, r: int, log: MetricsLog
+    spec: Spec,
+    learner: Learner,
+    source: Any,
+    format_prompts: Any,
+    r: int,
+    log: MetricsLog,
+    evaluator: Evaluator | None = None,
+    trackers: Trackers | None = None,
 ) -> dict[str, Any]:
     begin = time.perf_counter()
     rows = source.next_rows(spec.rollout.prompts_per_round)
@@ -282,7 +325,16 @@ def _run_round(
     gen = result.timings.get("time_generate", 0.0)
     record["tokens_per_s"] = tokens / gen if gen > 0 else None
     record["time_round"] = time.perf_counter() - begin
+    if evaluator is not None and _evaluates(spec, r):  # after the update, into this record
+        learner.on_phase("evaluating")
+        record.update(evaluator.run())
+        record["time_eval"] = evaluator.seconds
     log.append(record)
+    if trackers is not None:
+        trackers.log_metrics(r + 1, record)
     if (r + 1) % spec.output.sample_every == 0 and result.scores is not None:
-        log.samples(r + 1, result.prompts, result.responses, result.scores.tolist())
-    return record
+        scores = result.scores.tolist()
+        log.samples(r + 1, result.prompts, result.responses, scores)
+        if trackers is not None:
+            trackers.log_samples(r + 1, result.prompts, result.responses, scores)
+    return {**record, "_skipped": list(result.skipped)}

@@ -53,6 +53,7 @@ TIMING = (
     "time_logprob",
     "time_update",
     "time_round",
+    "time_eval",
 )
 #: Panels of curves.png.
 CURVES = (
@@ -65,6 +66,20 @@ CURVES = (
     "clipfrac",
     "grad_norm_actor",
 )
+#: Panels of curves.png for the held-out evaluation, when the run logs them (``eval/pass@``:
+#: every ``eval/pass@k``); drawn at the rounds that have them (round 0: before training).
+EVAL_CURVES = ("eval/accuracy", "eval/pass@", "eval/reward_mean")
+
+
+def curve_keys(history: Sequence[dict[str, Any]]) -> list[str]:
+    """The panels of curves.png: CURVES, then EVAL_CURVES, those the history has values of."""
+    present = {k for h in history for k, v in h.items() if v is not None}
+    keys = [k for k in CURVES if k in present]
+    for prefix in EVAL_CURVES:
+        keys += sorted(
+            k for k in present if k == prefix or (prefix.endswith("@") and k.startswith(prefix))
+        )
+    return keys
 
 
 class Meter:
@@ -163,7 +178,23 @@ LABELS = {
     "value_error": "mean |V - target|",
     "clipfrac": "fraction of tokens",
     "grad_norm_actor": "gradient norm",
+    "eval/accuracy": "greedy accuracy (95% CI)",
+    "eval/reward_mean": "mean reward (sampled)",
 }
+
+
+def _accuracy_band(ax: Any, history: Sequence[dict[str, Any]]) -> None:
+    """The 95% Wilson interval of ``eval/accuracy`` over its ``eval/prompts`` prompts."""
+    from ppokit.evaluate import wilson_interval
+
+    band = [
+        (h["round"], *wilson_interval(h["eval/accuracy"], int(h["eval/prompts"])))
+        for h in history
+        if h.get("eval/accuracy") is not None and h.get("eval/prompts")
+    ]
+    if band:
+        x, low, high = zip(*band, strict=True)
+        ax.fill_between(x, low, high, alpha=0.2, linewidth=0)
 
 
 def curves_title(name: str, seed: int, when: float | None = None) -> str:
@@ -181,7 +212,7 @@ def plot_curves(history: Sequence[dict[str, Any]], path: Path, title: str | None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [k for k in CURVES if any(h.get(k) is not None for h in history)]
+    keys = curve_keys(history)
     if not keys:
         return None
     cols = 2 if len(keys) > 1 else 1
@@ -190,9 +221,12 @@ def plot_curves(history: Sequence[dict[str, Any]], path: Path, title: str | None
     for ax, key in zip(axes.flat, keys, strict=False):
         pts = [(h["round"], h[key]) for h in history if h.get(key) is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", linewidth=1)
+        if key == "eval/accuracy":
+            _accuracy_band(ax, history)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("round", fontsize=8)
-        ax.set_ylabel(LABELS.get(key, key), fontsize=8)
+        ylabel = "fraction of prompts" if key.startswith("eval/pass@") else key
+        ax.set_ylabel(LABELS.get(key, ylabel), fontsize=8)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")

@@ -1,0 +1,370 @@
+"""Held-out evaluation: the metrics from known rewards, the prompts, determinism, RNG
+isolation, and ``ppokit eval`` against the in-run evaluation at the same step."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from ppokit.errors import UserError
+from ppokit.evaluate import (
+    Evaluator,
+    build_learner,
+    eval_command,
+    eval_rows,
+    eval_seed,
+    isolated_rng,
+    load_target,
+    wilson_half_width,
+    wilson_interval,
+)
+from ppokit.spec import Spec
+from ppokit.stats import pass_at_k
+from ppokit.trainer import loop
+from ppokit.trainer.metrics import TIMING, read_metrics
+from tests.trainer.helpers import learner, small_spec
+
+#: A combined reward the untrained tiny model scores on about half the time (any lowercase
+#: letter: +0.5), so the metrics compared below are not all 0.
+REWARD = "reward=[demo, {name: regex, pattern: '[a-z]', weight: 0.5}]"
+EVAL = [
+    "eval.prompts=8",
+    "eval.k=3",
+    "eval.batch_size=4",
+    "eval.every=1",
+    "eval.correct_at=0.5",
+    REWARD,
+]
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Any:
+    """One CPU thread, as a run of the tiny model uses (more only contend on a busy CPU)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _spec(tmp: Path | None = None, *overrides: str) -> Spec:
+    return small_spec(tmp, *EVAL, *overrides)
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("eval")(eval_command)
+
+    @app.command("noop")
+    def _noop() -> None:
+        """A second command, so that ``eval`` is a subcommand as in ppokit's app."""
+
+    return app
+
+
+def _invoke(*args: str) -> Any:
+    return runner.invoke(_app(), ["eval", *args])
+
+
+def _write_spec(spec: Spec, path: Path) -> Path:
+    path.write_text(spec.to_yaml())
+    return path
+
+
+class _Results(dict):
+    """{round: metrics} of the hooked evaluations, and the run's actor."""
+
+    actor: Any = None
+
+
+def _hook_evaluation(monkeypatch: pytest.MonkeyPatch, spec: Spec) -> _Results:
+    """Evaluate the run's learner each time the loop saves a checkpoint (right after the
+    round's update, as the loop's own evaluation does): {round: metrics}."""
+    results = _Results()
+    evaluators: list[Evaluator] = []
+    save = loop.save_checkpoint
+
+    def hooked(out: Path, run_learner: Any, source: Any, round_done: int, spec_yaml: str) -> Any:
+        if not evaluators:
+            evaluators.append(Evaluator(spec, run_learner))
+            results.actor = run_learner.models.actor
+        results[round_done] = evaluators[0].run()
+        return save(out, run_learner, source, round_done, spec_yaml)
+
+    monkeypatch.setattr(loop, "save_checkpoint", hooked)
+    return results
+
+
+# --------------------------------------------------------------------------- statistics
+def test_wilson_half_width_matches_the_textbook_interval() -> None:
+    # 5 of 10: the Wilson 95% interval is [0.2366, 0.7634]
+    assert wilson_half_width(5, 10) == pytest.approx((0.7634 - 0.2366) / 2, abs=1e-4)
+    # 0 of 20: [0, 0.1611]; not 0 as the normal approximation would say
+    assert wilson_half_width(0, 20) == pytest.approx(0.1611 / 2, abs=1e-4)
+    assert wilson_half_width(20, 20) == wilson_half_width(0, 20)
+    assert math.isnan(wilson_half_width(0, 0))
+    low, high = wilson_interval(0.5, 10)
+    assert (low, high) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
+    low, high = wilson_interval(0.0, 20)
+    assert low == 0.0 and high == pytest.approx(0.1611, abs=1e-4)
+
+
+def test_eval_seed_is_fixed_and_differs_from_the_run_seed() -> None:
+    assert eval_seed(0) == eval_seed(0) != eval_seed(1)
+    assert 0 <= eval_seed(0) < 2**63 and eval_seed(0) != 0
+
+
+def test_metrics_are_computed_from_the_combined_rewards(monkeypatch) -> None:
+    spec = _spec(None, "eval.prompts=4", "eval.k=3", "eval.batch_size=2", "eval.correct_at=1.0")
+    lrn = learner(spec)
+    greedy = [1.0, 0.5, 1.2, 0.0]  # correct: 1, 0, 1, 0 (>= correct_at, equality counts)
+    sampled = [[1.0, 0.25, 0.999], [0.0, 0.5, 0.75], [1.0, 1.5, 1.0], [0.0, 1.0, 0.0]]
+    flat = iter(x for row in sampled for x in row)
+    greedy_iter = iter(greedy)
+    sampled_lengths: list[int] = []
+
+    def score(rows, responses, lengths, truncated, checks=None):
+        assert len(rows) == len(responses)
+        if len(responses) == 2:  # a batch's greedy responses (batch_size 2)
+            values = [next(greedy_iter) for _ in responses]
+        else:  # its 2 x 3 samples
+            assert len(responses) == 6
+            values = [next(flat) for _ in responses]
+            sampled_lengths.extend(lengths)
+        return torch.tensor(values), {}
+
+    monkeypatch.setattr(lrn, "score", score)
+    metrics = Evaluator(spec, lrn).run()
+    counts = [1, 0, 3, 1]
+    assert metrics["eval/accuracy"] == 0.5
+    assert metrics["eval/pass@3"] == pytest.approx(sum(pass_at_k(3, c, 3) for c in counts) / 4)
+    assert metrics["eval/pass@3"] == 0.75  # n = k: a prompt passes when one sample is correct
+    assert metrics["eval/accuracy_ci95"] == pytest.approx(wilson_half_width(2, 4))
+    assert metrics["eval/reward_mean"] == pytest.approx(sum(map(sum, sampled)) / 12)
+    assert metrics["eval/response_length_mean"] == pytest.approx(sum(sampled_lengths) / 12)
+    assert metrics["eval/prompts"] == 4
+    assert set(metrics) == set(Evaluator(spec, lrn).names)
+
+
+def test_the_real_rewards_give_consistent_metrics() -> None:
+    spec = _spec()
+    metrics = Evaluator(spec, learner(spec)).run()
+    assert 0 < metrics["eval/accuracy"] < 1  # neither all nor none: see REWARD
+    assert 0 <= metrics["eval/pass@3"] <= 1
+    assert 0 < metrics["eval/reward_mean"] <= 1.5
+    assert 0 < metrics["eval/response_length_mean"] <= spec.rollout.max_new_tokens
+    assert metrics["eval/prompts"] == 8
+
+
+# --------------------------------------------------------------------------- prompts
+def test_prompts_are_the_first_rows_in_order(tmp_path) -> None:
+    data = tmp_path / "eval.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"echo {c}", "answer": c}) + "\n" for c in "abcda")
+    )
+    spec = _spec(None, f"eval.data.source={data}", "eval.prompts=3")  # shuffle on: ignored
+    assert [r["prompt"] for r in eval_rows(spec)] == ["echo a", "echo b", "echo c"]
+    assert eval_rows(spec) == eval_rows(spec)
+    whole = _spec(None, f"eval.data.source={data}", "eval.prompts=50")
+    assert len(eval_rows(whole)) == 5  # a data file is read once, never cycled
+    generated = eval_rows(_spec(None, "eval.prompts=16"))
+    assert generated == eval_rows(_spec(None, "eval.prompts=16"))
+    assert generated != eval_rows(_spec(None, "eval.prompts=16", "seed=1"))
+
+
+def test_max_new_tokens_overrides_the_rollout_for_evaluation_only() -> None:
+    spec = _spec(None, "eval.max_new_tokens=2", "rollout.max_new_tokens=4")
+    lrn = learner(spec)
+    metrics = Evaluator(spec, lrn).run()
+    assert metrics["eval/response_length_mean"] <= 2
+    assert lrn.spec.rollout.max_new_tokens == 4
+
+
+# --------------------------------------------------------------------------- determinism
+def test_two_evaluations_give_the_same_numbers() -> None:
+    spec = _spec()
+    lrn = learner(spec)
+    evaluator = Evaluator(spec, lrn)
+    first = evaluator.run()
+    torch.manual_seed(123)  # whatever the training RNG is doing
+    assert evaluator.run() == first
+    assert Evaluator(spec, learner(spec)).run() == first
+
+
+def test_evaluation_leaves_the_rng_streams_and_the_mode_alone() -> None:
+    spec = _spec()
+    lrn = learner(spec)
+    lrn.models.actor.train()
+    torch_state, py_state, np_state = (
+        torch.get_rng_state(),
+        random.getstate(),
+        np.random.get_state(),
+    )
+    Evaluator(spec, lrn).run()
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert random.getstate() == py_state
+    assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), np_state, strict=True))
+    assert lrn.models.actor.training
+    lrn.models.actor.eval()
+    Evaluator(spec, lrn).run()
+    assert not lrn.models.actor.training
+
+
+def test_isolated_rng_seeds_inside_and_restores_after() -> None:
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    with isolated_rng(7, torch.device("cpu")):
+        inside = torch.rand(3)
+        random.random()
+    assert torch.equal(torch.rand(3), expected)
+    torch.manual_seed(7)
+    assert torch.equal(torch.rand(3), inside)
+
+
+def test_a_run_with_evaluations_trains_exactly_like_one_without(tmp_path, monkeypatch) -> None:
+    extra = ["train.rounds=2", "output.save_every=1", "rollout.n=4", "train.ppo_epochs=2"]
+    loop.train(small_spec(tmp_path / "plain", REWARD, *extra))  # the same, without eval
+    evaluated = _spec(tmp_path / "evaluated", *extra)
+    results = _hook_evaluation(monkeypatch, evaluated)
+    loop.train(evaluated)
+    assert sorted(results) == [1, 2]
+
+    def train_metrics(folder: Path) -> list[dict]:
+        return [
+            {k: v for k, v in h.items() if k not in TIMING and not k.startswith("eval/")}
+            for h in read_metrics(folder)
+            if h["round"] > 0
+        ]
+
+    assert train_metrics(tmp_path / "plain") == train_metrics(tmp_path / "evaluated")
+    for name in ("actor.safetensors", "critic.safetensors", "rng.safetensors"):
+        plain = (tmp_path / "plain" / "checkpoint" / name).read_bytes()
+        assert plain == (tmp_path / "evaluated" / "checkpoint" / name).read_bytes(), name
+
+
+# --------------------------------------------------------------------------- ppokit eval
+def test_ppokit_eval_of_the_base_model_matches_an_evaluation_before_training(tmp_path) -> None:
+    spec = _spec(tmp_path / "run", "eval.at_start=true")
+    spec_file = _write_spec(spec, tmp_path / "spec.yaml")
+    result = _invoke("tiny", "--spec", str(spec_file), "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["kind"] == "model" and data["round"] is None
+    # the run's learner before its first round (what an at_start evaluation sees)
+    assert data["metrics"] == Evaluator(spec, learner(spec)).run()
+    history = read_metrics(Path(loop.train(spec)["output_dir"]))
+    start = [h for h in history if h["round"] == 0]
+    if start:  # the loop evaluates at the start (once its evaluation is wired in)
+        assert {k: start[0][k] for k in data["metrics"]} == data["metrics"]
+
+
+def test_ppokit_eval_of_a_run_matches_its_evaluation_at_that_round(tmp_path, monkeypatch) -> None:
+    run = tmp_path / "run"
+    spec = _spec(run, "train.rounds=2", "output.save_every=1")
+    spec_file = _write_spec(spec, tmp_path / "spec.yaml")
+    results = _hook_evaluation(monkeypatch, spec)
+    loop.train(spec)
+    monkeypatch.undo()
+    result = _invoke(str(run), "--spec", str(spec_file), "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["kind"] == "run" and data["round"] == 2
+    assert data["metrics"] == results[2]
+    # the actor evaluated is the run's at round 2, not the initial one
+    trained = {k: v.clone() for k, v in results.actor.state_dict().items()}
+    loaded = build_learner(load_target(str(run))).models.actor.state_dict()
+    assert trained.keys() == loaded.keys()
+    assert all(torch.equal(trained[k], loaded[k]) for k in trained)
+    initial = learner(spec).models.actor.state_dict()
+    assert any(not torch.equal(initial[k], loaded[k]) for k in loaded)
+    logged = [h for h in read_metrics(run) if h["round"] == 2 and "eval/accuracy" in h]
+    if logged:  # the loop's own evaluation, once wired in
+        assert {k: logged[0][k] for k in data["metrics"]} == data["metrics"]
+    # without --spec: the run's own spec
+    again = _invoke(str(run), "--json")
+    assert again.exit_code == 0, again.stderr
+    assert json.loads(again.stdout)["metrics"] == results[2]
+    # the run's policy exported as a model directory evaluates the same
+    export = pytest.importorskip("ppokit.export")
+    export.export_run(run, tmp_path / "exported")
+    exported = _invoke(str(tmp_path / "exported"), "--spec", str(spec_file), "--json")
+    assert exported.exit_code == 0, exported.stderr
+    assert json.loads(exported.stdout)["kind"] == "model"
+    assert json.loads(exported.stdout)["metrics"] == results[2]
+
+
+def test_ppokit_eval_prints_a_table(tmp_path) -> None:
+    spec_file = _write_spec(_spec(None, "eval.prompts=4"), tmp_path / "spec.yaml")
+    result = _invoke("tiny", "--spec", str(spec_file))
+    assert result.exit_code == 0, result.stderr
+    for key in ("eval/accuracy", "eval/accuracy_ci95", "eval/pass@3", "eval/prompts"):
+        assert key in result.stdout
+
+
+def test_a_spec_without_eval_section_evaluates_its_training_data(tmp_path) -> None:
+    target = load_target("tiny", None, ["data.options.symbols=xy"])
+    assert target.spec.eval is not None
+    assert target.spec.eval.data.options == {"symbols": "xy"}
+    assert target.spec.model.actor == "tiny" and target.kind == "model"
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("missing", "not found"),
+        ("empty_dir", "neither a run folder"),
+        ("run_without_checkpoint", "no checkpoint"),
+        ("bad_spec", "rollout.n"),
+        ("bad_weights", "checkpoint"),
+    ],
+)
+def test_ppokit_eval_errors_are_one_line(tmp_path, setup: str, message: str) -> None:
+    args: list[str] = []
+    if setup == "missing":
+        args = [str(tmp_path / "nope")]
+    elif setup == "empty_dir":
+        args = [str(tmp_path)]
+    elif setup == "run_without_checkpoint":
+        (tmp_path / "spec.yaml").write_text("seed: 0\n")
+        args = [str(tmp_path)]
+    elif setup == "bad_spec":
+        (tmp_path / "bad.yaml").write_text("rollout: {n: 0}\n")
+        args = ["tiny", "--spec", str(tmp_path / "bad.yaml")]
+    else:
+        run = tmp_path / "run"
+        loop.train(small_spec(run))
+        (run / "checkpoint" / "actor.safetensors").write_bytes(b"broken")
+        args = [str(run)]
+    result = _invoke(*args)
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.output + result.stderr
+
+
+def test_load_target_refuses_an_unknown_name() -> None:
+    with pytest.raises(UserError, match="not found"):
+        load_target("no-such-model")
+
+
+@pytest.mark.skipif(not hasattr(loop, "Evaluator"), reason="the loop does not evaluate yet")
+def test_the_loop_evaluates_at_the_start_and_every_n_rounds(tmp_path) -> None:
+    out = tmp_path / "run"
+    loop.train(_spec(out, "train.rounds=3", "eval.every=2", "eval.at_start=true"))
+    history = read_metrics(out)
+    evaluated = [h["round"] for h in history if "eval/accuracy" in h]
+    assert evaluated[:2] == [0, 2] and 1 not in evaluated
+    assert all(h.get("time_eval", 0) > 0 for h in history if h["round"] in evaluated)
+    start = history[0]
+    assert start["round"] == 0 and start["reward_mean"] is None  # an evaluation only
+    assert (out / "curves.png").is_file()
