@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -787,12 +787,29 @@ def differing_components(
 
 
 def spec_labels(components: Mapping[str, Mapping[str, str | None]]) -> dict[str, str]:
-    """``"grpo (advantage=grpo, critic=none)"``: each group's name and what sets it apart."""
+    """``"grpo (advantage=grpo, critic=none)"``: each group's name and what sets it apart.
+
+    With three or more groups, a slot whose component is the one most groups share (a
+    single most common value) is left out of the groups that hold it, so that each label
+    names what is particular to its spec.
+    """
     diff = differing_components(components)
-    return {
-        g: g + (f" ({', '.join(f'{k}={v}' for k, v in items)})" if items else "")
-        for g, items in diff.items()
-    }
+    counts: dict[str, Counter[str]] = {}
+    for items in diff.values():
+        for key, value in items:
+            counts.setdefault(key, Counter())[value] += 1
+
+    def common(key: str, value: str) -> bool:
+        ranked = counts[key].most_common(2)
+        top, n = ranked[0]
+        unique = len(ranked) == 1 or ranked[1][1] < n
+        return len(diff) > 2 and n > 1 and unique and value == top
+
+    labels = {}
+    for g, items in diff.items():
+        own = [(k, v) for k, v in items if not common(k, v)]
+        labels[g] = g + (f" ({', '.join(f'{k}={v}' for k, v in own)})" if own else "")
+    return labels
 
 
 # ---------------------------------------------------------------------- summary
@@ -1076,10 +1093,15 @@ def plot(
         return False
     evals = summary["eval_metrics"]
     keys = ["reward_mean", *evals[:1]]
-    fig = Figure(figsize=(7 * len(keys), 4.5))
+    n_specs = len(summary["specs"])
+    fig = Figure(figsize=(7 * len(keys), 4.5 + 0.22 * n_specs))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(keys), squeeze=False)[0]
-    colours = [f"C{i % 10}" for i in range(len(summary["specs"]))]
+    colours: list[Any] = [f"C{i}" for i in range(n_specs)]
+    if n_specs > 10:  # ten colours repeat: take twenty
+        from matplotlib import colormaps
+
+        colours = [colormaps["tab20"](i % 20) for i in range(n_specs)]
     for ax, key in zip(axes, keys, strict=True):
         for colour, g in zip(colours, summary["specs"], strict=True):
             runs = [r for r in finished if r.group == g["name"]]
@@ -1108,9 +1130,10 @@ def plot(
         ax.set_ylabel(key)
         ax.set_title(f"{key}: mean over seeds, shaded 95% CI", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
+    handles, labels = axes[0].get_legend_handles_labels()
     fig.suptitle(title or "ppokit compare")
-    fig.tight_layout()
+    fig.legend(handles, labels, loc="lower center", fontsize=8, ncol=1, frameon=False)
+    fig.tight_layout(rect=(0, 0.22 * n_specs / (4.5 + 0.22 * n_specs) + 0.02, 1, 1))
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=100)
     tmp.replace(path)
