@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, distribution, entry_points
 from typing import Any
 
 import pluggy
@@ -457,8 +457,7 @@ class Registry:
             dist = KNOWN_PLUGINS.get(key)
             if dist is not None:
                 raise RegistryError(
-                    f"{kind} {name!r} comes with the plugin {dist}, which is not installed: "
-                    f"pip install {dist} (from a ppokit checkout: pip install ./plugins/{dist})"
+                    f"unknown {kind} {name!r}: {_known_plugin_hint(dist)}"
                 ) from None
             raise RegistryError(
                 f"unknown {kind} {name!r}{suggest(str(name), self.names(kind))}"
@@ -491,6 +490,20 @@ def env_flag(name: str) -> bool:
         return False
     raise RegistryError(
         f"{name}={os.environ[name]!r}: expected one of 1, true, yes, on or 0, false, no, off"
+    )
+
+
+def _known_plugin_hint(dist: str) -> str:
+    """What to do about a component of the published plugin ``dist`` that is not registered."""
+    try:
+        distribution(dist)
+    except PackageNotFoundError:
+        return (
+            f"it comes with the plugin {dist}, which is not installed: pip install {dist} "
+            f"(from a ppokit checkout: pip install ./plugins/{dist})"
+        )
+    return (
+        f"it comes with the plugin {dist}, which is installed but not loaded (PPOKIT_LOAD_PLUGINS)"
     )
 
 

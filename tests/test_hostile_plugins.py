@@ -175,8 +175,23 @@ def test_a_lazy_factory_naming_a_missing_attribute(tmp_path: Path) -> None:
 
 def test_a_component_of_a_known_plugin_names_the_plugin() -> None:
     registry = Registry()  # no plugin installed
-    with pytest.raises(RegistryError, match=r"plugin ppokit-hlgauss.*pip install"):
+    with pytest.raises(RegistryError, match=r"it comes with the plugin ppokit-hlgauss, which"):
         registry.info("regression_loss", "hlgauss")
+
+
+def test_a_known_plugin_that_is_not_installed_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from importlib.metadata import PackageNotFoundError
+
+    import ppokit.registry as registry_module
+
+    def missing(name: str) -> None:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(registry_module, "distribution", missing)
+    with pytest.raises(RegistryError, match=r"not installed: pip install ppokit-hlgauss"):
+        Registry().info("regression_loss", "hlgauss")
 
 
 def test_the_known_plugins_table_matches_the_bundled_plugins() -> None:

@@ -262,6 +262,7 @@ def test_any_choice_of_registered_components_validates(data: st.DataObject) -> N
         (raw[section] if section else raw)[leaf] = pick(kind)
     spec = validate_spec(raw)
     assert {p: c.name for p, _, c in spec.slots()} == {
-        p: (raw[p.split(".")[0]][p.split(".")[1]] if "." in p else raw[p]) for p in (s.path for s in SLOTS)
+        p: (raw[p.split(".")[0]][p.split(".")[1]] if "." in p else raw[p])
+        for p in (s.path for s in SLOTS)
     }
     assert validate_spec(yaml.safe_load(spec.to_yaml())).model_dump() == spec.model_dump()
