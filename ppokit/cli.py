@@ -1,5 +1,5 @@
 """The ``ppokit`` command line: list, show, validate, explain, schema, docs, plugins,
-new-plugin, train, compare.
+new-plugin, train, compare, eval, export.
 
 Mistakes a user can make (a bad spec, an unknown component, a missing file, a broken plugin
 under ``PPOKIT_STRICT_PLUGINS=1``) print one red line each on stderr and exit with status 1,
@@ -26,6 +26,7 @@ from ppokit.compare import compare_command
 from ppokit.docgen import param_rows, params_table, write_docs
 from ppokit.errors import UserError
 from ppokit.evaluate import eval_command
+from ppokit.export import export_command
 from ppokit.registry import KINDS, RegistryError, get_registry
 from ppokit.spec import Spec, SpecError, apply_overrides, load_spec, validate_spec
 
@@ -393,6 +394,7 @@ def train(
 
 
 app.command("compare")(compare_command)
+app.command("export")(export_command)
 app.command("eval")(eval_command)
 
 

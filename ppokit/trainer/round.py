@@ -209,7 +209,7 @@ class Learner:
         self.device = models.runtime.device
         t = spec.train
         self.actor_opt = torch.optim.AdamW(
-            models.actor.parameters(), lr=t.actor_lr, weight_decay=t.weight_decay
+            models.actor_parameters(), lr=t.actor_lr, weight_decay=t.weight_decay
         )
         self.actor_sched = torch.optim.lr_scheduler.LambdaLR(
             self.actor_opt, _linear_warmup(t.warmup_steps)
