@@ -206,7 +206,7 @@ class Compaction:
         #: True positions per row, long [B]
         self.lengths = counts[:, -1].clone() if t else counts.sum(dim=1)
         #: slot of each position: 1-based rank among its row's True positions, 0 when masked
-        self.slots = counts.mul_(mask)
+        self.slots = torch.where(mask, counts, 0)
         #: width of the compacted rows: T + 1 rounded up to whole chunks (no padding later)
         self.width = -(-(t + 1) // CHUNK) * CHUNK
 
@@ -331,8 +331,9 @@ def gae(
     # the TD errors are formed in the carry dtype: with gamma * lam = 1 nothing decays, and
     # float32 roundings of r - V + gamma V' would add up along the whole row
     carry = accumulate_dtype(batch.device)
-    values = rows.compact(batch.values, carry)
-    deltas = rows.compact(batch.token_rewards, carry).sub_(values)
+    # compacted in float32 (a float64 scatter is several times slower), widened exactly
+    values = rows.compact(batch.values).to(carry)
+    deltas = rows.compact(batch.token_rewards).to(carry).sub_(values)
     deltas[:, :-1].add_(values[:, 1:], alpha=gamma)
     rows.add_at_last(deltas, gamma * batch.terminal_values)
     adv = dense_reverse_scan(deltas.float(), gamma * lam, overwrite=True, wide=deltas)
