@@ -633,6 +633,7 @@ def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_real_sweep_summary_and_plot(real_sweep: dict[str, Any]) -> None:
     result, out = real_sweep["result"], real_sweep["out"]
     assert result.exit_code == 0, result.output + result.stderr
@@ -674,6 +675,7 @@ def test_real_report_rerenders(real_sweep: dict[str, Any]) -> None:
     assert (out / "summary.md").is_file() and (out / "compare.png").is_file()
 
 
+@pytest.mark.slow
 def test_real_restart_skips_finished_and_resumes_interrupted(real_sweep: dict[str, Any]) -> None:
     """Runs after the tests above (it extends the sweep's runs)."""
     out, specs = real_sweep["out"], real_sweep["specs"]

@@ -231,6 +231,7 @@ def test_isolated_rng_seeds_inside_and_restores_after() -> None:
     assert torch.equal(torch.rand(3), inside)
 
 
+@pytest.mark.slow
 def test_a_run_with_evaluations_trains_exactly_like_one_without(tmp_path, monkeypatch) -> None:
     extra = ["train.rounds=2", "output.save_every=1", "rollout.n=4", "train.ppo_epochs=2"]
     loop.train(small_spec(tmp_path / "plain", REWARD, *extra))  # the same, without eval

@@ -85,6 +85,10 @@ print(json.dumps(result))
 """
 
 
+# every test here shares runs trained and exported once (about 40 s)
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two-round tiny runs (with a critic), each exported with --critic."""
@@ -143,6 +147,7 @@ def _outputs(models: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return logits, values
 
 
+@pytest.mark.slow
 def test_the_export_loads_and_generates_in_a_fresh_interpreter(runs, loaded) -> None:
     info, _ = loaded
     for name in runs:

@@ -47,6 +47,7 @@ def test_masked_positions_never_matter(kind, name, params, batch):
     assert torch.equal(component(_garbage(batch)), out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lam", [0.0, 0.95, 1.0])
 @pytest.mark.parametrize("gamma", [0.99, 1.0])
 def test_long_rows_gae_is_exact(gamma, lam):

@@ -20,6 +20,7 @@ def _untimed(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
 
 
+@pytest.mark.slow
 def test_resume_reproduces_an_uninterrupted_run(tmp_path) -> None:
     whole, split = tmp_path / "whole", tmp_path / "split"
     extra = [*RUN, "kl.coef=0.05", "kl.target=0.5", "train.warmup_steps=3"]
@@ -118,6 +119,7 @@ def test_smoke_runs_two_small_rounds(tmp_path) -> None:
     assert all(h["response_length_mean"] <= 8 for h in history)
 
 
+@pytest.mark.slow
 def test_short_demo_run_reward_rises(tmp_path) -> None:
     spec = load_spec(
         DEMO,

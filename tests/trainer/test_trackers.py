@@ -187,6 +187,7 @@ def test_mlflow_tracking_uri_from_the_environment(tmp_path, monkeypatch, mlflow_
 
 
 # --------------------------------------------------------------------------- wandb
+@pytest.mark.slow
 def test_wandb_offline_writes_its_run_folder_and_resumes_it(tmp_path, monkeypatch) -> None:
     _needs("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -262,6 +263,7 @@ def test_a_missing_package_is_a_missing_dependency(tmp_path, monkeypatch, packag
 
 
 # --------------------------------------------------------------------------- a run
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(loop, "Trackers"), reason="the loop does not use Trackers yet")
 def test_a_short_run_reports_to_tensorboard(tmp_path) -> None:
     _needs("tensorboard")
