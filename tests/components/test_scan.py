@@ -67,10 +67,13 @@ def test_masked_entries_never_matter(inputs, d):
     garbage = torch.where(mask, x, torch.full_like(x, float("nan")))
     assert torch.equal(discounted_reverse_cumsum(garbage, mask, d), y)
     assert bool((y[~mask] == 0).all())
-    # extra padding columns change nothing
+    # extra padding columns change nothing (up to float rounding: more columns can change the
+    # blocking of the chunk matmuls, and so the order of a dot product's additions)
     padded_x = torch.cat([x, torch.randn(x.shape[0], 5)], dim=1)
     padded_m = torch.cat([mask, torch.zeros(x.shape[0], 5, dtype=torch.bool)], dim=1)
-    assert torch.equal(discounted_reverse_cumsum(padded_x, padded_m, d)[:, : x.shape[1]], y)
+    padded = discounted_reverse_cumsum(padded_x, padded_m, d)
+    torch.testing.assert_close(padded[:, : x.shape[1]], y, rtol=1e-6, atol=1e-6)
+    assert bool((padded[:, x.shape[1] :] == 0).all())
 
 
 @settings(max_examples=50, deadline=None)
