@@ -81,6 +81,10 @@ __all__ = [
 CHUNK = 16
 #: Powers below this (the smallest normal float32) are flushed to 0.
 _TINY = torch.finfo(torch.float32).tiny
+#: GAE forms its TD errors in the carry dtype when gamma * lam is above this (or per row):
+#: below it, float32 roundings decay fast enough to stay within float32 precision (tested at
+#: T = 32768 in tests/components/test_scan_long.py).
+WIDE_TD_ERRORS_ABOVE = 0.95
 #: Bound on log-ratios before exponentiation (exp(20) ~ 5e8 stays finite in float32).
 LOG_RATIO_BOUND = 20.0
 
@@ -328,15 +332,18 @@ def gae(
     if batch.values is None:
         raise ValueError("GAE needs batch.values (a critic)")
     rows = Compaction(batch.response_mask)
-    # the TD errors are formed in the carry dtype: with gamma * lam = 1 nothing decays, and
-    # float32 roundings of r - V + gamma V' would add up along the whole row
-    carry = accumulate_dtype(batch.device)
-    # compacted in float32 (a float64 scatter is several times slower), widened exactly
-    values = rows.compact(batch.values).to(carry)
-    deltas = rows.compact(batch.token_rewards).to(carry).sub_(values)
+    discount = gamma * lam
+    # Where gamma * lam is near 1 little decays, and float32 roundings of r - V + gamma V'
+    # would add up along the whole row: the TD errors are then formed in the carry dtype
+    # (compacted in float32, widened exactly); the carry's chunk sums read them.
+    wide = isinstance(discount, Tensor) or discount > WIDE_TD_ERRORS_ABOVE
+    dtype = accumulate_dtype(batch.device) if wide else torch.float32
+    values = rows.compact(batch.values).to(dtype)
+    deltas = rows.compact(batch.token_rewards).to(dtype).sub_(values)
     deltas[:, :-1].add_(values[:, 1:], alpha=gamma)
     rows.add_at_last(deltas, gamma * batch.terminal_values)
-    adv = dense_reverse_scan(deltas.float(), gamma * lam, overwrite=True, wide=deltas)
+    x = deltas.float() if wide else deltas
+    adv = dense_reverse_scan(x, discount, overwrite=True, wide=deltas if wide else None)
     if plus_values:
         adv.add_(values.float())
     return rows.expand(rows.whiten(adv) if whiten else adv)
