@@ -389,12 +389,21 @@ def test_hf_classifier_bad_label(bert_dir: Path, label: object, message: str) ->
         reward(PROMPTS, RESPONSES)
 
 
-def test_hf_classifier_missing_directory(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="model directory not found"):
-        get_registry().create("reward", "hf_classifier", path=str(tmp_path / "nope"))
+def test_hf_classifier_missing_directory_is_a_spec_error(tmp_path: Path) -> None:
+    from ppokit.registry import RegistryError
+    from ppokit.spec import SpecError, validate_spec
+
+    missing = str(tmp_path / "nope")
+    with pytest.raises(RegistryError, match="model directory not found"):
+        get_registry().create("reward", "hf_classifier", path=missing)
+    with pytest.raises(SpecError, match="reward.path: .*model directory not found"):
+        validate_spec({"reward": {"name": "hf_classifier", "path": missing}})
+    with pytest.raises(SpecError, match="has no config.json"):
+        validate_spec({"reward": {"name": "hf_classifier", "path": str(tmp_path)}})
 
 
 def test_hf_classifier_directory_without_a_model(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")  # a config, but no model
     reward = make("reward", "hf_classifier", path=str(tmp_path), device="cpu")
     with pytest.raises(UserError, match="cannot load"):
         reward(["q"], ["r"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field, field_validator, model_validator
@@ -126,7 +127,21 @@ class HFClassifierParams(Params):
     )
     batch_size: int = Field(16, ge=1, description="responses per forward pass")
     max_length: int = Field(512, ge=1, description="tokens of prompt + response kept")
-    device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:N'")
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|mps|cuda(:[0-9]+)?)$",
+        description="'auto', 'cpu', 'cuda', 'cuda:N'",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _a_model_directory(cls, value: str) -> str:
+        folder = Path(value).expanduser()
+        if not folder.is_dir():
+            raise ValueError(f"model directory not found: {value}")
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{value} has no config.json: not a Hugging Face model directory")
+        return value
 
 
 class DemoParams(Params):
