@@ -129,6 +129,35 @@ class RewardSpec(ComponentSpec):
         return ("weight",)
 
 
+class TinySpec(_Strict):
+    """The config of the ``tiny`` model: a Llama-style model built in code (random init)."""
+
+    hidden_size: int = Field(64, ge=4, le=8192, description="width of the hidden states")
+    intermediate_size: int = Field(128, ge=4, le=32768, description="width of the MLP")
+    num_hidden_layers: int = Field(2, ge=1, le=64, description="transformer blocks")
+    num_attention_heads: int = Field(4, ge=1, le=128, description="attention heads")
+    num_key_value_heads: int = Field(4, ge=1, le=128, description="key/value heads (GQA)")
+    max_position_embeddings: int = Field(
+        512, ge=8, le=1 << 20, description="the longest prompt + response in tokens"
+    )
+    tie_word_embeddings: bool = Field(False, description="share the input and output embeddings")
+    initializer_range: float = Field(0.02, gt=0, le=1, description="std of the random init")
+
+    @model_validator(mode="after")
+    def _heads(self) -> TinySpec:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        return self
+
+
 class LoraSpec(_Strict):
     """LoRA adapters (peft) on the actor, and on a separate critic's trunk."""
 
@@ -169,8 +198,8 @@ class ModelSpec(_Strict):
     gradient_checkpointing: bool = Field(
         False, description="recompute activations in the backward pass to save memory"
     )
-    tiny: dict[str, Any] = Field(
-        default_factory=dict, description="config overrides for the 'tiny' model"
+    tiny: TinySpec = Field(
+        default_factory=lambda: TinySpec(), description="the config of the 'tiny' model"
     )
     trust_remote_code: bool = Field(
         False,

@@ -396,9 +396,9 @@ def test_hf_classifier_missing_directory_is_a_spec_error(tmp_path: Path) -> None
     missing = str(tmp_path / "nope")
     with pytest.raises(RegistryError, match="model directory not found"):
         get_registry().create("reward", "hf_classifier", path=missing)
-    with pytest.raises(SpecError, match="reward.path: .*model directory not found"):
+    with pytest.raises(SpecError, match=r"reward.path: .*model directory not found"):
         validate_spec({"reward": {"name": "hf_classifier", "path": missing}})
-    with pytest.raises(SpecError, match="has no config.json"):
+    with pytest.raises(SpecError, match=r"has no config\.json"):
         validate_spec({"reward": {"name": "hf_classifier", "path": str(tmp_path)}})
 
 

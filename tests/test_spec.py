@@ -145,7 +145,7 @@ def test_set_in_nested_slots_lists_and_sections() -> None:
             "reward.0.weight=2",
             "critic.target.lam=0.5",
             "kl.estimator=k3",
-            "model.tiny={n_layer: 2}",
+            "model.tiny={num_hidden_layers: 3}",
             "output.dir=runs/x",
             "seed=3",
             "advantage=grpo",
@@ -159,7 +159,7 @@ def test_set_in_nested_slots_lists_and_sections() -> None:
     assert spec.critic is not None and spec.critic.target.name == "lambda_return"
     assert spec.critic.target.params == {"lam": 0.5}
     assert spec.kl is not None and spec.kl.estimator.name == "k3"
-    assert spec.model.tiny == {"n_layer": 2}
+    assert spec.model.tiny.num_hidden_layers == 3
     assert (spec.output.dir, spec.seed) == ("runs/x", 3)
 
 
@@ -266,3 +266,16 @@ def test_any_choice_of_registered_components_validates(data: st.DataObject) -> N
         for p in (s.path for s in SLOTS)
     }
     assert validate_spec(yaml.safe_load(spec.to_yaml())).model_dump() == spec.model_dump()
+
+
+@pytest.mark.parametrize(
+    ("tiny", "message"),
+    [
+        ({"n_layer": 2}, "model.tiny.n_layer: Extra inputs are not permitted"),
+        ({"hidden_size": 0}, "model.tiny.hidden_size"),
+        ({"hidden_size": 30}, "multiple of num_attention_heads"),
+    ],
+)
+def test_the_tiny_models_options_are_checked(tiny: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        validate_spec({"model": {"tiny": tiny}})

