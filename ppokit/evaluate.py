@@ -192,8 +192,18 @@ class Evaluator:
             return_tensors="pt",
             add_special_tokens=not self.settings.data.chat_template,
         )
+        from ppokit.trainer.round import fit_context
+
         device = self.learner.device
-        ids, attn = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        ids, attn = fit_context(
+            enc["input_ids"],
+            enc["attention_mask"],
+            models.actor,
+            self.learner.spec,
+            self.settings.data,
+            self.max_new_tokens,
+        )
+        ids, attn = ids.to(device), attn.to(device)
         if n > 1:
             ids, attn = ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
         sampling: dict[str, Any] = (

@@ -298,6 +298,11 @@ class DataSpec(_Strict):
         "ops, min_value, max_value, terms)",
     )
     shuffle: bool = Field(True, description="shuffle the rows of a data file each epoch")
+    long_prompts: Literal["error", "truncate"] = Field(
+        "error",
+        description="a prompt whose tokens plus max_new_tokens exceed the model's context: "
+        "'error' stops the run naming it; 'truncate' keeps its last tokens, with a warning",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DataSpec:

@@ -23,6 +23,7 @@ import math
 import resource
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ppokit.batch import RolloutBatch
-from ppokit.errors import NonFiniteError
+from ppokit.errors import NonFiniteError, UserError
 from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly, aggregate, as_scores, denominator
 from ppokit.trainer.logprobs import response_hidden, token_logprobs, trunk_hidden
@@ -70,6 +71,36 @@ def _timed(timings: dict[str, float], key: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
     timings[key] = time.perf_counter() - start
+
+
+def fit_context(
+    ids: Tensor, attn: Tensor, model: nn.Module, spec: Spec, data: Any, max_new: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Left-padded prompts that leave room for ``max_new`` (default rollout.max_new_tokens)
+    new tokens in the model's context (``config.max_position_embeddings``).
+
+    A longer prompt is an error naming its length and the limit (``data.long_prompts:
+    error``), or keeps its last tokens (``truncate``, with a warning). Reads shapes and the
+    attention mask on the host only (the prompts are still on the CPU here).
+    """
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    room = None if limit is None else int(limit) - (max_new or spec.rollout.max_new_tokens)
+    if room is None or ids.shape[1] <= room:
+        return ids, attn
+    longest = int(attn.sum(dim=1).max())
+    if room > 0 and longest <= room:  # only padding is cut
+        return ids[:, -room:], attn[:, -room:]
+    what = (
+        f"a prompt of {longest} tokens plus {max_new or spec.rollout.max_new_tokens} new "
+        f"tokens does not fit the model's context of {limit} tokens"
+    )
+    if room <= 0 or data.long_prompts == "error":
+        raise UserError(
+            f"data: {what}: shorten the prompts or rollout.max_new_tokens, or set "
+            "data.long_prompts: truncate"
+        )
+    warnings.warn(f"{what}: its first {longest - room} tokens are cut", stacklevel=2)
+    return ids[:, -room:], attn[:, -room:]
 
 
 def explained_variance(target: Tensor, pred: Tensor, mask: Tensor) -> Tensor:
@@ -368,7 +399,10 @@ class Learner:
             return_tensors="pt",
             add_special_tokens=not self.spec.data.chat_template,
         )
-        ids, attn = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        ids, attn = fit_context(
+            enc["input_ids"], enc["attention_mask"], self.models.actor, self.spec, self.spec.data
+        )
+        ids, attn = ids.to(self.device), attn.to(self.device)
         if n > 1:
             ids, attn = ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
         return ids, attn

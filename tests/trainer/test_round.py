@@ -159,3 +159,36 @@ def test_kl_in_the_loss_and_adaptive_coefficient(tmp_path) -> None:
     # round 3 saw a KL above target: beta grew by (1 + 0.2 * B / horizon) per round
     assert history[0]["kl_coef"] == pytest.approx(0.1)
     assert history[-1]["kl_coef"] > history[1]["kl_coef"] or history[1]["kl"] <= 0.01
+
+
+def test_a_prompt_longer_than_the_context_is_an_error_or_truncated() -> None:
+    import warnings
+
+    import torch
+
+    from ppokit.errors import UserError
+    from ppokit.spec import validate_spec
+    from ppokit.trainer.round import fit_context
+
+    class Config:
+        max_position_embeddings = 12
+
+    class Model:
+        config = Config()
+
+    spec = validate_spec({"rollout": {"max_new_tokens": 4}})
+    ids = torch.arange(20).reshape(2, 10)
+    attn = torch.ones(2, 10, dtype=torch.long)
+    attn[1, :5] = 0  # row 1: 5 padding tokens on the left
+    with pytest.raises(UserError, match="10 tokens plus 4 new tokens does not fit"):
+        fit_context(ids, attn, Model(), spec, spec.data)
+    data = spec.data.model_copy(update={"long_prompts": "truncate"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cut, cut_attn = fit_context(ids, attn, Model(), spec, data)
+    assert "its first 2 tokens are cut" in str(caught[0].message)
+    assert torch.equal(cut, ids[:, 2:]) and torch.equal(cut_attn, attn[:, 2:])
+    short = torch.ones(2, 10, dtype=torch.long)
+    short[:, :3] = 0  # only padding beyond the room: cut silently
+    kept, _ = fit_context(ids, short, Model(), spec, spec.data)
+    assert torch.equal(kept, ids[:, 2:])
