@@ -185,27 +185,7 @@ class Evaluator:
         from ppokit.trainer.rollout import generate
 
         models = self.learner.models
-        tokenizer = models.tokenizer
-        enc = tokenizer(
-            prompts,
-            padding=True,
-            return_tensors="pt",
-            add_special_tokens=not self.settings.data.chat_template,
-        )
-        from ppokit.trainer.round import fit_context
-
-        device = self.learner.device
-        ids, attn = fit_context(
-            enc["input_ids"],
-            enc["attention_mask"],
-            models.actor,
-            self.learner.spec,
-            self.settings.data,
-            self.max_new_tokens,
-        )
-        ids, attn = ids.to(device), attn.to(device)
-        if n > 1:
-            ids, attn = ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
+        ids, attn = self.learner.encode(prompts, n, self.settings.data, self.max_new_tokens)
         sampling: dict[str, Any] = (
             {"greedy": True}
             if greedy
@@ -213,7 +193,12 @@ class Evaluator:
         )
         with autocast(models.runtime):
             return generate(
-                models.actor, tokenizer, ids, attn, max_new_tokens=self.max_new_tokens, **sampling
+                models.actor,
+                models.tokenizer,
+                ids,
+                attn,
+                max_new_tokens=self.max_new_tokens,
+                **sampling,
             )
 
     def _scores(self, rows: list[dict[str, Any]], ro: Rollout, n: int) -> torch.Tensor:

@@ -390,17 +390,26 @@ class Learner:
         return f"{message}: {consequence}"
 
     # ------------------------------------------------------------ 1a. generate
-    def encode(self, prompts: list[str], n: int = 1) -> tuple[Tensor, Tensor]:
+    def encode(
+        self,
+        prompts: list[str],
+        n: int = 1,
+        data: Any = None,
+        max_new: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """Left-padded prompt ids and attention mask on the device, each prompt ``n`` times
-        (the chat template already holds its special tokens)."""
+        (the chat template already holds its special tokens). ``data`` (default: the spec's
+        data section) and ``max_new`` (default: rollout.max_new_tokens) decide the chat
+        template and the room left in the model's context."""
+        data = self.spec.data if data is None else data
         enc = self.models.tokenizer(
             prompts,
             padding=True,
             return_tensors="pt",
-            add_special_tokens=not self.spec.data.chat_template,
+            add_special_tokens=not data.chat_template,
         )
         ids, attn = fit_context(
-            enc["input_ids"], enc["attention_mask"], self.models.actor, self.spec, self.spec.data
+            enc["input_ids"], enc["attention_mask"], self.models.actor, self.spec, data, max_new
         )
         ids, attn = ids.to(self.device), attn.to(self.device)
         if n > 1:
