@@ -347,9 +347,36 @@ def train(
         False, "--overwrite", help="Replace an existing run (only the files a run wrote)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the run's summary as JSON."),
+    nproc: int = typer.Option(
+        1,
+        "--nproc",
+        min=1,
+        help="Processes on this machine (torch's launcher, as torchrun --nproc-per-node; "
+        "GPUs: one each). For several machines run torchrun -m ppokit train ... yourself.",
+    ),
 ) -> None:
     """Train a policy as the spec describes (Ctrl-C stops it: exit status 130, with the
     command that resumes it)."""
+    if nproc > 1:
+        argv = ["train"] + ([str(spec_path)] if spec_path is not None else [])
+        for item in overrides:
+            argv += ["--set", item]
+        for flag, value in (("--out", out_dir), ("--seed", seed), ("--threads", threads)):
+            if value is not None:
+                argv += [flag, str(value)]
+        for flag, on in (
+            ("--resume", resume),
+            ("--allow-spec-change", allow_spec_change),
+            ("--smoke", smoke),
+            ("--overwrite", overwrite),
+            ("--json", as_json),
+        ):
+            argv += [flag] if on else []
+        if spec_path is None:  # a bad spec or --set fails here, once
+            validate_spec(apply_overrides(_demo_spec(), overrides))
+        else:
+            _load(spec_path, overrides)
+        raise typer.Exit(launch(nproc, argv))
     extra = [*overrides]
     if out_dir is not None:
         extra.append(f"output.dir={json.dumps(out_dir)}")
@@ -389,8 +416,31 @@ def train(
         for line in lines:
             err.print(f"[yellow]{escape(line)}[/yellow]")
         raise typer.Exit(130) from None
-    if as_json:
+    if as_json and result.get("main", True):
         _print_json(result)
+
+
+def launch(nproc: int, argv: list[str]) -> int:
+    """Run ``python -m ppokit ARGV`` on ``nproc`` local processes through torch's launcher
+    (``torch.distributed.run``, the code behind ``torchrun``); the exit status of the run (a
+    failing process's, which printed its error; the launcher stops the others)."""
+    import logging
+    import os
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # ppokit sets torch's threads itself
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    args = get_args_parser().parse_args(
+        ["--standalone", "--nproc-per-node", str(nproc), "-m", "ppokit", *argv]
+    )
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        codes = [f.exitcode for f in exc.failures.values() if f.exitcode and f.exitcode > 0]
+        return codes[0] if codes else 1
+    return 0
 
 
 app.command("compare")(compare_command)

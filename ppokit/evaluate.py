@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ppokit import distributed
 from ppokit.errors import UserError
 from ppokit.registry import RegistryError
 from ppokit.spec import Spec, SpecError, apply_overrides, read_spec_file, validate_spec
@@ -198,6 +199,7 @@ class Evaluator:
                 ids,
                 attn,
                 max_new_tokens=self.max_new_tokens,
+                synced=distributed.world().distributed,
                 **sampling,
             )
 

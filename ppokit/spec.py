@@ -463,6 +463,34 @@ class OutputSpec(_Strict):
     )
 
 
+class ParallelSpec(_Strict):
+    """How a run on several processes (``torchrun``, ``ppokit train --nproc``) shares the
+    models: FSDP2 over all processes. One process ignores it."""
+
+    shard: bool = Field(
+        True,
+        description="shard parameters, gradients and optimizer state over the processes "
+        "(FSDP2); false: every process holds them all (data parallel)",
+    )
+    reshard_after_forward: bool = Field(
+        True, description="free the gathered parameters after each forward (less memory)"
+    )
+    cpu_offload: bool = Field(
+        False, description="keep the sharded parameters and optimizer state in CPU memory (GPUs)"
+    )
+    mixed_precision: Literal["bf16", "none"] = Field(
+        "bf16",
+        description="on GPUs: bf16 parameters in forward and backward, fp32 gradient "
+        "reduction ('none': the model's dtype)",
+    )
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=1e6,
+        description="seconds a process waits for the others before the run fails",
+    )
+
+
 class EvalSpec(_Strict):
     """Held-out evaluation: greedy accuracy, pass@k, mean reward and length."""
 
@@ -513,6 +541,9 @@ class Spec(_Strict):
         None, description="KL to the reference policy; absent: no KL term, no reference model"
     )
     eval: EvalSpec | None = Field(None, description="held-out evaluation; absent: none")
+    parallel: ParallelSpec = Field(
+        ParallelSpec(), description="several processes (torchrun): how the models are shared"
+    )
     truncation: ComponentSpec = _slot_field("truncation")
     train: TrainSpec = Field(TrainSpec(), description="optimisation")
     output: OutputSpec = Field(

@@ -6,15 +6,23 @@ Reading a checkpoint never runs code: nothing is unpickled. Tensors are stored a
 safetensors, everything else as JSON::
 
     checkpoint/
-      manifest.json        {"format": 2, "files": {name: {"sha256": ..., "bytes": ...}}}
+      manifest.json        {"format": 3, "files": {name: {"sha256": ..., "bytes": ...}}}
       state.json           format, round, KL coefficient, critic kind
       spec.yaml            the resolved spec of the run
       actor.safetensors    actor weights
       critic.safetensors   critic weights (the value head only for a shared critic)
-      optim.json           optimizer and scheduler states, tensors as {"$tensor": name}
+      optim.json           optimizer states keyed by parameter name (torch.distributed.
+                           checkpoint's form) and scheduler states, tensors as
+                           {"$tensor": name}
       optim.safetensors    ... and those tensors
       rng.json             python and numpy RNG states, the prompt source's state
       rng.safetensors      torch CPU and CUDA RNG states (uint8)
+
+A run on several processes writes the same files: the model and optimizer states are
+gathered whole from every process's shards (``torch.distributed.checkpoint.state_dict``)
+and process 0 writes them; on loading, every process reads them and keeps its own shards.
+So a checkpoint resumes on any number of processes, and ``ppokit export`` reads it as any
+other. (The first process holds the whole state in CPU memory while it saves.)
 
 The manifest is written last and holds a SHA-256 of every other file; a checkpoint is read
 only once every checksum verifies. Writing is atomic: a temporary directory
@@ -42,6 +50,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from ppokit import distributed
 from ppokit.errors import UserError
 from ppokit.runfiles import CHECKPOINT
 from ppokit.trainer.rundir import io_error, is_os_error
@@ -61,7 +70,9 @@ __all__ = [
 
 TMP = f".{CHECKPOINT}.tmp"
 OLD = f".{CHECKPOINT}.old"
-FORMAT = 2
+FORMAT = 3
+#: Formats this version reads (2: optimizer states keyed by parameter index).
+READABLE = (2, 3)
 MANIFEST = "manifest.json"
 #: Files every checkpoint has, and the one it may have.
 REQUIRED = (
@@ -228,6 +239,105 @@ def _read_json(file: Path) -> Any:
     return json.loads(file.read_text(encoding="utf-8"))
 
 
+# ------------------------------------------------------------ model and optimizer states
+def _whole() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _weights_module(models: Any) -> list[tuple[str, torch.nn.Module]]:
+    """(file stem, module) of the weights a checkpoint stores."""
+    out = [("actor", models.actor)]
+    if models.critic is not None:
+        out.append(("critic", models.critic.head if models.shared_critic else models.critic))
+    return out
+
+
+def _optimizers(learner: Any) -> list[tuple[str, torch.nn.Module, torch.optim.Optimizer]]:
+    """(name, module holding its parameters, optimizer) of each optimizer."""
+    out = [("actor", learner.models.actor, learner.actor_opt)]
+    if learner.critic_opt is not None:
+        out.append(("critic", learner.models.critic, learner.critic_opt))
+    return out
+
+
+def _tied(module: torch.nn.Module) -> set[str]:
+    """Names of parameters that are another name's parameter (tied weights): stored once."""
+    seen: set[int] = set()
+    drop = set()
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            drop.add(name)
+        seen.add(id(p))
+    return drop
+
+
+def _whole_weights(stem: str, module: torch.nn.Module, models: Any) -> dict[str, torch.Tensor]:
+    """``module``'s whole weights gathered from every process's shards (a collective; the
+    first process gets them, the others an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    owner = models.critic if stem == "critic" and models.shared_critic else module
+    state = get_model_state_dict(owner, options=_whole())
+    if owner is not module:  # a shared critic stores its head alone
+        state = {k.removeprefix("head."): v for k, v in state.items()}
+    drop = _tied(module)
+    return {k: v.detach().contiguous() for k, v in state.items() if k not in drop}
+
+
+def _optimizer_states(learner: Any) -> dict[str, Any]:
+    """Optimizer states keyed by parameter name (whole, gathered on several processes) and
+    the schedulers'."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    optim: dict[str, Any] = {}
+    for name, module, opt in _optimizers(learner):
+        optim[name] = get_optimizer_state_dict(module, opt, options=_whole())
+        sched = learner.actor_sched if name == "actor" else learner.critic_sched
+        optim[f"{name}_sched"] = sched.state_dict()
+    return optim
+
+
+def _load_optimizers(learner: Any, optim: dict[str, Any], form: int) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    for name, module, opt in _optimizers(learner):
+        if form == 2:  # keyed by parameter index: one process only
+            if distributed.world().distributed:
+                raise UserError(
+                    "this checkpoint (format 2) resumes on one process only: resume it "
+                    "without a launcher, then continue on several"
+                )
+            opt.load_state_dict(optim[name])
+        else:
+            options = StateDictOptions(full_state_dict=True)
+            set_optimizer_state_dict(module, opt, optim[name], options=options)
+            for group in opt.param_groups:  # it gives tuples (AdamW's betas) back as lists
+                for key, default in opt.defaults.items():
+                    if isinstance(default, tuple) and isinstance(group.get(key), list):
+                        group[key] = tuple(group[key])
+        sched = learner.actor_sched if name == "actor" else learner.critic_sched
+        sched.load_state_dict(optim[f"{name}_sched"])
+
+
+def _load_whole_weights(stem: str, module: torch.nn.Module, models: Any, file: Path) -> None:
+    """Every process reads the whole weights and keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    state = load_file(str(file))
+    owner = module
+    if stem == "critic" and models.shared_critic:
+        owner = models.critic
+        state = {f"head.{k}": v for k, v in state.items()}
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    missing, unexpected = set_model_state_dict(owner, state, options=options)
+    missing = [k for k in missing if k not in _tied(owner)]
+    if missing or unexpected:
+        names = ", ".join([*missing, *unexpected][:3])
+        raise UserError(f"{file}: does not match the spec's model ({names} ...)")
+
+
 # -------------------------------------------------------------------------- write
 class NonFiniteCheckpointError(UserError):
     """A model or optimizer tensor holds NaN or inf: such a state is never saved."""
@@ -271,6 +381,24 @@ def check_finite(learner: Any) -> None:
     raise NonFiniteCheckpointError("a tensor holds NaN or inf")  # pragma: no cover
 
 
+def _check_finite_states(
+    states: tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]],
+) -> None:
+    """:func:`check_finite` on gathered states."""
+    weights, optim = states
+    named = [(f"{stem} {k}", t) for stem, ts in weights.items() for k, t in ts.items()]
+    for name in ("actor", "critic"):
+        for param, state in optim.get(name, {}).get("state", {}).items():
+            named += [
+                (f"the optimizer's {key} of {name} {param}", v)
+                for key, v in state.items()
+                if isinstance(v, torch.Tensor)
+            ]
+    for name, t in named:
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            raise NonFiniteCheckpointError(f"{name} holds NaN or inf")
+
+
 def checkpoint_round(out: Path) -> int | None:
     """The round of the checkpoint a resume would read (unverified, cheap; None: none)."""
     for name in (CHECKPOINT, TMP, OLD):
@@ -293,6 +421,35 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
     checkpoint is kept; an OS error (disk full, read-only folder, permission denied, also as
     safetensors reports it) is one ``UserError`` line naming the path and the cause.
     """
+    world = distributed.world()
+    if world.distributed:  # every process takes part in gathering; the first one writes
+        models = learner.models
+        weights = {stem: _whole_weights(stem, m, models) for stem, m in _weights_module(models)}
+        states = (weights, _optimizer_states(learner))
+        problem = None
+        if world.main:
+            try:
+                return _save_gathered(out, learner, source, round_done, spec_yaml, states)
+            except UserError as exc:
+                problem = str(exc)
+                raise
+            finally:
+                distributed.broadcast_text(problem)
+        problem = distributed.broadcast_text(None)
+        if problem is not None:
+            raise UserError(problem)
+        return out / CHECKPOINT
+    return _save_gathered(out, learner, source, round_done, spec_yaml, None)
+
+
+def _save_gathered(
+    out: Path,
+    learner: Any,
+    source: Any,
+    round_done: int,
+    spec_yaml: str,
+    states: tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]] | None,
+) -> Path:
     final = out / CHECKPOINT
     tmp = out / TMP
     old = out / OLD
@@ -303,14 +460,17 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
         else "no checkpoint was written"
     )
     try:
-        check_finite(learner)
+        if states is None:
+            check_finite(learner)
+        else:
+            _check_finite_states(states)
     except NonFiniteCheckpointError as exc:
         raise NonFiniteCheckpointError(
             f"round {round_done}: not saving a checkpoint: {exc} (the training diverged: "
             f"lower the learning rate or set train.max_grad_norm); {kept}"
         ) from None
     try:
-        _write_tmp(tmp, learner, source, round_done, spec_yaml)
+        _write_tmp(tmp, learner, source, round_done, spec_yaml, states)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if not is_os_error(exc):
@@ -335,24 +495,28 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
     return final
 
 
-def _write_tmp(tmp: Path, learner: Any, source: Any, round_done: int, spec_yaml: str) -> None:
-    """Fill ``tmp`` with a complete, synced checkpoint (manifest last)."""
+def _write_tmp(
+    tmp: Path,
+    learner: Any,
+    source: Any,
+    round_done: int,
+    spec_yaml: str,
+    states: tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]] | None = None,
+) -> None:
+    """Fill ``tmp`` with a complete, synced checkpoint (manifest last). ``states``: the
+    whole weights and optimizer states gathered from several processes (else read from the
+    models and optimizers)."""
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     models = learner.models
-    save_model(models.actor, str(tmp / "actor.safetensors"))
-    if models.critic is not None:
-        if models.shared_critic:
-            save_model(models.critic.head, str(tmp / "critic.safetensors"))
-        else:
-            save_model(models.critic, str(tmp / "critic.safetensors"))
-    optim = {
-        "actor": learner.actor_opt.state_dict(),
-        "actor_sched": learner.actor_sched.state_dict(),
-    }
-    if learner.critic_opt is not None:
-        optim["critic"] = learner.critic_opt.state_dict()
-        optim["critic_sched"] = learner.critic_sched.state_dict()
+    if states is None:
+        for stem, module in _weights_module(models):
+            save_model(module, str(tmp / f"{stem}.safetensors"))
+        optim = _optimizer_states(learner)
+    else:
+        weights, optim = states
+        for stem, tensors in weights.items():
+            save_file(tensors, str(tmp / f"{stem}.safetensors"))
     _write_tree(optim, tmp, "optim")
     rng_data, rng_tensors = _rng_files(capture_rng(), source.state_dict())
     save_file(rng_tensors, str(tmp / "rng.safetensors"))
@@ -440,7 +604,7 @@ def _verify(path: Path) -> None:
             raise ValueError("'files' is not an object")
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{manifest_file}: unreadable ({_one_line(exc)})") from None
-    if manifest.get("format") != FORMAT:
+    if manifest.get("format") not in READABLE:
         raise _fail(path, f"unknown checkpoint format {manifest.get('format')!r}")
     for name in REQUIRED:
         if name not in files:
@@ -514,7 +678,7 @@ def _state_of(path: Path) -> dict[str, Any]:
         float(state["kl_coef"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise _fail(path, f"state.json is unreadable ({_one_line(exc)})") from None
-    if state.get("format") != FORMAT:
+    if state.get("format") not in READABLE:
         raise _fail(path, f"unknown checkpoint format {state.get('format')!r}")
     return state
 
@@ -541,16 +705,13 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
     if state.get("critic") != critic_kind:
         raise _fail(path, f"it has critic {state.get('critic')!r} but the spec has {critic_kind!r}")
     try:
-        _load_weights(models.actor, path / "actor.safetensors")
-        if models.critic is not None:
-            target = models.critic.head if models.shared_critic else models.critic
-            _load_weights(target, path / "critic.safetensors")
+        for stem, module in _weights_module(models):
+            if distributed.world().distributed:
+                _load_whole_weights(stem, module, models, path / f"{stem}.safetensors")
+            else:
+                _load_weights(module, path / f"{stem}.safetensors")
         optim = _decode(_read_json(path / "optim.json"), load_file(path / "optim.safetensors"))
-        learner.actor_opt.load_state_dict(optim["actor"])
-        learner.actor_sched.load_state_dict(optim["actor_sched"])
-        if learner.critic_opt is not None:
-            learner.critic_opt.load_state_dict(optim["critic"])
-            learner.critic_sched.load_state_dict(optim["critic_sched"])
+        _load_optimizers(learner, optim, int(state["format"]))
         rng, source_state = _rng_from_files(
             _read_json(path / "rng.json"), load_file(path / "rng.safetensors")
         )
@@ -562,7 +723,8 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
     except Exception as exc:
         raise _fail(path, _one_line(exc)) from None
     learner.kl_coef = torch.tensor(kl_coef, dtype=torch.float32, device=learner.device)
-    if path.name != CHECKPOINT:
+    distributed.barrier()  # every process has read it before it moves
+    if path.name != CHECKPOINT and distributed.world().main:
         _promote(out, path)
     return int(state["round"])
 

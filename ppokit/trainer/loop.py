@@ -3,6 +3,7 @@ checkpoints, display)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shlex
 import tempfile
@@ -14,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ppokit import distributed
+from ppokit.errors import UserError
 from ppokit.evaluate import Evaluator
 from ppokit.runfiles import RUN_FILES
 from ppokit.spec import Spec, validate_spec
@@ -181,13 +184,49 @@ def train(
         spec = smoke_spec(spec, smoke_out)
         resume = False
     out = Path(spec.output.dir).expanduser()
-    with RunFolder(out, resume=resume, overwrite=overwrite or spec.output.overwrite):
-        changes = resume_spec_changes(out, spec.model_dump(), allow_spec_change) if resume else []
-        threads = torch.get_num_threads()
-        try:
-            return _train(spec, out, resume, smoke, changes)
-        finally:
-            torch.set_num_threads(threads)
+    device_type = _device_type(spec.model.device)
+    with distributed.process_group(device_type, spec.parallel.timeout_s) as world:
+        folder: Any = contextlib.nullcontext()
+        if world.main:  # one process owns the folder: the lock, the overwrite, the files
+            folder = RunFolder(out, resume=resume, overwrite=overwrite or spec.output.overwrite)
+        with folder:
+            distributed.barrier()
+            changes = (
+                resume_spec_changes(out, spec.model_dump(), allow_spec_change) if resume else []
+            )
+            threads = torch.get_num_threads()
+            try:
+                return _train(spec, out, resume, smoke, changes)
+            finally:
+                torch.set_num_threads(threads)
+
+
+def _device_type(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device.split(":")[0]
+
+
+class _Quiet:
+    """The display of a process other than the first: shows nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def _check_shares(spec: Spec, processes: int) -> None:
+    """Equal shares of prompts and minibatch rows for each of ``processes``."""
+    r, t = spec.rollout, spec.train
+    if r.prompts_per_round % processes:
+        raise UserError(
+            f"rollout.prompts_per_round ({r.prompts_per_round}) must be divisible by the "
+            f"number of processes ({processes})"
+        )
+    if t.minibatch_size and t.minibatch_size % (processes * r.n):
+        raise UserError(
+            f"train.minibatch_size ({t.minibatch_size}) must be divisible by the number of "
+            f"processes times rollout.n ({processes} x {r.n})"
+        )
 
 
 def _train(
@@ -196,35 +235,44 @@ def _train(
     from ppokit.data import format_prompts, make_prompt_source
 
     wall = time.perf_counter()
+    world = distributed.world()
+    _check_shares(spec, world.size)
     _seed_all(spec.seed)
     assembly = Assembly.from_spec(spec)
     models = build_models(spec, assembly.head_size)
     threads = _set_threads(spec, models)
+    if world.distributed:
+        models.shard(spec.parallel)
     learner = Learner(spec, models, assembly)
     source = make_prompt_source(spec.data, spec.seed)
-    log = MetricsLog(out)
+    log = MetricsLog(out) if world.main else _Quiet()
     start = 0
     redo: list[int] = []
     if resume:
         with io_errors(out / "checkpoint", "cannot restore the checkpoint"):
             start = load_checkpoint(out, learner, source)
-        redo = check_metrics(log.path, start)
-        for path in (log.path, log.samples_path):
-            with io_errors(path):
-                truncate_jsonl(path, start)
-        if changes:
-            record_spec_changes(out, start, changes)
+        distributed.barrier()  # every process has read it before it is changed
+        if world.main:
+            redo = check_metrics(log.path, start)
+            for path in (log.path, log.samples_path):
+                with io_errors(path):
+                    truncate_jsonl(path, start)
+            if changes:
+                record_spec_changes(out, start, changes)
     spec_yaml = spec.to_yaml()
-    write_atomic(out / "spec.yaml", spec_yaml)
+    if world.main:
+        write_atomic(out / "spec.yaml", spec_yaml)
     history = read_metrics(out)
     evaluator = Evaluator(spec, learner) if spec.eval is not None else None
-    with Trackers(spec, out, start_round=start) as trackers:
+    tracked = spec if world.main else spec.model_copy(update={"output": _no_trackers(spec)})
+    with Trackers(tracked, out, start_round=start) as trackers:
         total = spec.train.rounds
-        display = Display(total, start, spec.output.progress)
+        display: Any = Display(total, start, spec.output.progress) if world.main else _Quiet()
         learner.on_phase = display.phase
+        processes = f", {world.size} processes" if world.distributed else ""
         display.message(
-            f"ppokit: {max(0, total - start)} round(s) on {models.runtime.device}, {threads}, "
-            f"output {out}" + (f" (resumed at round {start})" if resume else "")
+            f"ppokit: {max(0, total - start)} round(s) on {models.runtime.device}{processes}, "
+            f"{threads}, output {out}" + (f" (resumed at round {start})" if resume else "")
         )
         if redo:
             display.message(
@@ -246,6 +294,8 @@ def _train(
         r = start
         try:
             for r in range(start, total):
+                if world.distributed:  # random streams from (seed, process, round)
+                    _seed_all(distributed.round_seed(spec.seed, world.rank, r + 1))
                 display.start_round(r + 1)
                 record = _run_round(
                     spec, learner, source, format_prompts, r, log, evaluator, trackers
@@ -263,7 +313,7 @@ def _train(
             ) from None
         finally:
             display.close()
-        if history:
+        if history and world.main:
             curves = out / "curves.png"
             try:
                 plot_curves(history, curves, title=curves_title(str(out), spec.seed))
@@ -285,7 +335,13 @@ def _train(
             "reward_first": first,
             "reward_last": sum(tail) / len(tail) if tail else None,
             "final": history[-1] if history else None,
+            "processes": world.size,
+            "main": world.main,
         }
+
+
+def _no_trackers(spec: Spec) -> Any:
+    return spec.output.model_copy(update={"report_to": []})
 
 
 def eval_line(record: dict[str, Any]) -> str:
@@ -314,6 +370,7 @@ def _run_round(
 ) -> dict[str, Any]:
     begin = time.perf_counter()
     rows = source.next_rows(spec.rollout.prompts_per_round)
+    rows = rows[distributed.world().share(len(rows))]  # this process's prompts
     formatted = format_prompts(rows, learner.models.tokenizer, spec.data)
     learner.round = r  # collect counts it on: round r + 1, in its messages
     data, result = learner.collect(rows, formatted)

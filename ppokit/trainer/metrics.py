@@ -7,7 +7,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,13 +105,21 @@ class Meter:
     def mean(self, name: str, value: Tensor) -> None:
         self.add(name, value, 1.0)
 
-    def means(self) -> dict[str, Tensor]:
-        out = {}
-        for name, totals in self.totals.items():
-            total = torch.stack(totals).sum()
-            count = torch.stack(self.counts[name]).sum()
-            out[name] = torch.where(count > 0, total / count, math.nan)
-        return out
+    def means(self, reduce: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
+        """Σ total / Σ count per name; ``reduce`` (e.g. a sum over processes) is applied to
+        the stacked sums and counts first, in one call."""
+        if not self.totals:
+            return {}
+        names = list(self.totals)
+        sums = torch.stack(
+            [torch.stack(self.totals[n]).sum() for n in names]
+            + [torch.stack(self.counts[n]).sum() for n in names]
+        )
+        if reduce is not None:
+            sums = reduce(sums)
+        totals, counts = sums[: len(names)], sums[len(names) :]
+        means = torch.where(counts > 0, totals / counts, math.nan)
+        return dict(zip(names, means.unbind(), strict=True))
 
 
 def read_once(tensors: dict[str, Tensor]) -> dict[str, float | None]:

@@ -72,6 +72,8 @@ def resolve_device(device: str, dtype: str) -> Runtime:
     """``auto``: CUDA with bf16 autocast when available, else CPU float32."""
     if device == "auto":
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if dev.type == "cuda":  # a launched process's own GPU (torch.cuda.set_device)
+            dev = torch.device("cuda", torch.cuda.current_device())
     else:
         try:
             dev = torch.device(device)
@@ -177,6 +179,21 @@ class Models:
         finally:
             if was_training:
                 actor.train()
+
+    def shard(self, parallel: Any) -> None:
+        """Put every model under FSDP2 across the run's processes (``spec.parallel``;
+        :func:`ppokit.distributed.shard_model`): the actor, the reference copy and the
+        critic (a shared critic's head on its own)."""
+        from ppokit.distributed import shard_model
+
+        kind = self.runtime.device.type
+        if parallel.cpu_offload and kind != "cuda":
+            raise UserError("parallel.cpu_offload needs GPUs (the run is on the CPU)")
+        shard_model(self.actor, parallel, kind)
+        if self.ref is not None:
+            shard_model(self.ref, parallel, kind)
+        if self.critic is not None:
+            shard_model(self.critic, parallel, kind)
 
     def actor_parameters(self) -> Iterator[nn.Parameter]:
         """The actor's trainable parameters (only the adapters with LoRA)."""

@@ -125,8 +125,11 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     greedy: bool = False,
+    synced: bool = False,
 ) -> Rollout:
-    """Sample (or greedily decode) one response per prompt row; stop at EOS."""
+    """Sample (or greedily decode) one response per prompt row; stop at EOS. ``synced``:
+    every process runs as many decoding steps as the longest (sharded models take part in
+    each other's forwards)."""
     from transformers import GenerationConfig, LogitsProcessorList
 
     eos = eos_ids(tokenizer, model)
@@ -150,6 +153,7 @@ def generate(
             attention_mask=prompt_mask,
             generation_config=config,
             logits_processor=processors,
+            synced_gpus=synced,
         )
     model.train(was_training)
     response_ids = sequences[:, prompt_ids.shape[1] :]

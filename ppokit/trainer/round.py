@@ -13,6 +13,10 @@ component and its plugin (``train.on_nonfinite: stop``), or drops the round's up
 optimizer step and counts it (``skip``, metric ``skipped_steps``; the error after
 ``train.max_skipped_steps`` in a row).
 
+On several processes (``torchrun``) each process generates and scores its own share of the
+round; the estimation runs on the whole round gathered on every process and the update's
+denominators, gradients and metrics are those of the whole round (:mod:`ppokit.distributed`).
+
 Apart from those checks, nothing in a round reads a tensor back to the host except the
 decoded responses the rewards need and one read of the stacked metric tensors at its end.
 """
@@ -32,13 +36,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ppokit import distributed
+from ppokit.batch import FIELDS as BATCH_FIELDS
 from ppokit.batch import RolloutBatch
 from ppokit.errors import NonFiniteError, UserError
 from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly, aggregate, as_scores, denominator
 from ppokit.trainer.logprobs import response_hidden, token_logprobs, trunk_hidden
 from ppokit.trainer.metrics import Meter
-from ppokit.trainer.models import Models, autocast, trunk_of
+from ppokit.trainer.models import Models, ValueModel, autocast, trunk_of
 from ppokit.trainer.rollout import Rollout, generate
 
 __all__ = [
@@ -170,7 +176,8 @@ class NonFinite:
         """The first label with a non-finite value, as a message (one host read), or None."""
         if not self.counts:
             return None
-        values = torch.stack(list(self.counts.values())).tolist()
+        # summed over the processes, so that every process takes the same decision
+        values = distributed.all_sum(torch.stack(list(self.counts.values()))).tolist()
         for label, (nan, inf) in zip(self.counts, values, strict=True):
             if nan or inf:
                 return self._message(label, nan, inf)
@@ -207,6 +214,48 @@ class UpdateData:
     value_weights: Tensor | None = None
     #: the round had a non-finite reward or estimate and on_nonfinite is skip: no update
     skip: bool = False
+
+    def own_rows(self, rollout: Rollout, rows: slice) -> UpdateData:
+        """This process's ``rows`` of data estimated on the whole round, with its own
+        ``rollout`` (whose responses may be shorter than the round's longest)."""
+        length = rollout.response_mask.shape[1]
+
+        def cut(x: Tensor | None) -> Tensor | None:
+            if x is None:
+                return None
+            x = x[rows]
+            return x[:, :length] if x.dim() >= 2 else x
+
+        batch = RolloutBatch(
+            **{f: cut(getattr(self.batch, f)) for f in BATCH_FIELDS}  # type: ignore[arg-type]
+        )
+        return UpdateData(
+            rollout,
+            batch,
+            cut(self.advantages),  # type: ignore[arg-type]
+            cut(self.actor_mask),  # type: ignore[arg-type]
+            cut(self.policy_weights),  # type: ignore[arg-type]
+            cut(self.nll_mask),
+            cut(self.targets),
+            cut(self.value_mask),
+            cut(self.value_weights),
+            self.skip,
+        )
+
+
+def gather_batch(batch: RolloutBatch, rows: int) -> RolloutBatch:
+    """The whole round's batch from every process's ``batch`` (``rows`` rows each), padded
+    to the round's longest response; group ids are made unique across processes."""
+    length = distributed.max_over_processes(batch.seq_len, batch.device)
+    fields: dict[str, Any] = {}
+    for name in BATCH_FIELDS:
+        x = getattr(batch, name)
+        if x is None:
+            continue
+        if name == "group_ids":
+            x = x + distributed.world().rank * rows
+        fields[name] = distributed.gather_rows(x, length)
+    return RolloutBatch(**fields)
 
 
 @dataclass
@@ -265,36 +314,49 @@ class Learner:
     def temperature(self) -> float:
         return float(self.spec.rollout.temperature)
 
-    def actor_hidden(self, model: nn.Module, ro: Rollout) -> Tensor:
-        """The trunk's hidden states ``[B, T+1, H]`` of the responses (no LM head)."""
+    # The trunk and the LM head are run apart (the head in chunks); on several processes
+    # they run as the sharded model's forward (distributed.as_forward).
+    def _hidden(self, model: nn.Module, ro: Rollout) -> Tensor:
         ids, attn = ro.inputs()
         with autocast(self.models.runtime):
             return response_hidden(trunk_hidden(trunk_of(model), ids, attn), ro.prompt_len)
 
+    def actor_hidden(self, model: nn.Module, ro: Rollout) -> Tensor:
+        """The trunk's hidden states ``[B, T+1, H]`` of the responses (no LM head)."""
+        return distributed.as_forward(model, lambda: self._hidden(model, ro))
+
     def actor_forward(self, model: nn.Module, ro: Rollout) -> tuple[Tensor, Tensor, Tensor]:
         """(log π [B,T], entropy [B,T], hidden states [B,T+1,H]) of the responses."""
-        hidden = self.actor_hidden(model, ro)
-        with autocast(self.models.runtime):
-            logp, ent = token_logprobs(
-                hidden[:, :-1], model.get_output_embeddings(), ro.response_ids, self.temperature
-            )
-        assert ent is not None
-        return logp, ent, hidden
+
+        def forward() -> tuple[Tensor, Tensor, Tensor]:
+            hidden = self._hidden(model, ro)
+            with autocast(self.models.runtime):
+                logp, ent = token_logprobs(
+                    hidden[:, :-1], model.get_output_embeddings(), ro.response_ids, self.temperature
+                )
+            assert ent is not None
+            return logp, ent, hidden
+
+        return distributed.as_forward(model, forward)
 
     def reference_logprobs(self, ro: Rollout) -> Tensor:
         """log π_ref [B,T] of the responses (no entropy pass), from ``Models.reference()``:
         the frozen copy, or with LoRA the actor with its adapters disabled."""
         with torch.no_grad(), self.models.reference() as ref:
-            hidden = self.actor_hidden(ref, ro)
-            with autocast(self.models.runtime):
-                logp, _ = token_logprobs(
-                    hidden[:, :-1],
-                    ref.get_output_embeddings(),
-                    ro.response_ids,
-                    self.temperature,
-                    entropy=False,
-                )
-        return logp
+
+            def forward() -> Tensor:
+                hidden = self._hidden(ref, ro)
+                with autocast(self.models.runtime):
+                    logp, _ = token_logprobs(
+                        hidden[:, :-1],
+                        ref.get_output_embeddings(),
+                        ro.response_ids,
+                        self.temperature,
+                        entropy=False,
+                    )
+                return logp
+
+            return distributed.as_forward(ref, forward)
 
     def critic_head_out(self, ro: Rollout, shared_hidden: Tensor | None) -> Tensor:
         """The value head's output ``[B, T+1, head_size]`` (state before each token, then the
@@ -302,13 +364,17 @@ class Learner:
         shared critic."""
         critic = self.models.critic
         assert critic is not None
-        with autocast(self.models.runtime):
-            if shared_hidden is None:
-                ids, attn = ro.inputs()
-                shared_hidden = response_hidden(
-                    trunk_hidden(critic.trunk, ids, attn), ro.prompt_len
-                )
-            return critic(shared_hidden)
+        if shared_hidden is not None:
+            with autocast(self.models.runtime):
+                return critic(shared_hidden)
+
+        def forward() -> Tensor:
+            ids, attn = ro.inputs()
+            with autocast(self.models.runtime):
+                hidden = response_hidden(trunk_hidden(critic.trunk, ids, attn), ro.prompt_len)
+                return ValueModel.forward(critic, hidden)
+
+        return distributed.as_forward(critic, forward)
 
     def eval_mode(self) -> None:
         """Actor and critic in eval mode (the reference always is)."""
@@ -323,10 +389,17 @@ class Learner:
 
     # ------------------------------------------------------------ 1. collect
     def collect(
-        self, rows: list[dict[str, Any]], formatted: list[str], round_no: int | None = None
+        self,
+        rows: list[dict[str, Any]],
+        formatted: list[str],
+        round_no: int | None = None,
+        rollout: Rollout | None = None,
+        scores: Tensor | None = None,
     ) -> tuple[UpdateData, RoundResult]:
         """Generate, score and estimate: everything up to the updates. ``round_no`` (1-based,
-        for messages) defaults to the previous round's plus one.
+        for messages) defaults to the previous round's plus one; ``rollout``: responses
+        already sampled (``rollout.n`` per prompt), used as if generated, and ``scores``
+        their combined rewards R (else the spec's rewards score them).
 
         The rewards and estimates are checked for NaN and inf with one host read at the
         end; a bad one raises :class:`NonFiniteError`, or with ``on_nonfinite: skip`` marks
@@ -338,19 +411,32 @@ class Learner:
         self.eval_mode()  # sampling and scoring see no dropout
         self.on_phase("generating")
         with _timed(timings, "time_generate"):
-            ro = self.sample(formatted, n)
+            ro = rollout if rollout is not None else self.sample(formatted, n)
         self.on_phase("scoring")
         with _timed(timings, "time_score"):
             expanded = [row for row in rows for _ in range(n)]
             texts, lengths, truncated = self.decode(ro)
-            scores, parts = self.score(expanded, texts, lengths, truncated, checks)
+            if scores is None:
+                scores, parts = self.score(expanded, texts, lengths, truncated, checks)
+            else:
+                scores, parts = scores.to(self.device).float(), {}
             needs_baseline = "baseline_rewards" in self.assembly.requires
             baseline = self.baseline(rows, formatted, checks) if needs_baseline else None
         self.on_phase("estimating")
         kl_coef = self.kl_coef
         with _timed(timings, "time_logprob"):
             batch = self.rollout_batch(ro, scores, baseline)
-        data, estimates = self.estimate(ro, batch, scores, checks)
+        world = distributed.world()
+        own_scores = scores
+        if world.distributed:  # the estimation sees the whole round on every process
+            b = batch.batch_size
+            batch = gather_batch(batch, b)
+            scores = distributed.gather_rows(scores)
+            parts = {name: distributed.gather_rows(s) for name, s in parts.items()}
+            data, estimates = self.estimate(ro, batch, scores, checks)
+            data = data.own_rows(ro, slice(world.rank * b, (world.rank + 1) * b))
+        else:
+            data, estimates = self.estimate(ro, batch, scores, checks)
         problem = checks.read_problem()  # once per round
         skipped = []
         if problem is not None:
@@ -358,12 +444,12 @@ class Learner:
             self.kl_coef = kl_coef  # a skipped round leaves β as it was
             data.skip = True
 
-        lengths_t = ro.response_mask.float().sum(1)
+        lengths_t = batch.response_mask.float().sum(1)
         metrics = {
             "reward_mean": scores.mean(),
-            "reward_std": scores.std() if len(texts) > 1 else scores.new_zeros(()),
+            "reward_std": scores.std() if scores.numel() > 1 else scores.new_zeros(()),
             "response_length_mean": lengths_t.mean(),
-            "truncated_frac": ro.truncated.float().mean(),
+            "truncated_frac": batch.truncated.float().mean(),  # type: ignore[union-attr]
             "tokens": lengths_t.sum(),
             **estimates,
             "skipped_steps": torch.full((), float(len(skipped)), device=self.device),
@@ -371,7 +457,7 @@ class Learner:
         if len(parts) > 1:
             metrics.update({f"reward/{name}": s.mean() for name, s in parts.items()})
         prompts = [row["prompt"] for row in expanded]
-        return data, RoundResult(metrics, timings, prompts, texts, scores, skipped)
+        return data, RoundResult(metrics, timings, prompts, texts, own_scores, skipped)
 
     def _nonfinite(self, problem: str, consequence: str) -> str:
         """A non-finite value was caught before it reached a parameter: raise
@@ -434,6 +520,7 @@ class Learner:
                 ids,
                 attn,
                 max_new_tokens=self.spec.rollout.max_new_tokens,
+                synced=distributed.world().distributed,
                 **sampling,
             )
 
@@ -590,8 +677,9 @@ class Learner:
         self.on_phase("updating")
         start = time.perf_counter()
         t = self.spec.train
-        b = data.batch.batch_size
-        mb = t.minibatch_size or b
+        b = data.batch.batch_size  # this process's rows
+        processes = distributed.world().size
+        mb = t.minibatch_size // processes if t.minibatch_size else b
         micro = t.micro_batch_size or mb
         meter = Meter()
         skipped = 0
@@ -605,7 +693,7 @@ class Learner:
                         skipped += 1
                         result.skipped.append(message)
             result.metrics["skipped_steps"] = torch.full((), float(skipped), device=self.device)
-        result.metrics.update(meter.means())
+        result.metrics.update(meter.means(distributed.all_sum))
         result.timings["time_update"] = time.perf_counter() - start
         result.timings["peak_memory_gb"] = peak_memory_gb(self.device)
 
@@ -662,13 +750,16 @@ class Learner:
         self._zero_grad()
         denoms = self._denominators(data, idx)
         mb = idx.shape[0]
+        processes = distributed.world().size
         total = torch.zeros((), device=self.device)
         for u in range(0, mb, micro):
             j = idx[u : u + micro]
-            loss = self._micro_loss(data, j, denoms, j.shape[0] / mb, train_actor, meter, checks)
-            loss.backward()
+            share = j.shape[0] / (mb * processes)  # of the whole minibatch, every process's
+            loss = self._micro_loss(data, j, denoms, share, train_actor, meter, checks)
+            # the gradient reduction averages over the processes; the sum is the objective's
+            (loss * processes if processes > 1 else loss).backward()
             total = total + loss.detach()
-        return total
+        return distributed.all_sum(total)
 
     def _zero_grad(self) -> None:
         self.actor_opt.zero_grad(set_to_none=True)
@@ -680,7 +771,8 @@ class Learner:
         before clipping (non-finite when a gradient is)."""
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         limit = self.spec.train.max_grad_norm
-        return torch.nn.utils.clip_grad_norm_(params, limit if limit is not None else math.inf)
+        norm = torch.nn.utils.clip_grad_norm_(params, limit if limit is not None else math.inf)
+        return distributed.full_tensor(norm)  # sharded gradients: the norm of the whole
 
     def _denominators(self, data: UpdateData, idx: Tensor) -> dict[str, Tensor | None]:
         """Each aggregation's denominator over the whole minibatch ``idx``: the policy terms'
@@ -689,12 +781,15 @@ class Learner:
         def clamp(d: Tensor | None) -> Tensor | None:
             return None if d is None else d.clamp_min(1e-8)
 
+        def whole(mask: Tensor) -> Tensor:  # every process's rows of the minibatch
+            return distributed.gather_rows(mask) if distributed.world().distributed else mask
+
         parts = self.assembly
-        out = {"policy": clamp(denominator(parts.policy_agg, data.actor_mask[idx]))}
+        out = {"policy": clamp(denominator(parts.policy_agg, whole(data.actor_mask[idx])))}
         if data.nll_mask is not None:
-            out["nll"] = clamp(denominator(parts.policy_agg, data.nll_mask[idx]))
+            out["nll"] = clamp(denominator(parts.policy_agg, whole(data.nll_mask[idx])))
         if data.value_mask is not None and parts.critic_agg is not None:
-            out["critic"] = clamp(denominator(parts.critic_agg, data.value_mask[idx]))
+            out["critic"] = clamp(denominator(parts.critic_agg, whole(data.value_mask[idx])))
         return out
 
     def _micro_loss(

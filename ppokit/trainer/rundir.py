@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: Spec keys whose change does not change what a run optimises (a resume may change them).
-FREE_KEYS = ("output", "eval", "train.rounds", "model.device", "model.threads")
+FREE_KEYS = ("output", "eval", "parallel", "train.rounds", "model.device", "model.threads")
 _OS_MESSAGE = re.compile(r'message: "([^"]+)"')
 _OS_CODE = re.compile(r"code: (\d+)|\(os error (\d+)\)")
 

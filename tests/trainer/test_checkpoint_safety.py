@@ -21,6 +21,7 @@ from ppokit.errors import UserError
 from ppokit.trainer import train
 from ppokit.trainer.checkpoint import (
     CHECKPOINT,
+    FORMAT,
     MANIFEST,
     _rng_files,
     _rng_from_files,
@@ -100,7 +101,7 @@ def test_layout_is_safetensors_and_json_only(run: Path) -> None:
     ckpt = run / CHECKPOINT
     assert {p.name for p in ckpt.iterdir()} == {*FILES, MANIFEST}
     manifest = json.loads((ckpt / MANIFEST).read_text())
-    assert manifest["format"] == 2 and set(manifest["files"]) == set(FILES)
+    assert manifest["format"] == FORMAT and set(manifest["files"]) == set(FILES)
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == hashlib.sha256((ckpt / name).read_bytes()).hexdigest()
     for name in ("state.json", "optim.json", "rng.json", MANIFEST):

@@ -1,0 +1,259 @@
+"""Several processes: PyTorch's process group (started by ``torchrun``), FSDP2 sharding and
+the round-wide statistics.
+
+A run started by ``torchrun`` (or ``ppokit train --nproc N``, which calls the same launcher)
+has ``WORLD_SIZE`` processes; one process without a launcher has no process group and none
+of this does anything. The contract (docs/design.md, "Several processes"):
+
+- The round's prompts are split into equal contiguous shares, one per process in rank
+  order; all ``rollout.n`` responses to a prompt stay on its process.
+- Each process generates, scores and runs the no-grad forwards (log π_ref, V_old) for its
+  own rows. The estimation then runs on the whole round: :func:`gather_rows` collects every
+  process's rows of the batch's small fields (padded to the longest response of the
+  round), every process runs the same components on the same whole batch, and keeps its own
+  rows of the result. Whitening, group statistics, prompt weights, the adaptive KL
+  controller and the collect-phase metrics are therefore exactly those of one process
+  holding the whole round, for built-in and plugin components alike.
+- In an update, each process holds its own rows of the minibatch; the aggregation
+  denominators are computed on the gathered masks of the whole minibatch, every process's
+  loss is its numerator over that global denominator, and FSDP2's gradient reduction sums
+  the processes' gradients (its averaging is undone by scaling the loss by the number of
+  processes). The gradient of one update is the single-process one.
+- Metric sums and counts are summed over processes before they are divided.
+
+Every collective here is one of ``torch.distributed``'s; nothing is hand-written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+__all__ = [
+    "World",
+    "all_sum",
+    "all_true",
+    "as_forward",
+    "gather_rows",
+    "launched",
+    "process_group",
+    "round_seed",
+    "shard_model",
+    "world",
+]
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the run's processes (``size`` 1: no process group)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @property
+    def main(self) -> bool:
+        """Whether this process writes the run's files and shows its progress."""
+        return self.rank == 0
+
+    def share(self, n: int) -> slice:
+        """This process's contiguous share of ``n`` items (``n`` divisible by ``size``)."""
+        each = n // self.size
+        return slice(self.rank * each, (self.rank + 1) * each)
+
+
+_WORLD = World()
+
+
+def world() -> World:
+    """The current process's :class:`World`."""
+    return _WORLD
+
+
+def launched() -> bool:
+    """Whether a launcher started this process as one of several (``WORLD_SIZE`` > 1)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+@contextlib.contextmanager
+def process_group(device_type: str, timeout_s: float) -> Iterator[World]:
+    """Join the launcher's process group for the block (gloo on a CPU, nccl on GPUs; a
+    collective that waits longer than ``timeout_s`` fails instead of hanging); without a
+    launcher, the one-process :class:`World`."""
+    global _WORLD
+    if not launched():
+        yield _WORLD
+        return
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    _WORLD = World(dist.get_rank(), dist.get_world_size(), local_rank)
+    try:
+        yield _WORLD
+    finally:
+        _WORLD = World()
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def round_seed(seed: int, rank: int, round_no: int) -> int:
+    """The seed of one process's random streams in one round, from (seed, process, round):
+    a run on several processes is reproducible and resumes without stored RNG states."""
+    digest = hashlib.sha256(f"ppokit:{seed}:{rank}:{round_no}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+# ---------------------------------------------------------------- collectives
+def all_sum(x: Tensor) -> Tensor:
+    """``x`` summed over the processes (``x`` itself with one process)."""
+    if not _WORLD.distributed:
+        return x
+    import torch.distributed as dist
+
+    out = x.detach().clone()
+    dist.all_reduce(out)
+    return out
+
+
+def all_true(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` holds on every process (one host read)."""
+    if not _WORLD.distributed:
+        return flag
+    import torch
+
+    count = all_sum(torch.tensor(float(not flag), device=device))
+    return bool(count.item() == 0)
+
+
+def gather_rows(x: Tensor, length: int | None = None) -> Tensor:
+    """Every process's rows of ``x`` (each holds the same number), in rank order; a dim 1
+    shorter than ``length`` (default: the longest over the processes) is padded with zeros
+    on the right. With one process: ``x`` (padded to ``length`` when given)."""
+    import torch
+    import torch.distributed as dist
+
+    if x.dim() >= 2:
+        if length is None:
+            length = max_over_processes(x.shape[1], x.device)
+        if x.shape[1] < length:
+            pad = x.new_zeros((x.shape[0], length - x.shape[1], *x.shape[2:]))
+            x = torch.cat([x, pad], dim=1)
+    if not _WORLD.distributed:
+        return x
+    wire = x.to(torch.uint8) if x.dtype == torch.bool else x.contiguous()
+    parts = [torch.empty_like(wire) for _ in range(_WORLD.size)]
+    dist.all_gather(parts, wire)
+    out = torch.cat(parts)
+    return out.bool() if x.dtype == torch.bool else out
+
+
+def max_over_processes(n: int, device: torch.device) -> int:
+    """The largest of every process's ``n``."""
+    if not _WORLD.distributed:
+        return n
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(n, dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def barrier() -> None:
+    """Wait for every process (nothing with one)."""
+    if _WORLD.distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def broadcast_text(text: str | None) -> str | None:
+    """Process 0's ``text`` on every process (a short message, e.g. an error)."""
+    if not _WORLD.distributed:
+        return text
+    import torch.distributed as dist
+
+    box: list[Any] = [text]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+# ------------------------------------------------------------------ sharding
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a Hugging Face model (its ``_no_split_modules`` classes),
+    found under any wrapper (peft, a value model)."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard_model(model: nn.Module, parallel: Any, device_type: str) -> nn.Module:
+    """``model`` under FSDP2 (``fully_shard``): each transformer block, then the root.
+
+    ``parallel.shard``: shard parameters, gradients and optimizer state over the processes
+    (else replicate them: data parallel, gradients all-reduced); ``reshard_after_forward``;
+    ``cpu_offload`` (GPUs); ``mixed_precision`` (GPUs: bf16 parameters, fp32 gradient
+    reduction). Returns ``model`` (sharded in place)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    if parallel.shard:
+        mesh = init_device_mesh(device_type, (_WORLD.size,))
+    else:  # HSDP with shards of one: every process holds everything
+        mesh = init_device_mesh(device_type, (_WORLD.size, 1), mesh_dim_names=("dp", "shard"))
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": parallel.reshard_after_forward}
+    if device_type == "cuda" and parallel.mixed_precision == "bf16":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
+    if parallel.cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for block in _blocks(model):
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def as_forward(module: nn.Module, fn: Any) -> Any:
+    """``fn()`` run as ``module``'s forward when ``module`` is sharded (FSDP2 gathers its
+    own parameters around its forward and reduces their gradients after its backward: a
+    computation that uses them outside the module's ``forward``, such as a trunk followed
+    by a chunked LM head, must run inside it); else just ``fn()``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        return fn()
+    module.forward = lambda: fn()  # an instance attribute: hides the class's forward
+    try:
+        with warnings.catch_warnings():  # the trunk's states are a slice; none is changed
+            warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view")
+            return module()
+    finally:
+        del module.forward
+
+
+def full_tensor(x: Tensor) -> Tensor:
+    """A plain tensor of ``x`` (a DTensor's whole value, as on every process)."""
+    full = getattr(x, "full_tensor", None)
+    return full() if full is not None else x

@@ -1,0 +1,206 @@
+"""Several processes (gloo, 2 CPU processes) optimise exactly the single-process objective.
+
+One update on a fixed round: the rollout and its rewards are injected, the same on one
+process holding every row and on two processes holding half the rows each (the second
+half's responses shorter, so the processes' batches are padded differently). The
+parameters after the optimizer step and every logged metric agree within 1e-5 (relative),
+for the four aggregations, with and without a critic (separate and shared), with
+micro-batches, with a KL term in the loss and for estimators that whiten over the batch
+(gae, reinforce_pp) or over groups (grpo). A loss scaled by the number of processes (or
+its square) changes the logged loss and gradient norm, so such a bug fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+
+from ppokit import distributed
+from ppokit.spec import Spec
+from ppokit.trainer.metrics import TIMING, read_once
+from ppokit.trainer.rollout import Rollout
+
+from .helpers import demo_rows, learner, small_spec
+
+PROMPTS, N, T = 4, 2, 6
+#: Response lengths: the first process's rows are longer than the second's.
+LENGTHS = [6, 3, 5, 2, 1, 4, 2, 3]
+SCORES = [1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 1.0, 0.25]
+
+BASE = [
+    f"rollout.prompts_per_round={PROMPTS}",
+    f"rollout.n={N}",
+    f"rollout.max_new_tokens={T}",
+    "train.ppo_epochs=2",
+    "train.max_grad_norm=null",
+]
+CONFIGS: dict[str, list[str]] = {
+    "token_mean, separate critic, gae, micro-batches": [
+        "policy.aggregation=token_mean",
+        "train.micro_batch_size=2",
+    ],
+    "seq_mean_token_mean, grpo, no critic": [
+        "policy.aggregation=seq_mean_token_mean",
+        "advantage=grpo",
+        "critic=null",
+    ],
+    "seq_mean_token_sum, reinforce_pp, kl in the loss": [
+        "policy.aggregation=seq_mean_token_sum",
+        "advantage=reinforce_pp",
+        "critic=null",
+        "kl.estimator=k3",
+        "kl.coef=0.1",
+        "kl.placement=loss",
+        "train.micro_batch_size=1",
+    ],
+    "seq_mean_token_sum_norm, shared critic, clipped grad norm": [
+        "policy.aggregation=seq_mean_token_sum_norm",
+        "model.critic=shared",
+        "train.max_grad_norm=0.05",
+        "train.micro_batch_size=2",
+    ],
+}
+
+
+def _spec(overrides: list[str]) -> Spec:
+    return small_spec(None, *BASE, *overrides)
+
+
+def _rollout(spec: Spec) -> tuple[list[dict[str, Any]], Rollout]:
+    """A fixed round: the demo's prompts, random response tokens with LENGTHS, and the
+    behaviour log-probs of the untrained actor."""
+    rows = demo_rows(PROMPTS)
+    lrn = learner(spec)
+    formatted = [row["prompt"] for row in rows]
+    ids, attn = lrn.encode(formatted, N)
+    g = torch.Generator().manual_seed(1)
+    vocab = lrn.models.actor.config.vocab_size
+    response = torch.randint(3, vocab, (PROMPTS * N, T), generator=g)
+    mask = torch.arange(T)[None, :] < torch.tensor(LENGTHS)[:, None]
+    truncated = torch.tensor(LENGTHS) == T
+    ro = Rollout(ids, attn, response, mask, truncated, None)
+    with torch.no_grad():
+        logp, _, _ = lrn.actor_forward(lrn.models.actor, ro)
+    ro.logp_old = logp * mask
+    return rows, ro
+
+
+def _own(ro: Rollout, rank: int, size: int) -> Rollout:
+    """The rows of one process, cut to their own longest response."""
+    each = ro.response_ids.shape[0] // size
+    part = ro.rows(torch.arange(rank * each, (rank + 1) * each))
+    length = int(part.response_mask.sum(1).max())
+    part.response_ids = part.response_ids[:, :length]
+    part.response_mask = part.response_mask[:, :length]
+    assert part.logp_old is not None
+    part.logp_old = part.logp_old[:, :length]
+    return part
+
+
+def _one_update(spec: Spec, rows: list[dict[str, Any]], ro: Rollout) -> tuple[Any, Any]:
+    """(whole parameters, metrics) after collect + update of the injected round."""
+    world = distributed.world()
+    lrn = learner(spec)
+    if world.distributed:
+        lrn.models.shard(spec.parallel)
+        lrn = type(lrn)(spec, lrn.models, lrn.assembly)  # optimizers over the shards
+    share = world.share(len(rows))
+    mine = _own(ro, world.rank, world.size)
+    scores = torch.tensor(SCORES)[world.share(len(SCORES))]
+    formatted = [row["prompt"] for row in rows[share]]
+    torch.manual_seed(7)  # the minibatch order
+    data, result = lrn.collect(rows[share], formatted, 1, rollout=mine, scores=scores)
+    lrn.update(data, True, result)
+    metrics = {k: v for k, v in read_once(result.metrics).items() if k not in TIMING}
+    params = {}
+    modules = [("actor", lrn.models.actor), ("critic", lrn.models.critic)]
+    for label, module in modules:
+        if module is None:
+            continue
+        for name, p in module.named_parameters():
+            params[f"{label}.{name}"] = distributed.full_tensor(p.detach()).clone()
+    return params, metrics
+
+
+def _worker(rank: int, port: int, folder: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    with distributed.process_group("cpu", 120):
+        for i, overrides in enumerate(CONFIGS.values()):
+            spec = _spec(overrides)
+            rows, ro = _rollout(spec)
+            params, metrics = _one_update(spec, rows, ro)
+            if rank == 0:
+                save_file(params, f"{folder}/params{i}.safetensors")
+                Path(f"{folder}/metrics{i}.json").write_text(json.dumps(metrics))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("two")
+    mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=2, join=True)
+    return folder
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=list(CONFIGS))
+def test_two_processes_update_like_one(two_processes: Path, index: int) -> None:
+    """Parameters within 1e-5 (relative, per tensor), the update itself (parameters minus
+    their initial values) within 1e-4 (Adam divides by the root of the squared gradient,
+    which magnifies roundings where a gradient is near 0), every metric within 1e-5."""
+    spec = _spec(list(CONFIGS.values())[index])
+    rows, ro = _rollout(spec)
+    initial = {
+        f"actor.{n}": p.detach().clone() for n, p in learner(spec).models.actor.named_parameters()
+    }
+    params, metrics = _one_update(spec, rows, ro)
+    theirs = load_file(two_processes / f"params{index}.safetensors")
+    assert set(theirs) == set(params)
+    for name, value in params.items():
+        assert _relative(theirs[name], value) < 1e-5, name
+    for name, start in initial.items():
+        assert not torch.equal(params[name], start), name  # the update moved it
+        assert _relative(theirs[name] - start, params[name] - start) < 1e-4, name
+    other = json.loads((two_processes / f"metrics{index}.json").read_text())
+    assert set(other) == set(metrics)
+    assert metrics["grad_norm_actor"] is not None and metrics["policy_loss"] is not None
+    different = {k: (metrics[k], other[k]) for k in metrics if not _close(metrics[k], other[k])}
+    assert not different
+
+
+def test_shares_and_seeds() -> None:
+    world = distributed.World(rank=1, size=2)
+    assert world.share(8) == slice(4, 8) and not world.main
+    seeds = {distributed.round_seed(0, r, k) for r in range(2) for k in range(1, 4)}
+    assert len(seeds) == 6  # per process and round
+    assert distributed.round_seed(0, 1, 2) == distributed.round_seed(0, 1, 2)
