@@ -40,7 +40,14 @@ __all__ += ["method_paths", "method_registry", "param_rows", "params_markdown", 
 __all__ += ["write_docs"]
 
 #: Example specs that are no paper method (not in variants.md).
-EXAMPLES = frozenset({"smollm2_arithmetic_ppo", "smollm2_arithmetic_cpu", "smollm2_gsm8k_style"})
+EXAMPLES = frozenset(
+    {
+        "smollm2_arithmetic_ppo",
+        "smollm2_arithmetic_cpu",
+        "smollm2_arithmetic_ppo_cpu",
+        "smollm2_gsm8k_style",
+    }
+)
 #: The order of the methods in variants.md; other method specs follow, sorted.
 METHOD_ORDER = ("ppo", "vc_ppo", "vapo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp")
 METHOD_ORDER += ("reinforce_pp_baseline", "remax", "opo", "gspo", "cispo", "ppo_hlgauss")
