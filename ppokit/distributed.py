@@ -35,11 +35,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ppokit.errors import UserError
+
 if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
 __all__ = [
+    "PeerFailure",
     "World",
     "all_sum",
     "all_true",
@@ -109,10 +112,32 @@ def process_group(device_type: str, timeout_s: float) -> Iterator[World]:
     _WORLD = World(dist.get_rank(), dist.get_world_size(), local_rank)
     try:
         yield _WORLD
+    except Exception as exc:
+        if _peer_failed(exc):  # the failing process shows its own error
+            raise PeerFailure(
+                f"process {_WORLD.rank} stopped: another process failed or stopped answering "
+                f"(its error is shown above; parallel.timeout_s={timeout_s:g})"
+            ) from None
+        raise
     finally:
         _WORLD = World()
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+class PeerFailure(UserError):
+    """A collective failed because another process died or stopped answering."""
+
+
+_PEER_SIGNS = ("closed by peer", "reset by peer", "broken pipe", "timed out", "timeout")
+
+
+def _peer_failed(exc: BaseException) -> bool:
+    import torch.distributed as dist
+
+    if isinstance(exc, dist.DistError):
+        return True
+    return isinstance(exc, RuntimeError) and any(s in str(exc).lower() for s in _PEER_SIGNS)
 
 
 def round_seed(seed: int, rank: int, round_no: int) -> int:

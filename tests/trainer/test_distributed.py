@@ -16,6 +16,9 @@ import json
 import math
 import os
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +207,101 @@ def test_shares_and_seeds() -> None:
     seeds = {distributed.round_seed(0, r, k) for r in range(2) for k in range(1, 4)}
     assert len(seeds) == 6  # per process and round
     assert distributed.round_seed(0, 1, 2) == distributed.round_seed(0, 1, 2)
+
+
+# ------------------------------------------------------------- end to end (CLI)
+SMALL_RUN = [
+    "--set",
+    "rollout.prompts_per_round=4",
+    "--set",
+    "rollout.n=2",
+    "--set",
+    "rollout.max_new_tokens=4",
+    "--set",
+    "train.minibatch_size=null",
+    "--set",
+    "output.save_every=1",
+    "--set",
+    "output.progress=false",
+]
+
+
+def _ppokit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "ppokit", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+def test_demo_on_two_processes_resumes_on_two_and_on_one(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = _ppokit(
+        "train", "--nproc", "2", "--out", str(run), "--set", "train.rounds=2", *SMALL_RUN
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "2 processes" in first.stdout + first.stderr
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2]  # one process writes
+    again = _ppokit(
+        "train",
+        "--nproc",
+        "2",
+        "--out",
+        str(run),
+        "--resume",
+        "--set",
+        "train.rounds=3",
+        *SMALL_RUN,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    single = _ppokit("train", "--out", str(run), "--resume", "--set", "train.rounds=4", *SMALL_RUN)
+    assert single.returncode == 0, single.stderr[-3000:]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2, 3, 4]
+    assert all(r["reward_mean"] is not None for r in records)
+    state = json.loads((run / "checkpoint" / "state.json").read_text())
+    assert state["round"] == 4
+    # the checkpoint of a 2-process run exports like any other
+    exported = tmp_path / "hf"
+    done = _ppokit("export", str(run), str(exported))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (exported / "config.json").is_file()
+
+
+def test_one_failing_process_ends_every_process(tmp_path: Path) -> None:
+    """One process raises (its prompt does not fit the model's context): the run ends on
+    every process with that error shown once and a non-zero exit, in bounded time."""
+    data = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "ab"}, {"prompt": "ab" * 400}]  # 800 tokens > the context of 512
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    start = time.perf_counter()
+    done = _ppokit(
+        "train",
+        "--nproc",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+        "--set",
+        f"data.source={data}",
+        "--set",
+        "data.shuffle=false",
+        "--set",
+        "reward=length_penalty",
+        "--set",
+        "train.rounds=2",
+        *SMALL_RUN,
+        "--set",
+        "rollout.prompts_per_round=2",
+        timeout=240,
+    )
+    elapsed = time.perf_counter() - start
+    assert done.returncode != 0
+    assert done.stderr.count("does not fit the model's context") == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert elapsed < 200
