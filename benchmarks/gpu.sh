@@ -31,3 +31,12 @@ timeout 420 python3 -m ppokit.cli train examples/specs/smollm2_arithmetic_ppo.ya
   --set train.rounds="$ROUNDS" --set output.progress=false --out "$OUT/smollm2" --overwrite \
   2>&1 | tail -n 40 | tee "$OUT/smollm2.txt"
 python3 benchmarks/summarize_run.py "$OUT/smollm2" | tee -a "$OUT/smollm2.txt"
+
+GPUS=$(nvidia-smi -L | wc -l)
+if [ "$GPUS" -ge 2 ]; then
+  echo "== the demo on 1 and $GPUS processes (one GPU each; FSDP2, nccl, bf16)"
+  timeout 300 python3 benchmarks/scaling.py --nproc "1,$GPUS" --rounds 30 --repeats 1 \
+    --set model.device=cuda 2>&1 | tee "$OUT/scaling.txt"
+else
+  echo "== one GPU: the scaling benchmark needs two (skipped)"
+fi
