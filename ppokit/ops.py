@@ -31,7 +31,8 @@ Algorithm (no loop over time steps):
    spare slot 0, which is cleared afterwards). Gaps disappear and the problem becomes
    y_j = x_j + d * y_{j+1} on a dense row, zero-padded on the right (zeros after the row's
    length keep y = 0 there, so no length bookkeeping is needed). The slot index is built
-   once per component call and shared by every tensor of that call.
+   once per component call and shared by every tensor of that call, with integer arithmetic
+   only (on a CPU several times faster than a ``where`` on the bool mask).
 2. Carry. The dense row is cut into chunks of ``CHUNK`` positions. The chunk sums
    S_k = sum_s d^s x_{kC+s} are computed in the accumulation dtype (float64: float32 sums
    would add their rounding errors along the whole row) and form the same recurrence at the
@@ -48,10 +49,27 @@ by dividing by a power or by raising a rounded d^C again), so long rows whose po
 are exact up to float rounding; powers below the smallest normal float32 are flushed to 0
 (denormal arithmetic is slow and they change nothing at float32 precision). The carry uses
 float64 (float32 on devices without it, such as MPS); results are float32.
+
+Two cases of :func:`gae` need no TD errors: with λ = 1 they telescope, A_t = G_t - V_t with G
+the bootstrapped return (:func:`returns_to_go`, which also gives the λ-return G itself), and
+the λ-return with γλ = 0 is the one-step target r_t + γ V(next), formed directly (no scan).
+
+Memory. On a CPU, memory a process has not touched yet costs a page fault per 4 KiB page on
+first touch, and the allocator gives large freed blocks back to the system: at (256, 4096) a
+call's temporaries took 4,000-12,000 page faults, more time than all of its arithmetic (GAE
+on one thread: 26 ms with them, 12 ms without). A call therefore carves its temporaries (the
+slot index, compacted rows, float64 copies, chunk results) from a per-thread buffer that the
+next call reuses, grown to the largest call's need up to ``SCRATCH_BYTES_MAX`` (beyond it they
+are allocated normally). Results are always allocated normally; off the CPU (where the
+caching allocator reuses memory), under autograd and while compiling, temporaries are plain
+allocations.
 """
 
 from __future__ import annotations
 
+import math
+import threading
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -87,6 +105,10 @@ _TINY = torch.finfo(torch.float32).tiny
 WIDE_TD_ERRORS_ABOVE = 0.95
 #: Bound on log-ratios before exponentiation (exp(20) ~ 5e8 stays finite in float32).
 LOG_RATIO_BOUND = 20.0
+#: Scratch bytes a thread keeps between calls at most (a (256, 4096) GAE call needs ~45 MiB).
+SCRATCH_BYTES_MAX = 256 * 2**20
+#: Alignment of the scratch tensors carved from one buffer, in bytes.
+_ALIGN = 64
 
 
 def bool_mask(mask: Tensor) -> Tensor:
@@ -107,6 +129,75 @@ def accumulate_dtype(device: torch.device) -> torch.dtype:
 Discount = float | Tensor
 
 
+# ----------------------------------------------------------------------------- scratch memory
+class _Arena(threading.local):
+    """Each thread's CPU scratch buffer, kept between calls (see :class:`_Scratch`)."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        self.busy = False
+
+
+_ARENA = _Arena()
+
+
+class _Scratch:
+    """The temporaries of one call of a scan, carved from the thread's buffer on a CPU.
+
+    See "Memory" in the module doc. ``empty`` hands out consecutive pieces of the buffer;
+    where it is too small they are allocated normally, and on leaving the call the buffer
+    grows to what the call used (up to ``SCRATCH_BYTES_MAX``). Nothing carved outlives the
+    call: every result a function returns is allocated normally.
+
+    Inactive (plain allocations) off the CPU, under autograd (a temporary may be saved for
+    the backward pass), while compiling, in a nested call, and when built with
+    ``enabled=False``.
+    """
+
+    def __init__(self, device: torch.device, *inputs: object, enabled: bool = True) -> None:
+        self.device = device
+        self.used = 0
+        grad = torch.is_grad_enabled() and any(
+            isinstance(t, Tensor) and t.requires_grad for t in inputs
+        )
+        self.active = (
+            enabled
+            and not torch.compiler.is_compiling()  # first: compiled code never reads _ARENA
+            and device.type == "cpu"
+            and not grad
+            and not _ARENA.busy
+        )
+
+    def __enter__(self) -> _Scratch:
+        if self.active:
+            _ARENA.busy = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            _ARENA.busy = False
+            if _ARENA.buffer.numel() < self.used <= SCRATCH_BYTES_MAX:
+                _ARENA.buffer = torch.empty(self.used, dtype=torch.uint8)
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """An uninitialised contiguous tensor, valid until the call returns."""
+        if self.active:
+            nbytes = math.prod(shape) * dtype.itemsize
+            start = self.used
+            self.used += -(-nbytes // _ALIGN) * _ALIGN
+            if self.used <= _ARENA.buffer.numel():
+                return _ARENA.buffer[start : start + nbytes].view(dtype).view(shape)
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def mm(self, a: Tensor, b: Tensor) -> Tensor:
+        """a @ b (2-D or batched 3-D), the result a temporary."""
+        if not self.active:  # out= does not record autograd
+            return a @ b
+        out = self.empty((*a.shape[:-1], b.shape[-1]), a.dtype)
+        return torch.bmm(a, b, out=out) if a.dim() == 3 else torch.mm(a, b, out=out)
+
+
+# ----------------------------------------------------------------------------- the scan
 def _as_carry(discount: Discount, device: torch.device) -> float | Tensor:
     if isinstance(discount, Tensor):
         return discount.detach().to(device=device, dtype=accumulate_dtype(device))
@@ -126,13 +217,14 @@ def _power_matrices(d: Tensor, size: int) -> Tensor:
     """W[..., s, t] = d^(s - t) for s >= t else 0, of a discount d (scalar or [B]).
 
     In d's dtype; (x @ W)[t] = sum_{s>=t} d^(s-t) x_s. Powers below the smallest normal
-    float32 are 0.
+    float32 are 0. The C powers d^k are computed once and laid out as a Toeplitz matrix.
     """
     k = torch.arange(size, device=d.device, dtype=d.dtype)
-    diff = k[:, None] - k[None, :]
-    weights = torch.pow(d.reshape(*d.shape, 1, 1), diff.clamp_min(0)) * (diff >= 0)
-    zero = torch.zeros((), dtype=d.dtype, device=d.device)
-    return torch.where(weights >= _TINY, weights, zero)
+    powers = torch.pow(d.reshape(*d.shape, 1), k)  # [..., C]: d^k
+    powers = torch.where(powers >= _TINY, powers, torch.zeros((), dtype=d.dtype, device=d.device))
+    # padded[j] = d^(j - C + 1) for j >= C - 1, else 0; W[s, t] = padded[s - t + C - 1]
+    padded = torch.nn.functional.pad(powers, (size - 1, 0))
+    return padded.unfold(-1, size, 1).flip(-1)
 
 
 def dense_reverse_scan(
@@ -151,47 +243,74 @@ def dense_reverse_scan(
     same values in the carry dtype, when the caller has them more exactly than ``x`` holds
     them (the carry's chunk sums are then taken from them).
     """
+    scratch = _Scratch(x.device, enabled=False)  # the result is returned: never carved
+    return _dense_scan(x, discount, chunk, scratch, overwrite=overwrite, wide=wide)
+
+
+def _dense_scan(
+    x: Tensor,
+    discount: Discount,
+    chunk: int,
+    scratch: _Scratch,
+    *,
+    overwrite: bool,
+    wide: Tensor | None = None,
+) -> Tensor:
+    """:func:`dense_reverse_scan` with its temporaries (and result) from ``scratch``.
+
+    With a zero float discount the result is x itself when ``overwrite``.
+    """
     b, length = x.shape
     d = _as_carry(discount, x.device)
     if length == 0:
         return x.clone()
+    if not isinstance(d, Tensor) and d == 0.0:
+        return x if overwrite else x.clone(memory_format=torch.contiguous_format)
     size = min(chunk, length)
     n_chunks = -(-length // size)
     padded = n_chunks * size
     if padded != length:
         x = torch.nn.functional.pad(x, (0, padded - length))
-    else:
-        x = x.contiguous() if overwrite else x.clone(memory_format=torch.contiguous_format)
-    x = x.view(b, n_chunks, size)
+        if wide is not None:
+            wide = torch.nn.functional.pad(wide, (0, padded - length))
+    elif not overwrite or not x.is_contiguous():
+        x = scratch.empty((b, padded), x.dtype).copy_(x)
+    chunks = x.view(b, n_chunks, size)
     if isinstance(d, Tensor):
         weights = _power_matrices(d, size)  # [B, C, C] in the carry dtype
         matrix, first, step = weights.to(x.dtype), weights[:, :, :1], d[:, None]
     else:
         matrix, first = _scalar_matrices(d, size, x.device, x.dtype)
-        first, step = first[:, None], d
+        step = d
     if n_chunks > 1:
         # y at the head of chunk k + 1 enters chunk k as d * y_head added to its last x.
         # The chunk sums are recomputed in the carry dtype: float32 sums would add their
         # rounding errors along the whole row.
         carry_dtype = torch.promote_types(x.dtype, accumulate_dtype(x.device))
         if wide is None:
-            wide = x.to(carry_dtype)  # contiguous: a strided conversion is several times slower
-        else:
-            if padded != length:
-                wide = torch.nn.functional.pad(wide, (0, padded - length))
-            wide = wide.reshape(b, n_chunks, size)
-        first = first.to(carry_dtype)
-        if first.dim() == 2:
-            sums = torch.mv(wide.view(-1, size), first[:, 0]).view(b, n_chunks)
-        else:
-            sums = torch.bmm(wide, first).view(b, n_chunks)
-        heads = dense_reverse_scan(sums[:, 1:], d**size, chunk, overwrite=True)
-        x[:, :-1, -1] += (step * heads).to(x.dtype)
+            wide = x
+            if x.dtype != carry_dtype:  # contiguous: a strided conversion is several times slower
+                wide = scratch.empty(x.shape, carry_dtype).copy_(x)
+        sums = _chunk_sums(wide.reshape(b, n_chunks, size), first.to(carry_dtype), scratch)
+        heads = _dense_scan(sums[:, 1:], d**size, chunk, scratch, overwrite=True)
+        chunks[:, :-1, -1] += (step * heads).to(x.dtype)
     if isinstance(d, Tensor):
-        local = torch.bmm(x, matrix)
+        local = scratch.mm(chunks, matrix)
     else:
-        local = (x.view(b * n_chunks, size) @ matrix).view(b, n_chunks, size)
+        local = scratch.mm(x.view(b * n_chunks, size), matrix)
     return local.view(b, padded)[:, :length]
+
+
+def _chunk_sums(chunks: Tensor, first: Tensor, scratch: _Scratch) -> Tensor:
+    """sum_s first[s] * chunks[b, k, s], [B, K]; ``first`` is [C] or per row [B, C, 1]."""
+    b, n_chunks, size = chunks.shape
+    if first.dim() == 1:
+        return torch.mv(chunks.reshape(-1, size), first).view(b, n_chunks)
+    # a product and a sum: several times faster than a bmm with one column
+    weights = first.view(b, 1, size)
+    if not scratch.active:
+        return (chunks * weights).sum(dim=-1)
+    return torch.mul(chunks, weights, out=scratch.empty(chunks.shape, chunks.dtype)).sum(dim=-1)
 
 
 class Compaction:
@@ -201,16 +320,22 @@ class Compaction:
     a spare slot holding 0, slots 1..length(b) hold x at the True positions of row b in their
     order, then zeros. ``expand(y)`` puts a dense result back at the True positions. Masked
     positions point at the spare slot: they write there (cleared afterwards) and read 0 there.
+    ``scratch`` (internal): the calling scan's temporaries, which the index and compacted
+    tensors then live in.
     """
 
-    def __init__(self, mask: Tensor) -> None:
+    def __init__(self, mask: Tensor, *, scratch: _Scratch | None = None) -> None:
         self.mask = mask
-        t = mask.shape[1]
-        counts = mask.cumsum(dim=1)
+        self._scratch = scratch or _Scratch(mask.device, enabled=False)
+        b, t = mask.shape
+        # integer arithmetic only: cumsum and a bitwise and of int64 tensors are several
+        # times faster on a CPU than a where() or a product with the bool mask
+        ones = self._scratch.empty((b, t), torch.int64).copy_(mask)
+        counts = torch.cumsum(ones, dim=1, out=self._scratch.empty((b, t), torch.int64))
         #: True positions per row, long [B]
         self.lengths = counts[:, -1].clone() if t else counts.sum(dim=1)
         #: slot of each position: 1-based rank among its row's True positions, 0 when masked
-        self.slots = torch.where(mask, counts, 0)
+        self.slots = counts.bitwise_and_(ones.neg_())
         #: width of the compacted rows: T + 1 rounded up to whole chunks (no padding later)
         self.width = -(-(t + 1) // CHUNK) * CHUNK
 
@@ -219,7 +344,7 @@ class Compaction:
 
         Masked entries of x never matter (they land in the spare slot, which is cleared).
         """
-        out = torch.zeros(self.mask.shape[0], self.width, dtype=dtype, device=x.device)
+        out = self._scratch.empty((self.mask.shape[0], self.width), dtype).zero_()
         out.scatter_(1, self.slots, x.to(dtype))
         out[:, 0] = 0
         return out
@@ -248,26 +373,43 @@ class Compaction:
         [B, W] float32 tensor, ready for ``expand``.
         """
         dense[:, 0] = 0
-        return _whiten_flat(dense, self.lengths.sum(), eps)
+        mean, scale = _whiten_stats(dense, self.lengths.sum(), eps, self._scratch)
+        return (dense - mean.to(dense.dtype)).mul_(scale.to(dense.dtype))
+
+    def _whiten_(self, dense: Tensor, eps: float = 1e-8) -> Tensor:
+        """:meth:`whiten` in place (the same values)."""
+        dense[:, 0] = 0
+        mean, scale = _whiten_stats(dense, self.lengths.sum(), eps, self._scratch)
+        return dense.sub_(mean.to(dense.dtype)).mul_(scale.to(dense.dtype))
 
 
-def _whiten_flat(x: Tensor, n: Tensor, eps: float) -> Tensor:
-    """(x - mean) / sqrt(var + eps) with mean and unbiased var of n values summing as x does.
+def _whiten_stats(x: Tensor, n: Tensor, eps: float, scratch: _Scratch) -> tuple[Tensor, Tensor]:
+    """mean and 1 / sqrt(var + eps) of n values summing as x does (mean and unbiased var).
 
     The sum and the sum of squares accumulate in the carry dtype (float64 but on MPS): in
     float32, sum x^2 - n mean^2 loses every digit of a variance that is small against the
-    squared mean. Then one pass to centre and one to scale (in place). Entries outside the n
-    values become -mean / sqrt(var + eps): the caller masks or never reads them.
+    squared mean. Entries outside the n values must be 0.
     """
     carry = accumulate_dtype(x.device)
-    flat = x.reshape(-1).to(carry)
+    flat = x.reshape(-1)
+    if flat.dtype != carry:
+        flat = scratch.empty(flat.shape, carry).copy_(flat)
     total = flat.sum()
     squares = torch.dot(flat, flat)
     n = n.to(carry)
     mean = total / n.clamp_min(1)
     var = ((squares - total * mean) / (n - 1).clamp_min(1)).clamp_min(0)
-    centred = x - mean.to(x.dtype)
-    return centred.mul_(torch.rsqrt(var + eps).to(x.dtype))
+    return mean, torch.rsqrt(var + eps)
+
+
+def _whiten_flat(x: Tensor, n: Tensor, eps: float) -> Tensor:
+    """(x - mean) / sqrt(var + eps) with the statistics of :func:`_whiten_stats`, a new tensor.
+
+    Then one pass to centre and one to scale (in place). Entries outside the n values become
+    -mean / sqrt(var + eps): the caller masks or never reads them.
+    """
+    mean, scale = _whiten_stats(x, n, eps, _Scratch(x.device, enabled=False))
+    return (x - mean.to(x.dtype)).mul_(scale.to(x.dtype))
 
 
 def discounted_reverse_cumsum(x: Tensor, mask: Tensor, discount: Discount) -> Tensor:
@@ -276,8 +418,10 @@ def discounted_reverse_cumsum(x: Tensor, mask: Tensor, discount: Discount) -> Te
     y_next is y at the next True position of the row (0 after the last); masked positions
     give 0 and their x never matters. ``discount``: float in [0, 1] or a per-row [B] tensor.
     """
-    rows = Compaction(mask)
-    return rows.expand(dense_reverse_scan(rows.compact(x), discount, overwrite=True))
+    with _Scratch(mask.device, x, discount) as scratch:
+        rows = Compaction(mask, scratch=scratch)
+        dense = _dense_scan(rows.compact(x), discount, CHUNK, scratch, overwrite=True)
+        return rows.expand(dense)
 
 
 def next_values(values: Tensor, mask: Tensor, terminal: Tensor) -> Tensor:
@@ -286,8 +430,9 @@ def next_values(values: Tensor, mask: Tensor, terminal: Tensor) -> Tensor:
     The next state of a True position is the next True position of its row; after the row's
     last True position it is ``terminal`` [B].
     """
-    rows = Compaction(mask)
-    return rows.expand(rows.shift(rows.compact(values), terminal))
+    with _Scratch(mask.device, values, terminal) as scratch:
+        rows = Compaction(mask, scratch=scratch)
+        return rows.expand(rows.shift(rows.compact(values), terminal))
 
 
 def batch_whiten(x: Tensor, maskf: Tensor, eps: float = 1e-8) -> Tensor:
@@ -318,7 +463,7 @@ def whiten_rows(per_row: Tensor, lengths: Tensor, eps: float = 1e-8) -> Tensor:
 def gae(
     batch: RolloutBatch,
     gamma: float,
-    lam: Discount,
+    lam: Discount | Callable[[Tensor], Tensor],
     *,
     plus_values: bool = False,
     whiten: bool = False,
@@ -326,27 +471,56 @@ def gae(
     """GAE, float32 [B, T]: A_t = delta_t + gamma * lam * A_next over True positions.
 
     delta_t = r_t + gamma * V(next) - V_t with V(next) the value at the next True position of
-    the row (``batch.terminal_values`` after the last). ``lam``: float or per-row [B] tensor.
+    the row (``batch.terminal_values`` after the last). ``lam``: float, per-row [B] tensor, or
+    a function of the row lengths (long [B], as ``batch.lengths``; counted while compacting
+    the rows, so not counted twice) giving the per-row lam.
     ``plus_values``: return V_t + A_t (the lambda-return) instead; ``whiten``: batch-whiten A.
     """
     if batch.values is None:
         raise ValueError("GAE needs batch.values (a critic)")
-    rows = Compaction(batch.response_mask)
-    discount = gamma * lam
-    # Where gamma * lam is near 1 little decays, and float32 roundings of r - V + gamma V'
-    # would add up along the whole row: the TD errors are then formed in the carry dtype
-    # (compacted in float32, widened exactly); the carry's chunk sums read them.
-    wide = isinstance(discount, Tensor) or discount > WIDE_TD_ERRORS_ABOVE
-    dtype = accumulate_dtype(batch.device) if wide else torch.float32
-    values = rows.compact(batch.values).to(dtype)
-    deltas = rows.compact(batch.token_rewards).to(dtype).sub_(values)
-    deltas[:, :-1].add_(values[:, 1:], alpha=gamma)
-    rows.add_at_last(deltas, gamma * batch.terminal_values)
-    x = deltas.float() if wide else deltas
-    adv = dense_reverse_scan(x, discount, overwrite=True, wide=deltas if wide else None)
-    if plus_values:
-        adv.add_(values.float())
-    return rows.expand(rows.whiten(adv) if whiten else adv)
+    per_row = isinstance(lam, Tensor) or callable(lam)
+    if not per_row and lam == 1.0:
+        # the TD errors telescope: A_t = G_t - V_t, G the bootstrapped return (no TD error
+        # is formed, so none of their roundings add up along the row)
+        return returns_to_go(
+            batch, gamma, bootstrap=True, minus_values=not plus_values, whiten=whiten
+        )
+    mask, terminal = batch.response_mask, batch.terminal_values
+    inputs = (batch.token_rewards, batch.values, terminal, lam)
+    with _Scratch(mask.device, *inputs) as scratch:
+        rows = Compaction(mask, scratch=scratch)
+        if callable(lam):
+            lam = lam(rows.lengths)
+        discount = gamma * lam
+        values = rows.compact(batch.values)
+        x = rows.compact(batch.token_rewards)
+        if plus_values and not per_row and discount == 0.0:
+            # the one-step target r + gamma * V(next) itself, not V + (r + gamma V(next) - V)
+            x[:, :-1].add_(values[:, 1:], alpha=gamma)
+            rows.add_at_last(x, gamma * terminal)
+            return rows.expand(rows._whiten_(x) if whiten else x)
+        # Where gamma * lam is near 1 little decays, and float32 roundings of r - V + gamma V'
+        # would add up along the whole row: the TD errors are then formed in the carry dtype
+        # (compacted in float32, widened exactly); the carry's chunk sums read them.
+        deltas = x
+        if per_row or discount > WIDE_TD_ERRORS_ABOVE:
+            carry = accumulate_dtype(mask.device)
+            wide_values = scratch.empty(values.shape, carry).copy_(values)
+            deltas = scratch.empty(x.shape, carry).copy_(x).sub_(wide_values)
+            values_next = wide_values[:, 1:]
+        else:
+            deltas.sub_(values)
+            values_next = values[:, 1:]
+        deltas[:, :-1].add_(values_next, alpha=gamma)
+        rows.add_at_last(deltas, gamma * terminal)
+        if deltas is not x:
+            x.copy_(deltas)
+        adv = _dense_scan(
+            x, discount, CHUNK, scratch, overwrite=True, wide=None if deltas is x else deltas
+        )
+        if plus_values:
+            adv.add_(values)
+        return rows.expand(rows._whiten_(adv) if whiten else adv)
 
 
 def returns_to_go(
@@ -367,16 +541,19 @@ def returns_to_go(
     values = batch.values if minus_values else None
     if minus_values and values is None:
         raise ValueError("G - V needs batch.values (a critic)")
-    rows = Compaction(batch.response_mask)
-    rewards = rows.compact(batch.token_rewards)
-    if bootstrap:
-        rows.add_at_last(rewards, gamma * batch.terminal_values)
-    returns = dense_reverse_scan(rewards, gamma, overwrite=True)
-    if values is not None:
-        returns.sub_(rows.compact(values))
-    if baseline is not None:
-        returns.sub_(baseline.to(returns.dtype)[:, None])
-    return rows.expand(rows.whiten(returns) if whiten else returns)
+    mask = batch.response_mask
+    inputs = (batch.token_rewards, values, baseline, batch.bootstrap_values)
+    with _Scratch(mask.device, *inputs) as scratch:
+        rows = Compaction(mask, scratch=scratch)
+        rewards = rows.compact(batch.token_rewards)
+        if bootstrap:
+            rows.add_at_last(rewards, gamma * batch.terminal_values)
+        returns = _dense_scan(rewards, gamma, CHUNK, scratch, overwrite=True)
+        if values is not None:
+            returns.sub_(rows.compact(values))
+        if baseline is not None:
+            returns.sub_(baseline.to(returns.dtype)[:, None])
+        return rows.expand(rows._whiten_(returns) if whiten else returns)
 
 
 def broadcast_rows(per_row: Tensor, mask: Tensor) -> Tensor:

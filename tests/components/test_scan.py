@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppokit import ops
+from ppokit.batch import RolloutBatch
 from ppokit.ops import (
     Compaction,
     batch_whiten,
     dense_reverse_scan,
     discounted_reverse_cumsum,
+    gae,
     next_values,
+    returns_to_go,
     whiten_rows,
 )
 from tests.components import reference
@@ -169,3 +175,110 @@ def test_dense_scan_overwrite_only_when_asked():
     y = dense_reverse_scan(x, 0.9)
     assert torch.equal(x, kept)
     assert torch.allclose(dense_reverse_scan(x, 0.9, overwrite=True), y)
+
+
+def _scan_calls(seed: int = 0, b: int = 7, t: int = 301) -> list:
+    """Every scan entry point, on a batch with gaps, truncated rows and an empty row."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.rand(b, t, generator=gen) < 0.8
+    mask[1] = False
+    batch = RolloutBatch(
+        response_mask=mask,
+        token_rewards=torch.randn(b, t, generator=gen),
+        values=torch.randn(b, t, generator=gen),
+        truncated=torch.rand(b, generator=gen) < 0.5,
+        bootstrap_values=torch.randn(b, generator=gen),
+    )
+    x, lam, term = (
+        torch.randn(b, t, generator=gen),
+        torch.rand(b, generator=gen),
+        batch.values[:, 0],
+    )
+    return [
+        lambda: gae(batch, 1.0, 0.95, whiten=True),
+        lambda: gae(batch, 0.99, 0.97, plus_values=True),
+        lambda: gae(batch, 1.0, lam, whiten=True),
+        lambda: gae(batch, 0.9, 1.0),
+        lambda: gae(batch, 0.9, 0.0, plus_values=True, whiten=True),
+        lambda: returns_to_go(batch, 1.0, bootstrap=True, minus_values=True, whiten=True),
+        lambda: returns_to_go(batch, 0.5, bootstrap=False, baseline=term),
+        lambda: discounted_reverse_cumsum(x, mask, 0.97),
+        lambda: discounted_reverse_cumsum(x, mask, lam),
+        lambda: next_values(x, mask, term),
+    ]
+
+
+def test_scratch_memory_changes_no_result(monkeypatch):
+    """Temporaries carved from the per-thread scratch buffer give the plain allocations'
+    results, bit for bit."""
+    calls = _scan_calls()
+    for call in calls:
+        call()  # the buffer grows to the largest need
+    carved = [call() for call in calls]
+    assert ops._ARENA.buffer.numel() > 0  # the calls above did use it
+    monkeypatch.setattr(ops._ARENA, "busy", True)  # as in a nested call: plain allocations
+    for call, expected in zip(calls, carved, strict=True):
+        assert torch.equal(call(), expected)
+
+
+def test_results_never_live_in_the_scratch_buffer():
+    first = [call() for call in _scan_calls(seed=1)]
+    kept = [y.clone() for y in first]
+    second = [call() for call in _scan_calls(seed=2)]  # reuses the buffer
+    for y, z in zip(first, kept, strict=True):
+        assert torch.equal(y, z)
+    buffer = ops._ARENA.buffer
+    start, end = buffer.data_ptr(), buffer.data_ptr() + buffer.numel()
+    for y in first + second:
+        assert not start <= y.data_ptr() < end
+
+
+def test_scratch_is_per_thread_and_bounded(monkeypatch):
+    """A new thread starts with its own empty buffer, which never grows past the bound (every
+    temporary is then a plain allocation)."""
+    monkeypatch.setattr(ops, "SCRATCH_BYTES_MAX", 4096)
+    calls = _scan_calls(seed=3)
+    expected = [call() for call in calls]
+    seen: dict[str, object] = {}
+
+    def work() -> None:
+        seen["results"] = [call() for call in calls]
+        seen["size"] = ops._ARENA.buffer.numel()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert seen["size"] == 0
+    for y, z in zip(seen["results"], expected, strict=True):  # type: ignore[arg-type]
+        assert torch.equal(y, z)
+
+
+def test_a_gradient_through_the_scan_equals_the_loop_gradient():
+    """Under autograd the scan allocates normally (nothing saved for backward is reused)."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 70, generator=gen, dtype=torch.float64).float().requires_grad_()
+    mask = torch.rand(3, 70, generator=gen) < 0.8
+    weights = torch.randn(3, 70, generator=gen)
+    (discounted_reverse_cumsum(x, mask, 0.9) * weights).sum().backward()
+    # d/dx_s of sum_t w_t y_t = sum_{t<=s} w_t 0.9^(rank(s) - rank(t)) over True t, s
+    expected = reference.reverse_scan(weights.flip(1), mask.flip(1), 0.9).flip(1)
+    assert x.grad is not None
+    assert_matches(x.grad, torch.where(mask, expected, 0.0))
+
+
+def test_a_lam_of_the_lengths_is_the_per_row_lam():
+    gen = torch.Generator().manual_seed(5)
+    mask = torch.rand(5, 40, generator=gen) < 0.7
+    mask[2] = False
+    batch = RolloutBatch(
+        response_mask=mask,
+        token_rewards=torch.randn(5, 40, generator=gen),
+        values=torch.randn(5, 40, generator=gen),
+    )
+
+    def lam(lengths: torch.Tensor) -> torch.Tensor:
+        assert torch.equal(lengths, batch.lengths)
+        return 1.0 - 1.0 / (1.0 + lengths.float())
+
+    expected = gae(batch, 0.99, lam(batch.lengths), whiten=True)
+    assert torch.equal(gae(batch, 0.99, lam, whiten=True), expected)

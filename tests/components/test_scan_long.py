@@ -69,6 +69,28 @@ def test_long_rows_gae_is_exact(gamma, lam):
     )
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("lam", [0.0, 0.95, 1.0])
+@pytest.mark.parametrize("gamma", [0.99, 1.0])
+def test_long_rows_lambda_return_is_exact(gamma, lam):
+    """The lambda-return V + A (the one-step target at lam = 0, the return at lam = 1) on the
+    rows of ``test_long_rows_gae_is_exact``, with its bound."""
+    gen = torch.Generator().manual_seed(3)
+    b, t = 3, 32768
+    mask = torch.rand(b, t, generator=gen) < 0.9
+    mask[:, -7:] = False
+    batch = RolloutBatch(
+        response_mask=mask,
+        token_rewards=torch.randn(b, t, generator=gen) * 0.1,
+        values=torch.randn(b, t, generator=gen),
+        truncated=torch.tensor([True, False, True]),
+        bootstrap_values=torch.randn(b, generator=gen),
+    )
+    values = torch.where(mask, batch.values.double(), 0.0)
+    expected = reference.gae(batch, gamma, lam) + values
+    assert_matches(gae(batch, gamma, lam, plus_values=True), expected)
+
+
 def test_results_do_not_depend_on_the_thread_count():
     gen = torch.Generator().manual_seed(0)
     b, t = 64, 4099  # rows split between threads; T not a whole number of blocks
