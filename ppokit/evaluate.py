@@ -230,17 +230,30 @@ class Evaluator:
         actor = self.learner.models.actor
         was_training = actor.training
         size = self.settings.batch_size
+        rows, formatted = self.rows, self.formatted
+        world = distributed.world()
+        if world.distributed:  # equal contiguous shares (the last padded with its last prompt)
+            each = -(-len(rows) // world.size)
+            pad = each * world.size - len(rows)
+            share = slice(world.rank * each, (world.rank + 1) * each)
+            rows = (rows + rows[-1:] * pad)[share]
+            formatted = (formatted + formatted[-1:] * pad)[share]
         parts = []
-        with isolated_rng(self.seed, self.learner.device), torch.no_grad():
+        with isolated_rng(self.seed ^ world.rank, self.learner.device), torch.no_grad():
             actor.eval()
             try:
-                for i in range(0, len(self.rows), size):
-                    parts.append(self._batch(self.rows[i : i + size], self.formatted[i : i + size]))
+                for i in range(0, len(rows), size):
+                    parts.append(self._batch(rows[i : i + size], formatted[i : i + size]))
             finally:
                 actor.train(was_training)
         greedy = torch.cat([p[0] for p in parts])
         sampled = torch.cat([p[1] for p in parts])
         lengths = torch.cat([p[2] for p in parts])
+        if world.distributed:  # every process's prompts, in order, without the padding
+            n = len(self.rows)
+            greedy = distributed.gather_rows(greedy)[:n]
+            sampled = distributed.gather_rows(sampled)[:n]
+            lengths = distributed.gather_rows(lengths)[:n]
         metrics = self.metrics(greedy, sampled, lengths)
         self.seconds = time.perf_counter() - start
         return metrics

@@ -271,7 +271,18 @@ def test_demo_on_two_processes_resumes_on_two_and_on_one(tmp_path: Path) -> None
     exported = tmp_path / "hf"
     done = _ppokit("export", str(run), str(exported))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (exported / "config.json").is_file()
+    load = (
+        "import sys; from transformers import AutoModelForCausalLM, AutoTokenizer; "
+        "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); "
+        "out = m.generate(**t(['ab'], return_tensors='pt'), max_new_tokens=3, do_sample=False); "
+        "print(out.shape[1] - len(t('ab')['input_ids']))"
+    )
+    fresh = subprocess.run(
+        [sys.executable, "-c", load, str(exported)], capture_output=True, text=True, check=False
+    )
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert fresh.stdout.strip().splitlines()[-1] in {"1", "2", "3"}  # it generated
 
 
 def test_one_failing_process_ends_every_process(tmp_path: Path) -> None:
