@@ -52,6 +52,7 @@ __all__ = [
     "process_group",
     "round_seed",
     "shard_model",
+    "sharded",
     "world",
 ]
 
@@ -260,14 +261,19 @@ def shard_model(model: nn.Module, parallel: Any, device_type: str) -> nn.Module:
     return model
 
 
+def sharded(module: nn.Module) -> bool:
+    """Whether ``module`` is under FSDP2 (:func:`shard_model`)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
 def as_forward(module: nn.Module, fn: Any) -> Any:
     """``fn()`` run as ``module``'s forward when ``module`` is sharded (FSDP2 gathers its
     own parameters around its forward and reduces their gradients after its backward: a
     computation that uses them outside the module's ``forward``, such as a trunk followed
     by a chunked LM head, must run inside it); else just ``fn()``."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if not isinstance(module, FSDPModule):
+    if not sharded(module):
         return fn()
     module.forward = lambda: fn()  # an instance attribute: hides the class's forward
     try:

@@ -664,6 +664,7 @@ def test_real_sweep_summary_and_plot(real_sweep: dict[str, Any]) -> None:
     assert width == 700 and height > 450  # one panel (no eval metric), the legend below
 
 
+@pytest.mark.slow
 def test_real_report_rerenders(real_sweep: dict[str, Any]) -> None:
     out = real_sweep["out"]
     before = json.loads((out / "summary.json").read_text())

@@ -372,7 +372,9 @@ class Learner:
             ids, attn = ro.inputs()
             with autocast(self.models.runtime):
                 hidden = response_hidden(trunk_hidden(critic.trunk, ids, attn), ro.prompt_len)
-                return ValueModel.forward(critic, hidden)
+                if distributed.sharded(critic):  # this function is the critic's forward
+                    return ValueModel.forward(critic, hidden)
+                return critic(hidden)
 
         return distributed.as_forward(critic, forward)
 

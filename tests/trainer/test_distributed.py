@@ -285,6 +285,7 @@ def test_demo_on_two_processes_resumes_on_two_and_on_one(tmp_path: Path) -> None
     assert fresh.stdout.strip().splitlines()[-1] in {"1", "2", "3"}  # it generated
 
 
+@pytest.mark.slow
 def test_one_failing_process_ends_every_process(tmp_path: Path) -> None:
     """One process raises (its prompt does not fit the model's context): the run ends on
     every process with that error shown once and a non-zero exit, in bounded time."""
