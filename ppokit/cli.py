@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -404,7 +405,12 @@ def train(
             allow_spec_change=allow_spec_change,
         )
     except KeyboardInterrupt as exc:
+        if int(os.environ.get("RANK", "0")) != 0:  # the first process says it, once
+            raise typer.Exit(130) from None
         command = ["ppokit", "train"] + ([str(spec_path)] if spec_path is not None else [])
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
+        if processes > 1 and os.environ.get("LOCAL_WORLD_SIZE") == str(processes):
+            command += ["--nproc", str(processes)]
         for item in overrides:
             command += ["--set", item]
         if seed is not None:
@@ -425,18 +431,24 @@ def launch(nproc: int, argv: list[str]) -> int:
     (``torch.distributed.run``, the code behind ``torchrun``); the exit status of the run (a
     failing process's, which printed its error; the launcher stops the others)."""
     import logging
-    import os
 
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # ppokit sets torch's threads itself
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d's warnings on Ctrl-C
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # ppokit sets torch's threads itself
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in list(logging.root.manager.loggerDict):  # the launcher's own log lines
+        if name.startswith("torch.distributed"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
     args = get_args_parser().parse_args(
         ["--standalone", "--nproc-per-node", str(nproc), "-m", "ppokit", *argv]
     )
     try:
         run(args)
+    except (KeyboardInterrupt, SignalException):  # the processes got it too; the first one
+        return 130  # said what to do
     except ChildFailedError as exc:
         codes = [f.exitcode for f in exc.failures.values() if f.exitcode and f.exitcode > 0]
         return codes[0] if codes else 1

@@ -222,10 +222,10 @@ def _check_shares(spec: Spec, processes: int) -> None:
             f"rollout.prompts_per_round ({r.prompts_per_round}) must be divisible by the "
             f"number of processes ({processes})"
         )
-    if t.minibatch_size and t.minibatch_size % (processes * r.n):
+    if t.minibatch_size and t.minibatch_size % processes:
         raise UserError(
             f"train.minibatch_size ({t.minibatch_size}) must be divisible by the number of "
-            f"processes times rollout.n ({processes} x {r.n})"
+            f"processes ({processes})"
         )
 
 
