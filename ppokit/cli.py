@@ -440,7 +440,7 @@ def launch(nproc: int, argv: list[str]) -> int:
 
     for name in list(logging.root.manager.loggerDict):  # the launcher's own log lines
         if name.startswith("torch.distributed"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
     args = get_args_parser().parse_args(
         ["--standalone", "--nproc-per-node", str(nproc), "-m", "ppokit", *argv]

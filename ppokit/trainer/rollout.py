@@ -147,14 +147,24 @@ def generate(
     processors = LogitsProcessorList([] if recorder is None else [recorder])
     was_training = model.training
     model.eval()
-    with torch.no_grad():
-        sequences = model.generate(
+    def run() -> Tensor:
+        return model.generate(  # type: ignore[operator]
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             generation_config=config,
             logits_processor=processors,
             synced_gpus=synced,
         )
+
+    with torch.no_grad():
+        if synced and hasattr(model, "peft_config"):
+            # peft's generate calls the wrapped model's forward, not its own: under FSDP2 it
+            # runs as the sharded model's forward, which gathers the parameters it owns
+            from ppokit.distributed import as_forward
+
+            sequences = as_forward(model, run)
+        else:
+            sequences = run()
     model.train(was_training)
     response_ids = sequences[:, prompt_ids.shape[1] :]
     mask, truncated = response_mask(response_ids, torch.tensor(eos, device=response_ids.device))
