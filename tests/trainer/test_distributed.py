@@ -6,9 +6,9 @@ half's responses shorter, so the processes' batches are padded differently). The
 parameters after the optimizer step and every logged metric agree within 1e-5 (relative),
 for the four aggregations, with and without a critic (separate and shared), with
 micro-batches, with a KL term in the loss, with LoRA (the reference: adapters off) and for
-estimators that whiten over the batch
-(gae, reinforce_pp) or over groups (grpo). A loss scaled by the number of processes (or
-its square) changes the logged loss and gradient norm, so such a bug fails here.
+estimators that whiten over the batch (gae, reinforce_pp) or over groups (grpo, rloo). A
+loss scaled by the number of processes (or its square) changes the logged loss and gradient
+norm, so such a bug fails here.
 """
 
 from __future__ import annotations
