@@ -25,7 +25,7 @@ from rich.table import Table
 from ppokit import __version__
 from ppokit.compare import compare_command
 from ppokit.docgen import param_rows, params_table, write_docs
-from ppokit.errors import UserError
+from ppokit.errors import UserError, error_lines, fail
 from ppokit.evaluate import eval_command
 from ppokit.export import export_command
 from ppokit.registry import KINDS, RegistryError, get_registry
@@ -51,18 +51,6 @@ JSON_HELP = "Print the result as JSON."
 
 
 # ---------------------------------------------------------------------- errors
-def fail(lines: str | list[str], code: int = 1) -> typer.Exit:
-    """Print each line in red on stderr; return the Exit to raise."""
-    for line in [lines] if isinstance(lines, str) else lines:
-        err.print(f"[red]{escape(line)}[/red]")
-    return typer.Exit(code)
-
-
-def _spec_lines(exc: SpecError) -> list[str]:
-    where = f"{exc.source}: " if exc.source else ""
-    return [f"{where}{e}" for e in exc.errors] or [f"{where}invalid spec"]
-
-
 def user_errors(func: F) -> F:
     """Turn the errors a user can cause into red lines and exit status 1."""
 
@@ -70,12 +58,8 @@ def user_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except SpecError as exc:
-            raise fail(_spec_lines(exc)) from None
-        except (UserError, RegistryError) as exc:
-            raise fail(f"error: {exc}") from None
-        except FileNotFoundError as exc:
-            raise fail(f"error: file not found: {exc.filename or exc}") from None
+        except (SpecError, UserError, RegistryError, FileNotFoundError) as exc:
+            raise fail(error_lines(exc)) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -358,26 +342,6 @@ def train(
 ) -> None:
     """Train a policy as the spec describes (Ctrl-C stops it: exit status 130, with the
     command that resumes it)."""
-    if nproc > 1:
-        argv = ["train"] + ([str(spec_path)] if spec_path is not None else [])
-        for item in overrides:
-            argv += ["--set", item]
-        for flag, value in (("--out", out_dir), ("--seed", seed), ("--threads", threads)):
-            if value is not None:
-                argv += [flag, str(value)]
-        for flag, on in (
-            ("--resume", resume),
-            ("--allow-spec-change", allow_spec_change),
-            ("--smoke", smoke),
-            ("--overwrite", overwrite),
-            ("--json", as_json),
-        ):
-            argv += [flag] if on else []
-        if spec_path is None:  # a bad spec or --set fails here, once
-            validate_spec(apply_overrides(_demo_spec(), overrides))
-        else:
-            _load(spec_path, overrides)
-        raise typer.Exit(launch(nproc, argv))
     extra = [*overrides]
     if out_dir is not None:
         extra.append(f"output.dir={json.dumps(out_dir)}")
@@ -393,6 +357,19 @@ def train(
             raise SpecError(exc.errors, source="demo.yaml") from None
     else:
         spec = _load(spec_path, extra)
+    if nproc > 1:  # the spec is valid: each process reads it again
+        argv = ["train", *_train_args(spec_path, overrides, seed, threads)]
+        if out_dir is not None:
+            argv += ["--out", out_dir]
+        flags = {
+            "--resume": resume,
+            "--allow-spec-change": allow_spec_change,
+            "--smoke": smoke,
+            "--overwrite": overwrite,
+            "--json": as_json,
+        }
+        argv += [flag for flag, on in flags.items() if on]
+        raise typer.Exit(launch(nproc, argv))
     from ppokit.trainer import train as run_training
 
     try:
@@ -407,16 +384,10 @@ def train(
     except KeyboardInterrupt as exc:
         if int(os.environ.get("RANK", "0")) != 0:  # the first process says it, once
             raise typer.Exit(130) from None
-        command = ["ppokit", "train"] + ([str(spec_path)] if spec_path is not None else [])
+        command = ["ppokit", "train", *_train_args(spec_path, overrides, seed, threads)]
         processes = int(os.environ.get("WORLD_SIZE", "1"))
         if processes > 1 and os.environ.get("LOCAL_WORLD_SIZE") == str(processes):
             command += ["--nproc", str(processes)]
-        for item in overrides:
-            command += ["--set", item]
-        if seed is not None:
-            command += ["--seed", str(seed)]
-        if threads is not None:
-            command += ["--threads", str(threads)]
         describe = getattr(exc, "describe", None)
         lines = describe(command) if callable(describe) else ["interrupted"]
         for line in lines:
@@ -424,6 +395,19 @@ def train(
         raise typer.Exit(130) from None
     if as_json and result.get("main", True):
         _print_json(result)
+
+
+def _train_args(
+    spec_path: Path | None, overrides: list[str], seed: int | None, threads: int | None
+) -> list[str]:
+    """``[SPEC] [--set ...] [--seed N] [--threads N]`` of a ``ppokit train`` command."""
+    args = [str(spec_path)] if spec_path is not None else []
+    for item in overrides:
+        args += ["--set", item]
+    for flag, value in (("--seed", seed), ("--threads", threads)):
+        if value is not None:
+            args += [flag, str(value)]
+    return args
 
 
 def launch(nproc: int, argv: list[str]) -> int:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,7 +34,7 @@ from typing import Any, TextIO
 import typer
 import yaml
 
-from ppokit.errors import UserError
+from ppokit.errors import UserError, error_lines, fail
 from ppokit.runfiles import LOCK, RUN_FILES, TEMP_FILES
 from ppokit.slots import SLOTS
 from ppokit.spec import Spec, SpecError, load_spec
@@ -1303,24 +1303,6 @@ def run_sweep(
 
 
 # ---------------------------------------------------------------------- command
-def _fail(lines: Sequence[str], code: int = 1) -> typer.Exit:
-    from rich.console import Console
-    from rich.markup import escape
-
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    for line in lines:
-        err.print(f"[red]{escape(line)}[/red]")
-    return typer.Exit(code)
-
-
-def _iter_errors(exc: BaseException) -> Iterator[str]:
-    if isinstance(exc, SpecError):
-        where = f"{exc.source}: " if exc.source else ""
-        yield from (f"{where}{e}" for e in exc.errors or ["invalid spec"])
-    else:
-        yield f"error: {exc}"
-
-
 def compare_command(
     specs: list[Path] | None = typer.Argument(
         None, help="Spec files (YAML) to compare.", metavar="SPEC..."
@@ -1367,17 +1349,17 @@ def compare_command(
         seed_list = parse_seeds(seeds)
         summary, runs, completed = run_sweep(specs, seed_list, out_dir, overrides, jobs, threshold)
     except (UserError, SpecError) as exc:
-        raise _fail(list(_iter_errors(exc))) from None
+        raise fail(error_lines(exc)) from None
     _print_table(summary)
     typer.echo(f"wrote {out_dir / SUMMARY_MD}, {out_dir / SUMMARY_JSON}, {out_dir / PLOT}")
     if not completed:
         stopped = sum(r.status == "interrupted" for r in runs)
-        raise _fail(
+        raise fail(
             [f"interrupted: {stopped} run(s) stopped; run the same command again to go on"], 130
         )
     failed = [r for r in runs if r.status == "failed"]
     if failed:
-        raise _fail(
+        raise fail(
             [f"{r.title}: {r.error}" for r in failed]
             + [f"{len(failed)} of {len(runs)} run(s) failed (logs in {out_dir / LOGS_DIR})"]
         )

@@ -45,7 +45,6 @@ __all__ = [
     "PeerFailure",
     "World",
     "all_sum",
-    "all_true",
     "as_forward",
     "gather_rows",
     "launched",
@@ -158,16 +157,6 @@ def all_sum(x: Tensor) -> Tensor:
     out = x.detach().clone()
     dist.all_reduce(out)
     return out
-
-
-def all_true(flag: bool, device: torch.device) -> bool:
-    """Whether ``flag`` holds on every process (one host read)."""
-    if not _WORLD.distributed:
-        return flag
-    import torch
-
-    count = all_sum(torch.tensor(float(not flag), device=device))
-    return bool(count.item() == 0)
 
 
 def gather_rows(x: Tensor, length: int | None = None) -> Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class UserError(Exception):
     """A problem the user can fix (bad input, missing optional dependency, bad checkpoint)."""
@@ -29,3 +31,27 @@ class ComponentTimeout(ComponentError):
 class NonFiniteError(UserError):
     """A NaN or infinite reward, estimate, loss or gradient norm stopped the run before it
     reached the parameters; the message names the round and where it appeared."""
+
+
+def error_lines(exc: BaseException) -> list[str]:
+    """What a command prints for an error the user caused: a spec error's lines, each
+    prefixed with the spec's path; else ``error: <message>``, its first line only."""
+    errors = getattr(exc, "errors", None)
+    if isinstance(errors, list) and hasattr(exc, "source"):  # a SpecError
+        where = f"{exc.source}: " if exc.source else ""
+        return [f"{where}{e}" for e in errors] or [f"{where}invalid spec"]
+    if isinstance(exc, FileNotFoundError):
+        return [f"error: file not found: {exc.filename or exc}"]
+    return [f"error: {exc}".splitlines()[0]]
+
+
+def fail(lines: str | list[str], code: int = 1) -> Any:
+    """Print each line in red on stderr; return the ``typer.Exit(code)`` to raise."""
+    import typer
+    from rich.console import Console
+    from rich.markup import escape
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    for line in [lines] if isinstance(lines, str) else lines:
+        err.print(f"[red]{escape(line)}[/red]")
+    return typer.Exit(code)

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ppokit import distributed
-from ppokit.errors import UserError
+from ppokit.errors import UserError, error_lines, fail
 from ppokit.registry import RegistryError
 from ppokit.spec import Spec, SpecError, apply_overrides, read_spec_file, validate_spec
 from ppokit.stats import pass_at_k
@@ -457,25 +457,6 @@ def evaluate(
     }
 
 
-def _fail(lines: list[str], code: int = 1) -> typer.Exit:
-    from rich.console import Console
-    from rich.markup import escape
-
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    for line in lines:
-        err.print(f"[red]{escape(line)}[/red]")
-    return typer.Exit(code)
-
-
-def _error_lines(exc: BaseException) -> list[str]:
-    if isinstance(exc, SpecError):
-        where = f"{exc.source}: " if exc.source else ""
-        return [f"{where}{e}" for e in exc.errors] or [f"{where}invalid spec"]
-    if isinstance(exc, FileNotFoundError):
-        return [f"error: file not found: {exc.filename or exc}"]
-    return [f"error: {exc}".splitlines()[0]]
-
-
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
@@ -523,7 +504,7 @@ def eval_command(
     try:
         result = evaluate(target, spec_path, overrides)
     except (UserError, SpecError, RegistryError, FileNotFoundError) as exc:
-        raise _fail(_error_lines(exc)) from None
+        raise fail(error_lines(exc)) from None
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:

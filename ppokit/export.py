@@ -33,7 +33,7 @@ from typing import Any
 
 import typer
 
-from ppokit.errors import UserError
+from ppokit.errors import UserError, error_lines, fail
 from ppokit.spec import Spec, SpecError, load_spec
 
 __all__ = [
@@ -289,7 +289,7 @@ def export_command(
     try:
         summary = export_run(run_dir, out_dir, critic=critic)
     except (UserError, SpecError) as exc:
-        raise _fail(exc) from None
+        raise fail(error_lines(exc)) from None
     merged = ", LoRA adapters merged" if summary["lora_merged"] else ""
     typer.echo(
         f"exported round {summary['round']} of {run_dir} ({summary['parameters']:,} "
@@ -297,18 +297,3 @@ def export_command(
     )
     if summary["critic"]:
         typer.echo(f"value model: {Path(summary['out_dir']) / summary['critic']}")
-
-
-def _fail(exc: UserError | SpecError) -> typer.Exit:
-    from rich.console import Console
-    from rich.markup import escape
-
-    if isinstance(exc, SpecError):
-        where = f"{exc.source}: " if exc.source else ""
-        lines = [f"{where}{e}" for e in exc.errors] or [f"{where}invalid spec"]
-    else:
-        lines = [f"error: {exc}"]
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    for line in lines:
-        err.print(f"[red]{escape(line)}[/red]")
-    return typer.Exit(1)

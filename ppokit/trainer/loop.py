@@ -35,7 +35,7 @@ from ppokit.trainer.metrics import (
     read_metrics,
     read_once,
 )
-from ppokit.trainer.models import Models, build_models
+from ppokit.trainer.models import Models, build_models, resolve_device
 from ppokit.trainer.round import Learner
 from ppokit.trainer.rundir import (
     RunFolder,
@@ -184,7 +184,7 @@ def train(
         spec = smoke_spec(spec, smoke_out)
         resume = False
     out = Path(spec.output.dir).expanduser()
-    device_type = _device_type(spec.model.device)
+    device_type = resolve_device(spec.model.device, spec.model.dtype).device.type
     with distributed.process_group(device_type, spec.parallel.timeout_s) as world:
         folder: Any = contextlib.nullcontext()
         if world.main:  # one process owns the folder: the lock, the overwrite, the files
@@ -199,12 +199,6 @@ def train(
                 return _train(spec, out, resume, smoke, changes)
             finally:
                 torch.set_num_threads(threads)
-
-
-def _device_type(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device.split(":")[0]
 
 
 class _Quiet:

@@ -147,6 +147,7 @@ def generate(
     processors = LogitsProcessorList([] if recorder is None else [recorder])
     was_training = model.training
     model.eval()
+
     def run() -> Tensor:
         return model.generate(  # type: ignore[operator]
             input_ids=prompt_ids,

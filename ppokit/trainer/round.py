@@ -214,6 +214,9 @@ class UpdateData:
     value_weights: Tensor | None = None
     #: the round had a non-finite reward or estimate and on_nonfinite is skip: no update
     skip: bool = False
+    #: on several processes: the round's longest response, the width every process's
+    #: masks are gathered at (None: one process)
+    round_width: int | None = None
 
     def own_rows(self, rollout: Rollout, rows: slice) -> UpdateData:
         """This process's ``rows`` of data estimated on the whole round, with its own
@@ -240,6 +243,7 @@ class UpdateData:
             cut(self.value_mask),
             cut(self.value_weights),
             self.skip,
+            round_width=self.batch.seq_len,
         )
 
 
@@ -745,8 +749,9 @@ class Learner:
         """Zero the gradients, then accumulate those of the minibatch ``idx`` over
         micro-batches of ``micro`` rows; every micro-batch uses the whole minibatch's
         aggregation denominators, so the sum is exactly the minibatch gradient. Returns the
-        minibatch loss, the sum of the micro-batch losses (detached). The non-finite counts
-        of the loss terms go into ``checks``."""
+        minibatch loss, the sum of the micro-batch losses (detached; on several processes
+        this process's part of it). The non-finite counts of the loss terms go into
+        ``checks``."""
         meter = meter if meter is not None else Meter()
         checks = checks if checks is not None else NonFinite()
         self._zero_grad()
@@ -761,7 +766,7 @@ class Learner:
             # the gradient reduction averages over the processes; the sum is the objective's
             (loss * processes if processes > 1 else loss).backward()
             total = total + loss.detach()
-        return distributed.all_sum(total)
+        return total
 
     def _zero_grad(self) -> None:
         self.actor_opt.zero_grad(set_to_none=True)
@@ -784,7 +789,9 @@ class Learner:
             return None if d is None else d.clamp_min(1e-8)
 
         def whole(mask: Tensor) -> Tensor:  # every process's rows of the minibatch
-            return distributed.gather_rows(mask) if distributed.world().distributed else mask
+            if data.round_width is None:
+                return mask
+            return distributed.gather_rows(mask, data.round_width)
 
         parts = self.assembly
         out = {"policy": clamp(denominator(parts.policy_agg, whole(data.actor_mask[idx])))}

@@ -47,22 +47,27 @@ def test_masked_positions_never_matter(kind, name, params, batch):
     assert torch.equal(component(_garbage(batch)), out)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("lam", [0.0, 0.95, 1.0])
-@pytest.mark.parametrize("gamma", [0.99, 1.0])
-def test_long_rows_gae_is_exact(gamma, lam):
-    """T = 32768 with gaps: elementwise within 1e-5 relative or 1e-6 absolute of float64."""
+def _long_rows() -> RolloutBatch:
+    """3 rows of T = 32768 with gaps, the last 7 positions masked, bootstrapped rows."""
     gen = torch.Generator().manual_seed(3)
     b, t = 3, 32768
     mask = torch.rand(b, t, generator=gen) < 0.9
     mask[:, -7:] = False
-    batch = RolloutBatch(
+    return RolloutBatch(
         response_mask=mask,
         token_rewards=torch.randn(b, t, generator=gen) * 0.1,
         values=torch.randn(b, t, generator=gen),
         truncated=torch.tensor([True, False, True]),
         bootstrap_values=torch.randn(b, generator=gen),
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lam", [0.0, 0.95, 1.0])
+@pytest.mark.parametrize("gamma", [0.99, 1.0])
+def test_long_rows_gae_is_exact(gamma, lam):
+    """T = 32768 with gaps: elementwise within 1e-5 relative or 1e-6 absolute of float64."""
+    batch = _long_rows()
     assert_matches(gae(batch, gamma, lam), reference.gae(batch, gamma, lam))
     assert_matches(
         returns_to_go(batch, gamma, bootstrap=True), reference.returns(batch, gamma, True)
@@ -75,17 +80,8 @@ def test_long_rows_gae_is_exact(gamma, lam):
 def test_long_rows_lambda_return_is_exact(gamma, lam):
     """The lambda-return V + A (the one-step target at lam = 0, the return at lam = 1) on the
     rows of ``test_long_rows_gae_is_exact``, with its bound."""
-    gen = torch.Generator().manual_seed(3)
-    b, t = 3, 32768
-    mask = torch.rand(b, t, generator=gen) < 0.9
-    mask[:, -7:] = False
-    batch = RolloutBatch(
-        response_mask=mask,
-        token_rewards=torch.randn(b, t, generator=gen) * 0.1,
-        values=torch.randn(b, t, generator=gen),
-        truncated=torch.tensor([True, False, True]),
-        bootstrap_values=torch.randn(b, generator=gen),
-    )
+    batch = _long_rows()
+    mask = batch.response_mask
     values = torch.where(mask, batch.values.double(), 0.0)
     expected = reference.gae(batch, gamma, lam) + values
     assert_matches(gae(batch, gamma, lam, plus_values=True), expected)
