@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -463,7 +462,7 @@ def whiten_rows(per_row: Tensor, lengths: Tensor, eps: float = 1e-8) -> Tensor:
 def gae(
     batch: RolloutBatch,
     gamma: float,
-    lam: Discount | Callable[[Tensor], Tensor],
+    lam: Discount,
     *,
     plus_values: bool = False,
     whiten: bool = False,
@@ -471,14 +470,12 @@ def gae(
     """GAE, float32 [B, T]: A_t = delta_t + gamma * lam * A_next over True positions.
 
     delta_t = r_t + gamma * V(next) - V_t with V(next) the value at the next True position of
-    the row (``batch.terminal_values`` after the last). ``lam``: float, per-row [B] tensor, or
-    a function of the row lengths (long [B], as ``batch.lengths``; counted while compacting
-    the rows, so not counted twice) giving the per-row lam.
+    the row (``batch.terminal_values`` after the last). ``lam``: float or per-row [B] tensor.
     ``plus_values``: return V_t + A_t (the lambda-return) instead; ``whiten``: batch-whiten A.
     """
     if batch.values is None:
         raise ValueError("GAE needs batch.values (a critic)")
-    per_row = isinstance(lam, Tensor) or callable(lam)
+    per_row = isinstance(lam, Tensor)
     if not per_row and lam == 1.0:
         # the TD errors telescope: A_t = G_t - V_t, G the bootstrapped return (no TD error
         # is formed, so none of their roundings add up along the row)
@@ -489,8 +486,6 @@ def gae(
     inputs = (batch.token_rewards, batch.values, terminal, lam)
     with _Scratch(mask.device, *inputs) as scratch:
         rows = Compaction(mask, scratch=scratch)
-        if callable(lam):
-            lam = lam(rows.lengths)
         discount = gamma * lam
         values = rows.compact(batch.values)
         x = rows.compact(batch.token_rewards)

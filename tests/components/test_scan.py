@@ -266,7 +266,11 @@ def test_a_gradient_through_the_scan_equals_the_loop_gradient():
     assert_matches(x.grad, torch.where(mask, expected, 0.0))
 
 
-def test_a_lam_of_the_lengths_is_the_per_row_lam():
+def test_length_adaptive_gae_is_gae_with_its_per_row_lam():
+    """λ_i = clamp(1 − 1/(α l_i), 0, 1) from the row lengths (an empty row: 0), as the
+    catalogue's formula states, and the advantage is GAE with that per-row λ."""
+    from ppokit.components.advantage.impl import LengthAdaptiveGAE
+
     gen = torch.Generator().manual_seed(5)
     mask = torch.rand(5, 40, generator=gen) < 0.7
     mask[2] = False
@@ -275,10 +279,9 @@ def test_a_lam_of_the_lengths_is_the_per_row_lam():
         token_rewards=torch.randn(5, 40, generator=gen),
         values=torch.randn(5, 40, generator=gen),
     )
-
-    def lam(lengths: torch.Tensor) -> torch.Tensor:
-        assert torch.equal(lengths, batch.lengths)
-        return 1.0 - 1.0 / (1.0 + lengths.float())
-
-    expected = gae(batch, 0.99, lam(batch.lengths), whiten=True)
-    assert torch.equal(gae(batch, 0.99, lam, whiten=True), expected)
+    est = LengthAdaptiveGAE(gamma=0.99, alpha=0.05, whiten=True)
+    lengths = mask.sum(1).double()
+    expected_lam = (1 - 1 / (0.05 * lengths)).clamp(0, 1).float()
+    torch.testing.assert_close(est.lam(batch), expected_lam, rtol=1e-5, atol=0)
+    assert float(est.lam(batch)[2]) == 0.0
+    assert torch.equal(est(batch), gae(batch, 0.99, est.lam(batch), whiten=True))

@@ -52,15 +52,11 @@ class LengthAdaptiveGAE:
 
     def lam(self, batch: RolloutBatch) -> Tensor:
         """The per-row lam, float32 [B] (0 for an empty row)."""
-        return self.lam_of_lengths(batch.lengths)
-
-    def lam_of_lengths(self, lengths: Tensor) -> Tensor:
-        """The per-row lam of the row lengths (long [B]), float32 [B]."""
-        return (1.0 - 1.0 / (self.alpha * lengths.float())).clamp(0.0, 1.0)
+        lengths = batch.lengths.float()
+        return (1.0 - 1.0 / (self.alpha * lengths)).clamp(0.0, 1.0)
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
-        # gae counts the lengths while compacting the rows (batch.lengths would count again)
-        return gae(batch, self.gamma, self.lam_of_lengths, whiten=self.whiten)
+        return gae(batch, self.gamma, self.lam(batch), whiten=self.whiten)
 
 
 @catalogue.GRPO.implementation
