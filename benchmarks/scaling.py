@@ -6,8 +6,10 @@ so that load from other processes hits them alike. From each run's ``metrics.jso
 (rounds after the first, which pays for warm-up) it takes the median time per round, the
 round's generated tokens per second of the whole round (every process's responses over the
 round's wall time) and the peak memory of process 0 (max RSS on a CPU, the CUDA allocator's
-peak on a GPU); the table gives their medians over the repeats and the ratio to one
-process. The final reward shows that the runs learn alike.
+peak on a GPU), and the largest share of the last checkpoint one process wrote (each
+process writes its own shards of the weights and optimizer states); the table gives their
+medians over the repeats and the ratio to one process. The final reward shows that the
+runs learn alike.
 
     python benchmarks/scaling.py [--nproc 1,2] [--rounds 8] [--repeats 2]
                                  [--spec PATH] [--set KEY=VALUE ...]
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -28,6 +31,17 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+
+def _checkpoint_share_mb(out: Path) -> float:
+    """The most bytes (MB) of the checkpoint's weight and optimizer files one process wrote
+    (``shard-0000K-...`` is process K-1's)."""
+    per_process: dict[str, int] = {}
+    for file in (out / "checkpoint").glob("*/shard-*.safetensors"):
+        index = re.match(r"shard-(\d+)-", file.name)
+        if index:
+            per_process[index.group(1)] = per_process.get(index.group(1), 0) + file.stat().st_size
+    return max(per_process.values(), default=0) / 1e6
 
 
 def _run(nproc: int, rounds: int, spec: str | None, sets: list[str], out: Path) -> dict[str, Any]:
@@ -54,6 +68,7 @@ def _run(nproc: int, rounds: int, spec: str | None, sets: list[str], out: Path) 
         ),
         "peak_memory_gb": max(r.get("peak_memory_gb") or 0.0 for r in records),
         "reward_last": records[-1].get("reward_mean"),
+        "checkpoint_mb": _checkpoint_share_mb(out),
         "wall": wall,
     }
 
@@ -90,7 +105,7 @@ def main() -> None:
     print(f"spec: {args.spec or 'the demo'}; {args.rounds} rounds x {args.repeats} repeats")
     print(
         f"{'processes':>9}  {'s/round':>8}  {'x':>5}  {'tokens/s':>9}  {'x':>5}  "
-        f"{'peak GB/process':>15}  {'final reward':>12}"
+        f"{'peak GB/process':>15}  {'checkpoint MB/process':>21}  {'final reward':>12}"
     )
     for n in counts:
         t, tok = med(n, "time_round"), med(n, "tokens_per_s")
@@ -98,6 +113,7 @@ def main() -> None:
         print(
             f"{n:>9}  {t:>8.3f}  {med(base, 'time_round') / t:>5.2f}  {tok:>9.0f}  "
             f"{tok / med(base, 'tokens_per_s'):>5.2f}  {med(n, 'peak_memory_gb'):>15.2f}  "
+            f"{med(n, 'checkpoint_mb'):>21.1f}  "
             f"{statistics.mean(rewards) if rewards else float('nan'):>12.3f}"
         )
 

@@ -46,8 +46,10 @@ __all__ = [
     "World",
     "all_sum",
     "as_forward",
+    "first_text",
     "gather_rows",
     "launched",
+    "local_tensor",
     "process_group",
     "round_seed",
     "shard_model",
@@ -212,6 +214,18 @@ def broadcast_text(text: str | None) -> str | None:
     return box[0]
 
 
+def first_text(text: str | None) -> str | None:
+    """The first (in rank order) process's ``text`` that is not None, on every process (a
+    short message, e.g. the error one process met while the others did not)."""
+    if not _WORLD.distributed:
+        return text
+    import torch.distributed as dist
+
+    box: list[Any] = [None] * _WORLD.size
+    dist.all_gather_object(box, text)
+    return next((t for t in box if t is not None), None)
+
+
 # ------------------------------------------------------------------ sharding
 def _blocks(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a Hugging Face model (its ``_no_split_modules`` classes),
@@ -271,6 +285,12 @@ def as_forward(module: nn.Module, fn: Any) -> Any:
             return module()
     finally:
         del module.forward
+
+
+def local_tensor(x: Tensor) -> Tensor:
+    """This process's part of ``x`` (a DTensor's local shard; a plain tensor itself)."""
+    local = getattr(x, "to_local", None)
+    return local() if local is not None else x
 
 
 def full_tensor(x: Tensor) -> Tensor:

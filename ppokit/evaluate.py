@@ -368,7 +368,7 @@ def load_target(
         data["model"] = copy.deepcopy(run_data.get("model") or {})
         data["seed"] = run_data.get("seed", 0)
         spec = _finish_spec(data, overrides, source or str(folder / "spec.yaml"))
-        return EvalTarget(spec, "run", str(path), folder / "actor.safetensors", round_no)
+        return EvalTarget(spec, "run", str(path), folder, round_no)
     if target in ("tiny", SMOLLM2) or (path.is_dir() and (path / "config.json").is_file()):
         data = copy.deepcopy(base) if base is not None else _packaged_demo_spec()
         model = dict(data.get("model") or {})
@@ -390,7 +390,7 @@ def build_learner(target: EvalTarget) -> Learner:
     """The actor of ``target`` (no critic, no reference) in a learner that scores with the
     spec's rewards; a run's checkpoint weights are loaded as a resume loads them."""
     from ppokit.trainer.assembly import Assembly
-    from ppokit.trainer.checkpoint import _load_weights
+    from ppokit.trainer.checkpoint import load_weights
     from ppokit.trainer.models import build_models
     from ppokit.trainer.round import Learner
 
@@ -399,7 +399,7 @@ def build_learner(target: EvalTarget) -> Learner:
     models = build_models(spec.model_copy(update={"critic": None, "kl": None}), 1)
     if target.checkpoint is not None:
         try:
-            _load_weights(models.actor, target.checkpoint)
+            load_weights(target.checkpoint, "actor", models.actor, models)
         except UserError:
             raise
         except Exception as exc:

@@ -15,7 +15,8 @@ weights), loadable by ``AutoModelForCausalLM.from_pretrained(OUT_DIR)`` and
         value_head.json                  head_size, how to read the value, the run it came from
 
 The checkpoint is verified (every checksum of its manifest) before anything is read, and
-nothing in the run folder changes. ``OUT_DIR`` must be new or empty; it is written through
+nothing in the run folder changes. A checkpoint written by several processes (each its own
+shards) is read whole in this one process by ``torch.distributed.checkpoint``. ``OUT_DIR`` must be new or empty; it is written through
 a temporary sibling folder and renamed into place, so it is complete or absent.
 
 This module imports no torch until a command runs.
@@ -174,7 +175,7 @@ def _write(tmp: Path, run_dir: Path, with_critic: bool) -> dict[str, Any]:
     from safetensors.torch import save_file
     from transformers.utils import logging as hf_logging
 
-    from ppokit.trainer.checkpoint import _load_weights, _locate, _state_of
+    from ppokit.trainer.checkpoint import _locate, _state_of, load_weights
     from ppokit.trainer.models import build_models, trunk_of
 
     hf_logging.set_verbosity_error()
@@ -188,7 +189,7 @@ def _write(tmp: Path, run_dir: Path, with_critic: bool) -> dict[str, Any]:
     loss = _critic_loss(spec) if with_critic else None
     head_size = int(getattr(loss, "head_size", 1))
     models = build_models(spec, head_size, reference=False, critic=with_critic, device="cpu")
-    _load_weights(models.actor, path / "actor.safetensors")
+    load_weights(path, "actor", models.actor, models)
     critic = models.critic
     if critic is not None:
         kind = "shared" if models.shared_critic else "separate"
@@ -197,7 +198,7 @@ def _write(tmp: Path, run_dir: Path, with_critic: bool) -> dict[str, Any]:
                 f"checkpoint {path} cannot be used: it has critic {state.get('critic')!r} but "
                 f"the spec has {kind!r}"
             )
-        _load_weights(critic.head if models.shared_critic else critic, path / "critic.safetensors")
+        load_weights(path, "critic", critic.head if models.shared_critic else critic, models)
     critic_trunk = None
     if critic is not None and critic.trunk is not None:
         critic_trunk = critic.trunk

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import typer
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from ppokit.errors import UserError
@@ -248,9 +249,15 @@ def test_a_run_with_evaluations_trains_exactly_like_one_without(tmp_path, monkey
         ]
 
     assert train_metrics(tmp_path / "plain") == train_metrics(tmp_path / "evaluated")
-    for name in ("actor.safetensors", "critic.safetensors", "rng.safetensors"):
-        plain = (tmp_path / "plain" / "checkpoint" / name).read_bytes()
-        assert plain == (tmp_path / "evaluated" / "checkpoint" / name).read_bytes(), name
+    shard = "shard-00001-model-00001-of-00001.safetensors"
+    for name in (f"actor/{shard}", f"critic/{shard}", f"optim/{shard}"):
+        plain = load_file(tmp_path / "plain" / "checkpoint" / name)
+        again = load_file(tmp_path / "evaluated" / "checkpoint" / name)
+        assert plain.keys() == again.keys(), name
+        assert all(torch.equal(plain[k], again[k]) for k in plain), name
+    for name in ("optim.json", "rng/process-00000.json", "rng/process-00000.safetensors"):
+        plain_bytes = (tmp_path / "plain" / "checkpoint" / name).read_bytes()
+        assert plain_bytes == (tmp_path / "evaluated" / "checkpoint" / name).read_bytes(), name
 
 
 # --------------------------------------------------------------------------- ppokit eval
@@ -344,7 +351,7 @@ def test_ppokit_eval_errors_are_one_line(tmp_path, setup: str, message: str) -> 
     else:
         run = tmp_path / "run"
         loop.train(small_spec(run))
-        (run / "checkpoint" / "actor.safetensors").write_bytes(b"broken")
+        next((run / "checkpoint" / "actor").glob("*.safetensors")).write_bytes(b"broken")
         args = [str(run)]
     result = _invoke(*args)
     assert result.exit_code == 1

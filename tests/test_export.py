@@ -31,7 +31,7 @@ from ppokit.export import (
 )
 from ppokit.spec import load_spec, validate_spec
 from ppokit.trainer import train
-from ppokit.trainer.checkpoint import _load_weights
+from ppokit.trainer.checkpoint import load_weights
 from ppokit.trainer.models import SMOLLM2, build_models, tiny_model, trunk_of
 from ppokit.trainer.tokenizer import char_tokenizer
 from tests.trainer.helpers import small_spec
@@ -45,6 +45,12 @@ RUNS: dict[str, list[str]] = {
 }
 #: A fixed input: character ids of the tiny model's tokenizer.
 IDS = [[1, 60, 58, 63, 70, 5, 71]]
+
+
+def actor_file(run: Path) -> Path:
+    """The actor's weights in a one-process run's checkpoint (DCP's one file)."""
+    return run / "checkpoint" / "actor" / "shard-00001-model-00001-of-00001.safetensors"
+
 
 LOAD = r"""
 import json, sys
@@ -130,10 +136,10 @@ def _trained(run: Path) -> Any:
     """The run's models with its checkpoint's weights (LoRA adapters still separate)."""
     spec = load_spec(run / "checkpoint" / "spec.yaml")
     models = build_models(spec, 1, reference=False, device="cpu")
-    _load_weights(models.actor, run / "checkpoint" / "actor.safetensors")
+    load_weights(run / "checkpoint", "actor", models.actor, models)
     assert models.critic is not None
     target = models.critic.head if models.shared_critic else models.critic
-    _load_weights(target, run / "checkpoint" / "critic.safetensors")
+    load_weights(run / "checkpoint", "critic", target, models)
     models.actor.eval()
     return models
 
@@ -161,7 +167,7 @@ def test_the_export_loads_and_generates_in_a_fresh_interpreter(runs, loaded) -> 
 
 def test_the_exported_weights_are_the_checkpoints(runs) -> None:
     run = runs["full"]
-    saved = load_file(run / "checkpoint" / "actor.safetensors")
+    saved = load_file(actor_file(run))
     exported = load_file(run.parents[1] / "out" / "full" / "model.safetensors")
     assert set(exported) <= set(saved) and "lm_head.weight" in exported
     for key, tensor in exported.items():
@@ -179,7 +185,7 @@ def test_exported_outputs_equal_the_trained_models(runs, loaded, name: str) -> N
     torch.testing.assert_close(tensors[f"{name}/logits"], logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(tensors[f"{name}/values"], values, atol=1e-5, rtol=0)
     if models.lora:  # the adapters trained: merging them changed the weights
-        saved = load_file(runs[name] / "checkpoint" / "actor.safetensors")
+        saved = load_file(actor_file(runs[name]))
         assert any(
             k.endswith("lora_B.default.weight") and v.abs().max() > 0 for k, v in saved.items()
         )
@@ -238,7 +244,7 @@ def test_critic_needs_a_run_with_a_critic(tmp_path: Path) -> None:
 def test_a_corrupt_checkpoint_is_refused(runs, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(runs["full"], run)
-    actor = run / "checkpoint" / "actor.safetensors"
+    actor = actor_file(run)
     data = bytearray(actor.read_bytes())
     data[-1] ^= 0xFF
     actor.write_bytes(bytes(data))

@@ -1,36 +1,43 @@
 """Checkpoints: ``OUT/checkpoint/`` with the actor and critic weights, the optimizer and
-scheduler states, the RNG states (python, numpy, torch, CUDA, the prompt source), the round
-counter, the adaptive KL state and the resolved spec.
+scheduler states, every process's RNG states (python, numpy, torch, CUDA) and the prompt
+source's position, the round counter, the adaptive KL state and the resolved spec.
 
 Reading a checkpoint never runs code: nothing is unpickled. Tensors are stored as
 safetensors, everything else as JSON::
 
     checkpoint/
-      manifest.json        {"format": 3, "files": {name: {"sha256": ..., "bytes": ...}}}
-      state.json           format, round, KL coefficient, critic kind
+      manifest.json        {"format": 4, "files": {path: {"sha256": ..., "bytes": ...}}}
+      state.json           format, round, KL coefficient, critic kind, processes
       spec.yaml            the resolved spec of the run
-      actor.safetensors    actor weights
-      critic.safetensors   critic weights (the value head only for a shared critic)
-      optim.json           optimizer states keyed by parameter name (torch.distributed.
-                           checkpoint's form) and scheduler states, tensors as
-                           {"$tensor": name}
-      optim.safetensors    ... and those tensors
-      rng.json             python and numpy RNG states, the prompt source's state
-      rng.safetensors      torch CPU and CUDA RNG states (uint8)
+      actor/               actor weights: shard-0000K-model-00001-of-00001.safetensors, one
+                           file per process holding its shards (one file: the whole state)
+      critic/              critic weights, the same way (the value head only for a shared
+                           critic)
+      optim/               the optimizer states' tensors, the same way
+      optim.json           the optimizer states keyed by parameter name (torch.distributed.
+                           checkpoint's form) and the scheduler states, tensors as
+                           {"$tensor": name} (a name in optim/)
+      rng/process-0000K.json         process K's python and numpy RNG states and the
+      rng/process-0000K.safetensors  prompt source's state; its torch and CUDA RNG states
 
-A run on several processes writes the same files: the model and optimizer states are
-gathered whole from every process's shards (``torch.distributed.checkpoint.state_dict``)
-and process 0 writes them; on loading, every process reads them and keeps its own shards.
-So a checkpoint resumes on any number of processes, and ``ppokit export`` reads it as any
-other. (The first process holds the whole state in CPU memory while it saves.)
+The weights and optimizer states are written and read by ``torch.distributed.checkpoint``
+(DCP) through its Hugging Face storage: every process writes its own shards (nothing is
+gathered on one process) and reads back the parts its shards need, so a checkpoint resumes
+on any number of processes, including one without a launcher, and the same DCP reader
+gives ``ppokit export`` the whole weights. The files are plain safetensors whose header
+carries DCP's shard offsets as JSON; a single-process run's ``actor/`` file is an ordinary
+state dict.
 
 The manifest is written last and holds a SHA-256 of every other file; a checkpoint is read
-only once every checksum verifies. Writing is atomic: a temporary directory
-``.checkpoint.tmp`` is filled and synced, the previous checkpoint is renamed to
-``.checkpoint.old``, the temporary one to ``checkpoint``, and the old one is removed. A crash
-between the two renames leaves no ``checkpoint``; resuming then reads the complete copy (the
-newer ``.checkpoint.tmp`` when its manifest verifies, else ``.checkpoint.old``) and moves it
-back into place.
+only once every checksum verifies and no file in its folders is unlisted. Writing is
+atomic: a temporary directory ``.checkpoint.tmp`` is filled and synced, the previous
+checkpoint is renamed to ``.checkpoint.old``, the temporary one to ``checkpoint``, and the
+old one is removed. A crash between the two renames leaves no ``checkpoint``; resuming then
+reads the complete copy (the newer ``.checkpoint.tmp`` when its manifest verifies, else
+``.checkpoint.old``) and moves it back into place.
+
+Formats 2 and 3 (whole ``actor.safetensors``, ``critic.safetensors``, ``optim.safetensors``,
+``rng.json``/``rng.safetensors`` files) are still read.
 """
 
 from __future__ import annotations
@@ -42,13 +49,14 @@ import os
 import random
 import re
 import shutil
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_file
 
 from ppokit import distributed
 from ppokit.errors import UserError
@@ -70,12 +78,23 @@ __all__ = [
 
 TMP = f".{CHECKPOINT}.tmp"
 OLD = f".{CHECKPOINT}.old"
-FORMAT = 3
-#: Formats this version reads (2: optimizer states keyed by parameter index).
-READABLE = (2, 3)
+FORMAT = 4
+#: Formats this version reads (2: optimizer states keyed by parameter index; 2 and 3: whole
+#: weight, optimizer and RNG files instead of DCP folders).
+READABLE = (2, 3, 4)
 MANIFEST = "manifest.json"
-#: Files every checkpoint has, and the one it may have.
-REQUIRED = (
+#: The folders DCP writes (one safetensors file per process each) and the RNG folder.
+DCP_FOLDERS = ("actor", "critic", "optim")
+RNG = "rng"
+#: Files every checkpoint has (format 4; ``actor/`` and ``optim/`` hold at least one file).
+REQUIRED = ("state.json", "spec.yaml", "optim.json", f"{RNG}/process-00000.json")
+_NAME = re.compile(
+    r"(state\.json|spec\.yaml|optim\.json"
+    r"|(actor|critic|optim)/[A-Za-z0-9_-][A-Za-z0-9_.-]*\.safetensors"
+    rf"|{RNG}/process-\d{{5}}\.(json|safetensors))"
+)
+#: Files of the formats 2 and 3.
+LEGACY_REQUIRED = (
     "state.json",
     "spec.yaml",
     "actor.safetensors",
@@ -84,8 +103,12 @@ REQUIRED = (
     "rng.json",
     "rng.safetensors",
 )
-OPTIONAL = ("critic.safetensors",)
+LEGACY_OPTIONAL = ("critic.safetensors",)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _rng_stem(rank: int) -> str:
+    return f"{RNG}/process-{rank:05d}"
 
 
 # --------------------------------------------------------------------------- RNG
@@ -170,12 +193,17 @@ def _rng_from_files(data: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict[s
 
 
 # ------------------------------------------------------------ state trees as JSON
-def _encode(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
+def _encode(obj: Any, tensors: dict[str, torch.Tensor], path: str, keep: bool = False) -> Any:
     """``obj`` (nested dicts, lists, tuples, scalars, tensors) as JSON; its tensors are added
-    to ``tensors`` and referenced as ``{"$tensor": name}``. Tuples and dicts whose keys are
-    not plain strings are tagged (``$tuple``, ``$items``) so they come back as they were."""
+    to ``tensors`` and referenced as ``{"$tensor": name}`` (names follow the path, so the
+    same tree gives the same names). Tuples and dicts whose keys are not plain strings are
+    tagged (``$tuple``, ``$items``) so they come back as they were. ``keep``: the tensors
+    themselves (DTensors included, for DCP), not contiguous CPU copies (for safetensors)."""
     if isinstance(obj, torch.Tensor):
         name = path if path not in tensors else f"{path}#{len(tensors)}"
+        if keep:
+            tensors[name] = obj.detach()
+            return {"$tensor": name}
         tensor = obj.detach().to("cpu").contiguous()
         if any(t.data_ptr() == tensor.data_ptr() for t in tensors.values() if t.numel()):
             tensor = tensor.clone()  # safetensors refuses tensors sharing memory
@@ -184,15 +212,15 @@ def _encode(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> Any:
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if isinstance(obj, tuple):
-        return {"$tuple": [_encode(v, tensors, f"{path}/{i}") for i, v in enumerate(obj)]}
+        return {"$tuple": [_encode(v, tensors, f"{path}/{i}", keep) for i, v in enumerate(obj)]}
     if isinstance(obj, list):
-        return [_encode(v, tensors, f"{path}/{i}") for i, v in enumerate(obj)]
+        return [_encode(v, tensors, f"{path}/{i}", keep) for i, v in enumerate(obj)]
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("$") for k in obj):
-            return {k: _encode(v, tensors, f"{path}/{k}") for k, v in obj.items()}
+            return {k: _encode(v, tensors, f"{path}/{k}", keep) for k, v in obj.items()}
         return {
             "$items": [
-                [_encode(k, tensors, f"{path}/key"), _encode(v, tensors, f"{path}/{k}")]
+                [_encode(k, tensors, f"{path}/key", keep), _encode(v, tensors, f"{path}/{k}", keep)]
                 for k, v in obj.items()
             ]
         }
@@ -227,27 +255,13 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return obj
 
 
-def _write_tree(obj: Any, folder: Path, stem: str) -> None:
-    """``stem.json`` + ``stem.safetensors``."""
-    tensors: dict[str, torch.Tensor] = {}
-    data = _encode(obj, tensors, stem)
-    save_file(tensors, str(folder / f"{stem}.safetensors"))
-    (folder / f"{stem}.json").write_text(json.dumps(data) + "\n")
-
-
 def _read_json(file: Path) -> Any:
     return json.loads(file.read_text(encoding="utf-8"))
 
 
 # ------------------------------------------------------------ model and optimizer states
-def _whole() -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
 def _weights_module(models: Any) -> list[tuple[str, torch.nn.Module]]:
-    """(file stem, module) of the weights a checkpoint stores."""
+    """(folder or file stem, module) of the weights a checkpoint stores."""
     out = [("actor", models.actor)]
     if models.critic is not None:
         out.append(("critic", models.critic.head if models.shared_critic else models.critic))
@@ -273,27 +287,41 @@ def _tied(module: torch.nn.Module) -> set[str]:
     return drop
 
 
-def _whole_weights(stem: str, module: torch.nn.Module, models: Any) -> dict[str, torch.Tensor]:
-    """``module``'s whole weights gathered from every process's shards (a collective; the
-    first process gets them, the others an empty dict)."""
+def _model_state(stem: str, module: torch.nn.Module, models: Any) -> dict[str, torch.Tensor]:
+    """``module``'s state dict as this process holds it (its DTensor shards on several
+    processes), tied duplicates left out; the tensors are the module's own, so DCP loads
+    into them in place."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     owner = models.critic if stem == "critic" and models.shared_critic else module
-    state = get_model_state_dict(owner, options=_whole())
+    state = get_model_state_dict(owner)
     if owner is not module:  # a shared critic stores its head alone
-        state = {k.removeprefix("head."): v for k, v in state.items()}
+        state = {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
     drop = _tied(module)
-    return {k: v.detach().contiguous() for k, v in state.items() if k not in drop}
+    return {k: v for k, v in state.items() if k not in drop}
+
+
+def _set_model_state(
+    stem: str, module: torch.nn.Module, models: Any, state: dict[str, torch.Tensor]
+) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    owner = module
+    if stem == "critic" and models.shared_critic:
+        owner = models.critic
+        state = {f"head.{k}": v for k, v in state.items()}
+    set_model_state_dict(owner, state, options=StateDictOptions(strict=False))
 
 
 def _optimizer_states(learner: Any) -> dict[str, Any]:
-    """Optimizer states keyed by parameter name (whole, gathered on several processes) and
-    the schedulers'."""
+    """Optimizer states keyed by parameter name (this process's shards on several) and the
+    schedulers'. An optimizer that has not stepped gets zero states first (DCP's
+    ``get_optimizer_state_dict``), the shapes a checkpoint is read into."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     optim: dict[str, Any] = {}
     for name, module, opt in _optimizers(learner):
-        optim[name] = get_optimizer_state_dict(module, opt, options=_whole())
+        optim[name] = get_optimizer_state_dict(module, opt)
         sched = learner.actor_sched if name == "actor" else learner.critic_sched
         optim[f"{name}_sched"] = sched.state_dict()
     return optim
@@ -310,8 +338,8 @@ def _load_optimizers(learner: Any, optim: dict[str, Any], form: int) -> None:
                     "without a launcher, then continue on several"
                 )
             opt.load_state_dict(optim[name])
-        else:
-            options = StateDictOptions(full_state_dict=True)
+        else:  # whole states (format 3) or this process's shards (format 4)
+            options = StateDictOptions(full_state_dict=form == 3)
             set_optimizer_state_dict(module, opt, optim[name], options=options)
             for group in opt.param_groups:  # it gives tuples (AdamW's betas) back as lists
                 for key, default in opt.defaults.items():
@@ -321,8 +349,66 @@ def _load_optimizers(learner: Any, optim: dict[str, Any], form: int) -> None:
         sched.load_state_dict(optim[f"{name}_sched"])
 
 
+# ------------------------------------------------------------------- DCP storage
+def _cause(exc: BaseException) -> BaseException:
+    """The error behind DCP's ``CheckpointException`` (the first failing process's)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = failures[min(failures)]
+        return first[0] if isinstance(first, tuple) else first
+    return exc
+
+
+@contextlib.contextmanager
+def _dcp() -> Iterator[None]:
+    """DCP without its one-process notice; its errors as their cause."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*assuming the intent is to (save|load) in a single")
+            yield
+    except BaseException as exc:
+        cause = _cause(exc)
+        if cause is exc:
+            raise
+        raise cause from None
+
+
+def _dcp_save(tensors: dict[str, torch.Tensor], folder: Path) -> None:
+    """Every process writes its shards of ``tensors`` to ``folder`` (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    with _dcp():
+        dcp.save(
+            tensors, storage_writer=HuggingFaceStorageWriter(str(folder), save_distributed=True)
+        )
+
+
+def _dcp_load(tensors: dict[str, torch.Tensor], folder: Path) -> None:
+    """Fill ``tensors`` (this process's shards) in place from ``folder`` (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    with _dcp():
+        dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(folder)))
+
+
+def load_weights(path: Path, stem: str, module: torch.nn.Module, models: Any) -> None:
+    """Read the weights ``stem`` (``actor``, ``critic``) of the verified checkpoint folder
+    ``path`` into ``module`` (the actor, the critic or a shared critic's head), whatever
+    the checkpoint's format and the number of processes that wrote it."""
+    if int(_state_of(path)["format"]) >= 4:
+        state = _model_state(stem, module, models)
+        _dcp_load(state, path / stem)
+        _set_model_state(stem, module, models, state)
+    elif distributed.world().distributed:
+        _load_whole_weights(stem, module, models, path / f"{stem}.safetensors")
+    else:
+        _load_weights(module, path / f"{stem}.safetensors")
+
+
 def _load_whole_weights(stem: str, module: torch.nn.Module, models: Any, file: Path) -> None:
-    """Every process reads the whole weights and keeps its shards."""
+    """Every process reads the whole weights (formats 2 and 3) and keeps its shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     state = load_file(str(file))
@@ -338,22 +424,30 @@ def _load_whole_weights(stem: str, module: torch.nn.Module, models: Any, file: P
         raise UserError(f"{file}: does not match the spec's model ({names} ...)")
 
 
+def _load_weights(module: torch.nn.Module, file: Path) -> None:
+    """One process reads whole weights (formats 2 and 3)."""
+    missing, unexpected = load_model(
+        module, str(file), strict=False, device=str(next(module.parameters()).device)
+    )
+    if missing or unexpected:
+        names = ", ".join([*missing, *unexpected][:3])
+        raise UserError(f"{file}: does not match the spec's model ({names} ...)")
+
+
 # -------------------------------------------------------------------------- write
 class NonFiniteCheckpointError(UserError):
     """A model or optimizer tensor holds NaN or inf: such a state is never saved."""
 
 
 def _named_tensors(learner: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor a checkpoint stores of the models and optimizers, with a readable name."""
+    """Every tensor a checkpoint stores of the models and optimizers, with a readable name
+    (this process's shards on several processes)."""
     models = learner.models
-    modules: list[tuple[str, torch.nn.Module]] = [("actor", models.actor)]
-    if models.critic is not None:
-        modules.append(("critic", models.critic.head if models.shared_critic else models.critic))
     names: dict[int, str] = {}
-    for label, module in modules:
+    for label, module in _weights_module(models):
         for name, tensor in module.state_dict(keep_vars=True).items():
             names.setdefault(id(tensor), f"{label} {name}")
-            yield f"{label} {name}", tensor
+            yield f"{label} {name}", distributed.local_tensor(tensor)
     for label, opt in (("actor", learner.actor_opt), ("critic", learner.critic_opt)):
         if opt is None:
             continue
@@ -361,12 +455,12 @@ def _named_tensors(learner: Any) -> Iterator[tuple[str, torch.Tensor]]:
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
                     owner = names.get(id(param), f"{label} parameter")
-                    yield f"the optimizer's {key} of {owner}", value
+                    yield f"the optimizer's {key} of {owner}", distributed.local_tensor(value)
 
 
-def check_finite(learner: Any) -> None:
-    """Raise :class:`NonFiniteCheckpointError` naming the first model or optimizer tensor
-    that holds a NaN or an inf (one host read per device when all are finite)."""
+def nonfinite(learner: Any) -> str | None:
+    """``'NAME holds NaN or inf'`` for the first model or optimizer tensor (of this
+    process's) that does, else None (one host read per device when all are finite)."""
     tensors = [
         (name, t) for name, t in _named_tensors(learner) if t.is_floating_point() or t.is_complex()
     ]
@@ -374,29 +468,19 @@ def check_finite(learner: Any) -> None:
     for _, t in tensors:
         by_device.setdefault(t.device, []).append(torch.isfinite(t.detach()).all())
     if all(bool(torch.stack(flags).all()) for flags in by_device.values()):
-        return
+        return None
     for name, t in tensors:
         if not bool(torch.isfinite(t.detach()).all()):
-            raise NonFiniteCheckpointError(f"{name} holds NaN or inf")
-    raise NonFiniteCheckpointError("a tensor holds NaN or inf")  # pragma: no cover
+            return f"{name} holds NaN or inf"
+    return "a tensor holds NaN or inf"  # pragma: no cover
 
 
-def _check_finite_states(
-    states: tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]],
-) -> None:
-    """:func:`check_finite` on gathered states."""
-    weights, optim = states
-    named = [(f"{stem} {k}", t) for stem, ts in weights.items() for k, t in ts.items()]
-    for name in ("actor", "critic"):
-        for param, state in optim.get(name, {}).get("state", {}).items():
-            named += [
-                (f"the optimizer's {key} of {name} {param}", v)
-                for key, v in state.items()
-                if isinstance(v, torch.Tensor)
-            ]
-    for name, t in named:
-        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
-            raise NonFiniteCheckpointError(f"{name} holds NaN or inf")
+def check_finite(learner: Any) -> None:
+    """Raise :class:`NonFiniteCheckpointError` naming the first model or optimizer tensor
+    that holds a NaN or an inf."""
+    problem = nonfinite(learner)
+    if problem is not None:
+        raise NonFiniteCheckpointError(problem)
 
 
 def checkpoint_round(out: Path) -> int | None:
@@ -414,69 +498,107 @@ def checkpoint_round(out: Path) -> int | None:
 
 
 def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_yaml: str) -> Path:
-    """Write ``out/checkpoint`` atomically; returns its path.
+    """Write ``out/checkpoint`` atomically; returns its path. On several processes every
+    process calls it: each writes its own shards and RNG states, the first one the rest.
 
     Refused (:class:`NonFiniteCheckpointError`) when a model or optimizer tensor is not
-    finite. On any error the partly written temporary folder is removed and the previous
-    checkpoint is kept; an OS error (disk full, read-only folder, permission denied, also as
-    safetensors reports it) is one ``UserError`` line naming the path and the cause.
+    finite on any process. On any error the partly written temporary folder is removed and
+    the previous checkpoint is kept; an OS error (disk full, read-only folder, permission
+    denied, also as safetensors reports it) on any process is one ``UserError`` line, on
+    every process, naming the path and the cause.
     """
     world = distributed.world()
-    if world.distributed:  # every process takes part in gathering; the first one writes
-        models = learner.models
-        weights = {stem: _whole_weights(stem, m, models) for stem, m in _weights_module(models)}
-        states = (weights, _optimizer_states(learner))
-        problem = None
-        if world.main:
-            try:
-                return _save_gathered(out, learner, source, round_done, spec_yaml, states)
-            except UserError as exc:
-                problem = str(exc)
-                raise
-            finally:
-                distributed.broadcast_text(problem)
-        problem = distributed.broadcast_text(None)
-        if problem is not None:
-            raise UserError(problem)
-        return out / CHECKPOINT
-    return _save_gathered(out, learner, source, round_done, spec_yaml, None)
-
-
-def _save_gathered(
-    out: Path,
-    learner: Any,
-    source: Any,
-    round_done: int,
-    spec_yaml: str,
-    states: tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]] | None,
-) -> Path:
-    final = out / CHECKPOINT
-    tmp = out / TMP
-    old = out / OLD
+    final, tmp = out / CHECKPOINT, out / TMP
     previous = checkpoint_round(out)
     kept = (
         f"the last good checkpoint (round {previous}) is kept in {final}"
         if previous is not None
         else "no checkpoint was written"
     )
-    try:
-        if states is None:
-            check_finite(learner)
-        else:
-            _check_finite_states(states)
-    except NonFiniteCheckpointError as exc:
+    problem = distributed.first_text(nonfinite(learner))
+    if problem is not None:
         raise NonFiniteCheckpointError(
-            f"round {round_done}: not saving a checkpoint: {exc} (the training diverged: "
+            f"round {round_done}: not saving a checkpoint: {problem} (the training diverged: "
             f"lower the learning rate or set train.max_grad_norm); {kept}"
-        ) from None
+        )
+    doing = f"cannot write the checkpoint of round {round_done}"
+    error = None
+    if world.main:
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / RNG).mkdir(parents=True)
+        except OSError as exc:
+            error = str(io_error(tmp, exc, doing))
+    error = distributed.first_text(error)
+    if error is None:
+        try:
+            _write_tmp(tmp, learner, source, round_done, spec_yaml)
+        except BaseException as exc:
+            if not is_os_error(exc):
+                if world.main:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise  # not an OS error: a bug, a user error or an interrupt
+            error = str(io_error(tmp, exc, doing))
+        error = distributed.first_text(error)  # every process's files are written
+        if error is not None and world.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if error is None:
+        error = distributed.broadcast_text(_seal_and_swap(out, doing) if world.main else None)
+    if error is not None:
+        raise UserError(f"{error}; {kept}")
+    return final
+
+
+def _write_tmp(tmp: Path, learner: Any, source: Any, round_done: int, spec_yaml: str) -> None:
+    """This process's part of a checkpoint in ``tmp`` (made by the first process): its
+    shards of the weights and optimizer states (collectives), its RNG states; the first
+    process also writes the JSON files. Everything is synced."""
+    world = distributed.world()
+    models = learner.models
+    for stem, module in _weights_module(models):
+        _dcp_save(_model_state(stem, module, models), tmp / stem)
+    tensors: dict[str, torch.Tensor] = {}
+    optim = _encode(_optimizer_states(learner), tensors, "optim", keep=True)
+    _dcp_save(tensors, tmp / "optim")
+    rng_data, rng_tensors = _rng_files(capture_rng(), source.state_dict())
+    stem = tmp / _rng_stem(world.rank)
+    save_file(rng_tensors, f"{stem}.safetensors")
+    Path(f"{stem}.json").write_text(json.dumps(rng_data) + "\n")
+    mine = [Path(f"{stem}.safetensors"), Path(f"{stem}.json")]
+    if world.main:
+        state = {
+            "format": FORMAT,
+            "round": round_done,
+            "kl_coef": float(learner.kl_coef),
+            "critic": None
+            if models.critic is None
+            else ("shared" if models.shared_critic else "separate"),
+            "processes": world.size,
+        }
+        (tmp / "optim.json").write_text(json.dumps(optim) + "\n")
+        (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        (tmp / "spec.yaml").write_text(spec_yaml)
+        mine += [tmp / "optim.json", tmp / "state.json", tmp / "spec.yaml"]
+    for file in mine:  # DCP syncs its own files
+        _fsync(file)
+
+
+def _seal_and_swap(out: Path, doing: str) -> str | None:
+    """The first process: the manifest of the complete ``.checkpoint.tmp``, then the two
+    renames that make it ``checkpoint``; an OS error's line (None: done)."""
+    final, tmp, old = out / CHECKPOINT, out / TMP, out / OLD
     try:
-        _write_tmp(tmp, learner, source, round_done, spec_yaml, states)
-    except BaseException as exc:
+        files = {}
+        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            files[f.relative_to(tmp).as_posix()] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
+        manifest = {"format": FORMAT, "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        _fsync(tmp / MANIFEST)
+        for folder in (tmp, *(p for p in tmp.iterdir() if p.is_dir())):
+            _fsync_dir(folder)
+    except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not is_os_error(exc):
-            raise  # not an OS error: a bug, a user error or an interrupt
-        error = io_error(tmp, exc, f"cannot write the checkpoint of round {round_done}")
-        raise UserError(f"{error}; {kept}") from None
+        return str(io_error(tmp, exc, doing))
     try:
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():
@@ -489,56 +611,9 @@ def _save_gathered(
                 old.rename(final)  # put the previous checkpoint back
         if final.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
-        error = io_error(final, exc, f"cannot write the checkpoint of round {round_done}")
-        raise UserError(f"{error}; {kept}") from None
+        return str(io_error(final, exc, doing))
     shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def _write_tmp(
-    tmp: Path,
-    learner: Any,
-    source: Any,
-    round_done: int,
-    spec_yaml: str,
-    states: tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]] | None = None,
-) -> None:
-    """Fill ``tmp`` with a complete, synced checkpoint (manifest last). ``states``: the
-    whole weights and optimizer states gathered from several processes (else read from the
-    models and optimizers)."""
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    models = learner.models
-    if states is None:
-        for stem, module in _weights_module(models):
-            save_model(module, str(tmp / f"{stem}.safetensors"))
-        optim = _optimizer_states(learner)
-    else:
-        weights, optim = states
-        for stem, tensors in weights.items():
-            save_file(tensors, str(tmp / f"{stem}.safetensors"))
-    _write_tree(optim, tmp, "optim")
-    rng_data, rng_tensors = _rng_files(capture_rng(), source.state_dict())
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
-    (tmp / "rng.json").write_text(json.dumps(rng_data) + "\n")
-    state = {
-        "format": FORMAT,
-        "round": round_done,
-        "kl_coef": float(learner.kl_coef),
-        "critic": None
-        if models.critic is None
-        else ("shared" if models.shared_critic else "separate"),
-    }
-    (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-    (tmp / "spec.yaml").write_text(spec_yaml)
-    _fsync_files(tmp)
-    files = {}
-    for f in sorted(tmp.iterdir()):
-        files[f.name] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
-    manifest = {"format": FORMAT, "files": files}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    _fsync_files(tmp, MANIFEST)
-    _fsync_dir(tmp)
+    return None
 
 
 def _sha256(file: Path) -> str:
@@ -549,11 +624,9 @@ def _sha256(file: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync_files(path: Path, only: str | None = None) -> None:
-    for f in path.iterdir():
-        if only is None or f.name == only:
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+def _fsync(file: Path) -> None:
+    with open(file, "rb") as fh:
+        os.fsync(fh.fileno())
 
 
 def _fsync_dir(path: Path) -> None:
@@ -606,12 +679,8 @@ def _verify(path: Path) -> None:
         raise UserError(f"{manifest_file}: unreadable ({_one_line(exc)})") from None
     if manifest.get("format") not in READABLE:
         raise _fail(path, f"unknown checkpoint format {manifest.get('format')!r}")
-    for name in REQUIRED:
-        if name not in files:
-            raise UserError(f"{manifest_file}: {name} is not listed (malformed manifest)")
+    _check_names(path, manifest_file, files, int(manifest["format"]))
     for name, entry in files.items():
-        if name not in REQUIRED and name not in OPTIONAL:
-            raise UserError(f"{manifest_file}: unknown file {name!r} (malformed manifest)")
         if (
             not isinstance(entry, dict)
             or not isinstance(entry.get("sha256"), str)
@@ -630,6 +699,31 @@ def _verify(path: Path) -> None:
             )
         if _sha256(file) != entry["sha256"]:
             raise UserError(f"{file}: checksum mismatch (file corrupted?)")
+
+
+def _check_names(path: Path, manifest_file: Path, files: dict[str, Any], form: int) -> None:
+    """The manifest lists the files its format has, and nothing else; no file in the
+    checkpoint's folders is left unlisted (DCP reads every file of its folder)."""
+    legacy = form < 4
+    required = LEGACY_REQUIRED if legacy else REQUIRED
+    for name in required:
+        if name not in files:
+            raise UserError(f"{manifest_file}: {name} is not listed (malformed manifest)")
+    for name in files:
+        known = name in (*LEGACY_REQUIRED, *LEGACY_OPTIONAL) if legacy else _NAME.fullmatch(name)
+        if not known:
+            raise UserError(f"{manifest_file}: unknown file {name!r} (malformed manifest)")
+    if legacy:
+        return
+    for folder in ("actor", "optim"):
+        if not any(name.startswith(f"{folder}/") for name in files):
+            raise UserError(f"{manifest_file}: no {folder}/ file is listed (malformed manifest)")
+    for folder in (*DCP_FOLDERS, RNG):
+        if not (path / folder).is_dir():
+            continue
+        for file in (path / folder).iterdir():
+            if f"{folder}/{file.name}" not in files:
+                raise _fail(path, f"{file} is not in its manifest (a file added after saving)")
 
 
 def has_checkpoint(out: Path) -> bool:
@@ -696,8 +790,9 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
     checkpoint recovered from ``.checkpoint.tmp``/``.checkpoint.old`` is moved back to
     ``out/checkpoint`` once it has been restored.
     """
-    path = _locate(out)
+    path = _locate_once(out)
     state = _state_of(path)
+    form = int(state["format"])
     models = learner.models
     critic_kind = (
         None if models.critic is None else ("shared" if models.shared_critic else "separate")
@@ -706,14 +801,18 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
         raise _fail(path, f"it has critic {state.get('critic')!r} but the spec has {critic_kind!r}")
     try:
         for stem, module in _weights_module(models):
-            if distributed.world().distributed:
-                _load_whole_weights(stem, module, models, path / f"{stem}.safetensors")
-            else:
-                _load_weights(module, path / f"{stem}.safetensors")
-        optim = _decode(_read_json(path / "optim.json"), load_file(path / "optim.safetensors"))
-        _load_optimizers(learner, optim, int(state["format"]))
+            load_weights(path, stem, module, models)
+        if form >= 4:
+            optim = _read_sharded_optimizers(learner, path)
+            rng_stem = path / _rng_stem(distributed.world().rank)
+            if not Path(f"{rng_stem}.json").is_file():  # more processes than saved it
+                rng_stem = path / _rng_stem(0)
+        else:
+            optim = _decode(_read_json(path / "optim.json"), load_file(path / "optim.safetensors"))
+            rng_stem = path / "rng"
+        _load_optimizers(learner, optim, form)
         rng, source_state = _rng_from_files(
-            _read_json(path / "rng.json"), load_file(path / "rng.safetensors")
+            _read_json(Path(f"{rng_stem}.json")), load_file(f"{rng_stem}.safetensors")
         )
         source.load_state_dict(source_state)
         kl_coef = float(state["kl_coef"])
@@ -729,21 +828,57 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
     return int(state["round"])
 
 
+def _read_sharded_optimizers(learner: Any, path: Path) -> dict[str, Any]:
+    """The optimizer and scheduler states of a format-4 checkpoint, this process's shards
+    read by DCP into the shapes of the learner's own (zero-initialised) states."""
+    template: dict[str, torch.Tensor] = {}
+    _encode(_optimizer_states(learner), template, "optim", keep=True)
+    stored = _read_json(path / "optim.json")
+    named = set(_tensor_names(stored))
+    if named != set(template):
+        differ = sorted(named ^ set(template))
+        raise _fail(path, f"optim.json does not match the spec's optimizers ({differ[0]} ...)")
+    _dcp_load(template, path / "optim")
+    return _decode(stored, template)
+
+
+def _tensor_names(obj: Any) -> Iterator[str]:
+    """The ``{"$tensor": name}`` names in a JSON tree of :func:`_encode`."""
+    if isinstance(obj, dict):
+        if set(obj) == {"$tensor"}:
+            yield str(obj["$tensor"])
+            return
+        for value in obj.values():
+            yield from _tensor_names(value)
+    elif isinstance(obj, list):
+        for value in obj:
+            yield from _tensor_names(value)
+
+
+def _locate_once(out: Path) -> Path:
+    """:func:`_locate` by the first process (which verifies every checksum once), its
+    answer (or error) given to every process."""
+    if not distributed.world().distributed:
+        return _locate(out)
+    answer = None
+    if distributed.world().main:
+        try:
+            answer = f"ok {_locate(out)}"
+        except UserError as exc:
+            answer = f"error {exc}"
+    answer = str(distributed.broadcast_text(answer))
+    kind, _, text = answer.partition(" ")
+    if kind == "error":
+        raise UserError(text)
+    return Path(text)
+
+
 def _promote(out: Path, path: Path) -> None:
     """Move a recovered copy back to ``out/checkpoint`` and drop the other leftover."""
     path.rename(out / CHECKPOINT)
     _fsync_dir(out)
     for name in (TMP, OLD):
         shutil.rmtree(out / name, ignore_errors=True)
-
-
-def _load_weights(module: torch.nn.Module, file: Path) -> None:
-    missing, unexpected = load_model(
-        module, str(file), strict=False, device=str(next(module.parameters()).device)
-    )
-    if missing or unexpected:
-        names = ", ".join([*missing, *unexpected][:3])
-        raise UserError(f"{file}: does not match the spec's model ({names} ...)")
 
 
 def truncate_jsonl(path: Path, rounds: int) -> None:

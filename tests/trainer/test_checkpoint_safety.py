@@ -35,14 +35,16 @@ from ppokit.trainer.metrics import TIMING, read_metrics
 
 from .helpers import learner, small_spec
 
+RNG0 = "rng/process-00000.json"
 RUN = ["train.rounds=2", "output.save_every=1", "kl.coef=0.05"]
+SHARD = "shard-00001-model-00001-of-00001.safetensors"  # DCP's name for one process's file
 FILES = (
-    "actor.safetensors",
-    "critic.safetensors",
+    f"actor/{SHARD}",
+    f"critic/{SHARD}",
+    f"optim/{SHARD}",
     "optim.json",
-    "optim.safetensors",
-    "rng.json",
-    "rng.safetensors",
+    "rng/process-00000.json",
+    "rng/process-00000.safetensors",
     "state.json",
     "spec.yaml",
 )
@@ -99,14 +101,23 @@ def _rewrite_manifest(folder: Path) -> None:
 
 def test_layout_is_safetensors_and_json_only(run: Path) -> None:
     ckpt = run / CHECKPOINT
-    assert {p.name for p in ckpt.iterdir()} == {*FILES, MANIFEST}
+    assert {p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file()} == {
+        *FILES,
+        MANIFEST,
+    }
     manifest = json.loads((ckpt / MANIFEST).read_text())
     assert manifest["format"] == FORMAT and set(manifest["files"]) == set(FILES)
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == hashlib.sha256((ckpt / name).read_bytes()).hexdigest()
-    for name in ("state.json", "optim.json", "rng.json", MANIFEST):
+    for name in ("state.json", "optim.json", "rng/process-00000.json", MANIFEST):
         json.loads((ckpt / name).read_text())
-    rng = json.loads((ckpt / "rng.json").read_text())
+    for name in FILES:
+        if name.endswith(".safetensors"):
+            load_file(ckpt / name)  # plain safetensors
+    assert set(load_file(ckpt / f"actor/{SHARD}")) == set(
+        learner(small_spec(run)).models.actor.state_dict()
+    )
+    rng = json.loads((ckpt / "rng/process-00000.json").read_text())
     assert len(rng["python"]["state"]) == 625 and len(rng["numpy"]["key"]) == 624
     assert rng["source"] == {"source": "demo", "seed": 0, "drawn": 8}
     source = Path(checkpoint_module.__file__).read_text()
@@ -132,6 +143,44 @@ def test_resume_restores_optimizer_and_rng_exactly(run: Path) -> None:
         for name in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(value[name], state_b["state"][key][name])
     assert a.actor_sched.state_dict() == b.actor_sched.state_dict()
+
+
+def _as_format_3(ckpt: Path) -> None:
+    """Rewrite a one-process checkpoint in the layout of format 3 (whole weight, optimizer
+    and RNG files, as the previous version wrote them)."""
+    for stem in ("actor", "critic"):
+        save_file(load_file(ckpt / stem / SHARD), str(ckpt / f"{stem}.safetensors"))
+    save_file(load_file(ckpt / "optim" / SHARD), str(ckpt / "optim.safetensors"))
+    shutil.move(ckpt / RNG0, ckpt / "rng.json")
+    shutil.move(ckpt / "rng/process-00000.safetensors", ckpt / "rng.safetensors")
+    for folder in ("actor", "critic", "optim", "rng"):
+        shutil.rmtree(ckpt / folder)
+    state = json.loads((ckpt / "state.json").read_text())
+    (ckpt / "state.json").write_text(json.dumps({**state, "format": 3}))
+    names = [p.name for p in ckpt.iterdir() if p.name != MANIFEST]
+    (ckpt / MANIFEST).write_text(json.dumps({"format": 3, "files": {n: {} for n in names}}))
+    _rewrite_manifest(ckpt)
+
+
+def test_a_format_3_checkpoint_resumes_the_same(run: Path, tmp_path: Path) -> None:
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    _as_format_3(old / CHECKPOINT)
+    spec = small_spec(run, *RUN)
+    a, b = learner(spec), learner(small_spec(old, *RUN))
+    assert load_checkpoint(run, a, make_prompt_source(spec.data, spec.seed)) == 2
+    after_a = torch.rand(4)
+    assert load_checkpoint(old, b, make_prompt_source(spec.data, spec.seed)) == 2
+    assert torch.equal(after_a, torch.rand(4))
+    for (name, x), (_, y) in zip(
+        a.models.actor.state_dict().items(), b.models.actor.state_dict().items(), strict=True
+    ):
+        assert torch.equal(x, y), name
+    state_a, state_b = a.critic_opt.state_dict(), b.critic_opt.state_dict()
+    assert state_a["param_groups"] == state_b["param_groups"]
+    for key, value in state_a["state"].items():
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(value[name], state_b["state"][key][name])
 
 
 def test_rng_states_round_trip_through_json_and_safetensors(tmp_path: Path) -> None:
@@ -190,8 +239,9 @@ def test_an_old_format_checkpoint_is_refused_without_reading_it(run: Path) -> No
     proof = run.parent / "proof"
     ckpt = run / CHECKPOINT
     (ckpt / MANIFEST).unlink()
-    for name in ("optim.json", "optim.safetensors", "rng.json", "rng.safetensors"):
-        (ckpt / name).unlink()
+    for name in ("optim", "rng", "actor", "critic"):
+        shutil.rmtree(ckpt / name)
+    (ckpt / "optim.json").unlink()
     torch.save({"rng": pickle.dumps(Payload(proof)), "source": {}}, ckpt / "rng.pt")
     torch.save({"actor": Payload(proof)}, ckpt / "optim.pt")
     state = json.loads((ckpt / "state.json").read_text())
@@ -203,12 +253,22 @@ def test_an_old_format_checkpoint_is_refused_without_reading_it(run: Path) -> No
 
 
 def test_a_flipped_bit_is_a_checksum_mismatch(run: Path) -> None:
-    file = run / CHECKPOINT / "actor.safetensors"
+    file = run / CHECKPOINT / "actor" / SHARD
     data = bytearray(file.read_bytes())
     data[len(data) // 2] ^= 0x01
     file.write_bytes(bytes(data))
     message = _error(run)
-    assert message.endswith("checkpoint/actor.safetensors: checksum mismatch (file corrupted?)")
+    assert message.endswith(f"checkpoint/actor/{SHARD}: checksum mismatch (file corrupted?)")
+
+
+@pytest.mark.parametrize("folder", ["actor", "optim", "rng"])
+def test_a_file_added_to_a_folder_is_refused(run: Path, folder: str) -> None:
+    """DCP reads every file of its folder: one the manifest does not list is never read."""
+    ckpt = run / CHECKPOINT
+    extra = ckpt / folder / "shard-00002-model-00001-of-00001.safetensors"
+    shutil.copy(ckpt / f"actor/{SHARD}", extra)
+    message = _error(run)
+    assert f"{extra} is not in its manifest" in message
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -232,6 +292,8 @@ def test_missing_files_are_one_line_errors(run: Path, name: str) -> None:
         '{"format": 2}',
         '{"format": 2, "files": {"../x": {"sha256": "0", "bytes": 1}}}',
         '{"format": 3, "files": {}}',
+        '{"format": 4, "files": {}}',
+        '{"format": 4, "files": {"actor/../../x.safetensors": {"sha256": "0", "bytes": 1}}}',
     ],
 )
 def test_a_malformed_manifest_is_a_one_line_error(run: Path, damage: str) -> None:
@@ -242,9 +304,11 @@ def test_a_malformed_manifest_is_a_one_line_error(run: Path, damage: str) -> Non
 @pytest.mark.parametrize(
     ("name", "edit"),
     [
-        ("rng.json", lambda d: {**d, "python": {**d["python"], "state": d["python"]["state"][:9]}}),
-        ("rng.json", lambda d: {**d, "numpy": {**d["numpy"], "key": [-1] * 624}}),
-        ("rng.json", lambda d: {**d, "source": {"$tensor": "nope"}}),
+        (RNG0, lambda d: {**d, "python": {**d["python"], "state": d["python"]["state"][:9]}}),
+        (RNG0, lambda d: {**d, "numpy": {**d["numpy"], "key": [-1] * 624}}),
+        (RNG0, lambda d: {**d, "source": {"$tensor": "nope"}}),
+        ("optim.json", lambda d: {**d, "actor": {**d["actor"], "state": {}}}),
+        ("optim.json", lambda d: {**d, "critic": {**d["critic"], "state": {}}}),
         ("optim.json", lambda d: {**d, "actor": {"$eval": "1"}}),
         ("optim.json", lambda d: {k: v for k, v in d.items() if k != "critic"}),
         ("state.json", lambda d: {**d, "round": "two"}),
@@ -318,7 +382,7 @@ def test_an_incomplete_tmp_falls_back_to_the_old_copy(crashed: Path) -> None:
 
 def test_no_complete_copy_is_a_one_line_error(crashed: Path) -> None:
     (crashed / f".{CHECKPOINT}.tmp" / MANIFEST).unlink()
-    (crashed / f".{CHECKPOINT}.old" / "rng.json").write_text("{}")
+    (crashed / f".{CHECKPOINT}.old" / RNG0).write_text("{}")
     message = _error(crashed)
     assert "nothing complete to resume" in message
     assert (crashed / f".{CHECKPOINT}.old").is_dir()  # nothing was removed

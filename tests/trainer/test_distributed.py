@@ -251,6 +251,8 @@ def _ppokit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
 
 @pytest.mark.slow
 def test_demo_on_two_processes_resumes_on_two_and_on_one(tmp_path: Path) -> None:
+    """2 rounds on 2 processes, resumed for a third on 2 (the same metrics as 3 rounds
+    without stopping) and a fourth on 1; the checkpoint exports and generates."""
     run = tmp_path / "run"
     first = _ppokit(
         "train", "--nproc", "2", "--out", str(run), "--set", "train.rounds=2", *SMALL_RUN
@@ -271,6 +273,17 @@ def test_demo_on_two_processes_resumes_on_two_and_on_one(tmp_path: Path) -> None
         *SMALL_RUN,
     )
     assert again.returncode == 0, again.stderr[-3000:]
+    straight = tmp_path / "straight"  # the same 3 rounds without stopping
+    whole = _ppokit(
+        "train", "--nproc", "2", "--out", str(straight), "--set", "train.rounds=3", *SMALL_RUN
+    )
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    def untimed(folder: Path) -> list[dict[str, Any]]:
+        lines = (folder / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in lines]
+
+    assert untimed(run) == untimed(straight)  # the resumed run continued exactly
     single = _ppokit("train", "--out", str(run), "--resume", "--set", "train.rounds=4", *SMALL_RUN)
     assert single.returncode == 0, single.stderr[-3000:]
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

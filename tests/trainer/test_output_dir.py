@@ -360,10 +360,12 @@ def enospc(*args, **kwargs):  # type: ignore[no-untyped-def]
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-def fail_on_round(monkeypatch, name: str, round_no: int, error=enospc) -> None:  # type: ignore[no-untyped-def]
-    """Make checkpoint.``name`` fail while the checkpoint of ``round_no`` is written."""
+def fail_on_round(monkeypatch, name: str, round_no: int, error=enospc, owner=None) -> None:  # type: ignore[no-untyped-def]
+    """Make ``owner.name`` (default: the checkpoint module's) fail while the checkpoint of
+    ``round_no`` is written."""
+    owner = checkpoint_module if owner is None else owner
     real_save = checkpoint_module.save_checkpoint
-    real = getattr(checkpoint_module, name)
+    real = getattr(owner, name)
     current = {"round": 0}
 
     def save(out, lrn, source, round_done, spec_yaml):  # type: ignore[no-untyped-def]
@@ -376,7 +378,7 @@ def fail_on_round(monkeypatch, name: str, round_no: int, error=enospc) -> None: 
         return real(*args, **kwargs)
 
     monkeypatch.setattr(loop_module, "save_checkpoint", save)
-    monkeypatch.setattr(checkpoint_module, name, write)
+    monkeypatch.setattr(owner, name, write)
 
 
 def safetensors_error(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -388,13 +390,20 @@ def safetensors_error(*args, **kwargs):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(
     ("name", "error"),
-    [("save_file", enospc), ("save_model", safetensors_error), ("_fsync_files", enospc)],
+    [
+        ("save_file", enospc),
+        ("save_file", safetensors_error),
+        ("_fsync", enospc),
+        ("create_stream", enospc),  # inside torch.distributed.checkpoint's writer
+    ],
 )
 def test_disk_full_while_saving_keeps_the_last_checkpoint(
     tmp_path: Path, monkeypatch, name: str, error
 ) -> None:  # type: ignore[no-untyped-def]
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
     out = tmp_path / "run"
-    fail_on_round(monkeypatch, name, 2, error)
+    fail_on_round(monkeypatch, name, 2, error, FileSystem if name == "create_stream" else None)
     with pytest.raises(UserError) as info:
         train(small_spec(out, *RUN))
     message = one_line(info)

@@ -35,8 +35,8 @@ def test_one_round_per_family(tmp_path, family: str) -> None:
     has_critic = family.startswith("gae")
     assert (record["value_loss"] is not None) == has_critic
     assert (record["grad_norm_critic"] is not None) == has_critic
-    assert (tmp_path / "checkpoint" / "actor.safetensors").is_file()
-    assert (tmp_path / "checkpoint" / "critic.safetensors").is_file() == has_critic
+    assert any((tmp_path / "checkpoint" / "actor").glob("*.safetensors"))
+    assert any((tmp_path / "checkpoint" / "critic").glob("*.safetensors")) == has_critic
     assert (tmp_path / "samples.jsonl").read_text().strip()
     assert (tmp_path / "curves.png").is_file()
 

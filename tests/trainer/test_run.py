@@ -62,34 +62,35 @@ def test_bad_checkpoint_is_a_user_error_and_loses_nothing(tmp_path, damage: str)
     ckpt = tmp_path / "checkpoint"
     metrics_before = (tmp_path / "metrics.jsonl").read_text()
     if damage == "weights":
-        (ckpt / "actor.safetensors").write_bytes(b"not a safetensors file")
+        next((ckpt / "actor").glob("*.safetensors")).write_bytes(b"not a safetensors file")
     elif damage == "state":
         (ckpt / "state.json").write_text("{")
-    files_before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    files_before = {p: p.read_bytes() for p in ckpt.rglob("*") if p.is_file()}
     overrides = ["train.rounds=3"]
     if damage == "incompatible":
         overrides.append("model.tiny.hidden_size=48")
     with pytest.raises(UserError, match="checkpoint"):
         train(small_spec(tmp_path, *overrides), resume=True)
     assert (tmp_path / "metrics.jsonl").read_text() == metrics_before
-    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == files_before
+    assert {p: p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == files_before
 
 
 def test_checkpoint_contents(tmp_path) -> None:
     train(small_spec(tmp_path, "train.rounds=2", "output.save_every=1", "kl.coef=0.1"))
     ckpt = tmp_path / "checkpoint"
-    names = {p.name for p in ckpt.iterdir()}
-    assert {
-        "actor.safetensors",
-        "critic.safetensors",
+    names = {p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file()}
+    shard = "shard-00001-model-00001-of-00001.safetensors"  # one process: one file each
+    assert names == {
+        f"actor/{shard}",
+        f"critic/{shard}",
+        f"optim/{shard}",
         "optim.json",
-        "optim.safetensors",
-        "rng.json",
-        "rng.safetensors",
+        "rng/process-00000.json",
+        "rng/process-00000.safetensors",
         "manifest.json",
         "state.json",
         "spec.yaml",
-    } <= names
+    }
     state = json.loads((ckpt / "state.json").read_text())
     assert state["round"] == 2 and state["kl_coef"] == pytest.approx(0.1)
     assert not any(p.name.startswith(".checkpoint") for p in tmp_path.iterdir())
