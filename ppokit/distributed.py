@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import os
 import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,6 +49,7 @@ __all__ = [
     "as_forward",
     "first_text",
     "gather_rows",
+    "gathered",
     "launched",
     "local_tensor",
     "process_group",
@@ -261,7 +263,35 @@ def shard_model(model: nn.Module, parallel: Any, device_type: str) -> nn.Module:
     for block in _blocks(model):
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+    _PARALLEL[model] = parallel
     return model
+
+
+#: The ``parallel`` settings each sharded model was sharded with.
+_PARALLEL: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def gathered(module: nn.Module) -> Iterator[None]:
+    """Keep ``module``'s whole parameters on every process for the block, when it is
+    sharded with ``parallel.gather_for_generation``: FSDP2 gathers each block at its first
+    forward and keeps it (a decoding loop runs one forward per token, each of which would
+    otherwise gather every block again); on leaving, every block is resharded and
+    ``reshard_after_forward`` is as before. Otherwise nothing."""
+    parallel = _PARALLEL.get(module)
+    if parallel is None or not parallel.gather_for_generation:
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    module.set_reshard_after_forward(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        module.set_reshard_after_forward(parallel.reshard_after_forward)  # type: ignore[operator]
+        for part in module.modules():
+            if isinstance(part, FSDPModule):
+                part.reshard()
 
 
 def sharded(module: nn.Module) -> bool:

@@ -475,6 +475,12 @@ class ParallelSpec(_Strict):
     reshard_after_forward: bool = Field(
         True, description="free the gathered parameters after each forward (less memory)"
     )
+    gather_for_generation: bool = Field(
+        True,
+        description="keep the actor's whole parameters on every process while it generates "
+        "(one gather a rollout, not one per block and token); false: a sharded forward's "
+        "memory, for an actor too large for one device",
+    )
     cpu_offload: bool = Field(
         False, description="keep the sharded parameters and optimizer state in CPU memory (GPUs)"
     )

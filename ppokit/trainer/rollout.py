@@ -157,15 +157,13 @@ def generate(
             synced_gpus=synced,
         )
 
-    with torch.no_grad():
-        if synced and hasattr(model, "peft_config"):
-            # peft's generate calls the wrapped model's forward, not its own: under FSDP2 it
-            # runs as the sharded model's forward, which gathers the parameters it owns
-            from ppokit.distributed import as_forward
+    from ppokit.distributed import as_forward, gathered
 
-            sequences = as_forward(model, run)
-        else:
-            sequences = run()
+    # peft's generate calls the wrapped model's forward, not its own: under FSDP2 it runs as
+    # the sharded model's forward, which gathers the parameters it owns
+    peft = synced and hasattr(model, "peft_config")
+    with torch.no_grad(), gathered(model):
+        sequences = as_forward(model, run) if peft else run()
     model.train(was_training)
     response_ids = sequences[:, prompt_ids.shape[1] :]
     mask, truncated = response_mask(response_ids, torch.tensor(eos, device=response_ids.device))

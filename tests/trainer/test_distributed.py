@@ -143,7 +143,8 @@ def _one_update(spec: Spec, rows: list[dict[str, Any]], ro: Rollout) -> tuple[An
     return params, metrics
 
 
-def _worker(rank: int, port: int, folder: str) -> None:
+def as_process(rank: int, port: int) -> None:
+    """Make this spawned process process ``rank`` of 2, as torchrun would (one thread)."""
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -152,6 +153,10 @@ def _worker(rank: int, port: int, folder: str) -> None:
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
+
+
+def _worker(rank: int, port: int, folder: str) -> None:
+    as_process(rank, port)
     with distributed.process_group("cpu", 120):
         for i, overrides in enumerate(CONFIGS.values()):
             spec = _spec(overrides)

@@ -9,7 +9,6 @@ that loads the checkpoint must hold them bit for bit.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from ppokit.spec import Spec
 from ppokit.trainer.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 
 from .helpers import learner
-from .test_distributed import CONFIGS, SCORES, _free_port, _own, _rollout, _spec
+from .test_distributed import CONFIGS, SCORES, _free_port, _own, _rollout, _spec, as_process
 
 #: A separate critic with micro-batches, and a shared critic with a clipped grad norm.
 CASES = {
@@ -78,14 +77,7 @@ def _whole(lrn: Any) -> dict[str, torch.Tensor]:
 
 
 def _worker(rank: int, port: int, folder: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
+    as_process(rank, port)
     with distributed.process_group("cpu", 120):
         for case, overrides in CASES.items():
             spec = _spec(overrides)
