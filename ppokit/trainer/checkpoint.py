@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -361,16 +362,24 @@ def _cause(exc: BaseException) -> BaseException:
 
 @contextlib.contextmanager
 def _dcp() -> Iterator[None]:
-    """DCP without its one-process notice; its errors as their cause."""
+    """DCP without its one-process notice and its log lines (it logs a failed read with a
+    traceback on the root logger); its errors as their cause, on one line."""
+    disabled = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", ".*assuming the intent is to (save|load) in a single")
             yield
     except BaseException as exc:
         cause = _cause(exc)
+        _, found, why = str(cause).partition("metadata read failed: ")
+        if found:  # DCP read no shard file's header
+            raise ValueError(f"unreadable shard files ({why})") from None
         if cause is exc:
             raise
         raise cause from None
+    finally:
+        logging.disable(disabled)
 
 
 def _dcp_save(tensors: dict[str, torch.Tensor], folder: Path) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import pickle
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -321,6 +323,64 @@ def test_malformed_contents_with_a_matching_manifest_are_one_line_errors(
     file.write_text(json.dumps(edit(json.loads(file.read_text()))))
     _rewrite_manifest(run / CHECKPOINT)
     assert "checkpoint" in _error(run)
+
+
+def _edit_header(file: Path, edit: Any) -> None:
+    """Rewrite the JSON header of the safetensors ``file`` with ``edit(header)``."""
+    data = file.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.dumps(edit(json.loads(data[8 : 8 + size]))).encode()
+    header += b" " * (-len(header) % 8)
+    file.write_bytes(len(header).to_bytes(8, "little") + header + data[8 + size :])
+
+
+def _offsets(offsets: list[int]) -> Any:
+    def edit(header: dict[str, Any]) -> dict[str, Any]:
+        info = json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
+        info["model.embed_tokens.weight"]["saved_offsets"] = offsets
+        header["__metadata__"]["DCP_SHARDING_INFO"] = json.dumps(info)
+        return header
+
+    return edit
+
+
+def _sharding_info(text: str) -> Any:
+    def edit(header: dict[str, Any]) -> dict[str, Any]:
+        header["__metadata__"]["DCP_SHARDING_INFO"] = text
+        return header
+
+    return edit
+
+
+def _dtype(header: dict[str, Any]) -> dict[str, Any]:
+    header["model.embed_tokens.weight"]["dtype"] = "F16"
+    return header
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_offsets([10**12, 0]), "Size mismatch"),
+        (_offsets([-5, 0]), "Size mismatch"),
+        (_offsets([0]), "Size mismatch"),
+        (_sharding_info("{nope"), "unreadable shard files"),
+        (_sharding_info("{}"), "unreadable shard files"),
+        (_dtype, "unreadable shard files"),
+    ],
+    ids=["huge offset", "negative offset", "offsets too short", "not JSON", "no info", "dtype"],
+)
+def test_a_crafted_shard_header_is_a_one_line_error(
+    run: Path, caplog: pytest.LogCaptureFixture, edit: Any, message: str
+) -> None:
+    """Shard offsets and tensor entries that contradict the model or the file (with a
+    manifest rewritten to match) stop the resume with one line, and DCP logs nothing (it
+    would log a traceback on the root logger, which prints to stderr)."""
+    _edit_header(run / CHECKPOINT / "actor" / SHARD, edit)
+    _rewrite_manifest(run / CHECKPOINT)
+    with caplog.at_level(logging.DEBUG):
+        error = _error(run)
+    assert "checkpoint" in error and message in error
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 class Crash(BaseException):
