@@ -7,10 +7,14 @@ safetensors, everything else as JSON::
 
     checkpoint/
       manifest.json        {"format": 4, "files": {path: {"sha256": ..., "bytes": ...}}}
-      state.json           format, round, KL coefficient, critic kind, processes
+      state.json           format, round, KL coefficient, critic kind, processes, the
+                           LoRA base weights' sums
       spec.yaml            the resolved spec of the run
       actor/               actor weights: shard-0000K-model-00001-of-00001.safetensors, one
-                           file per process holding its shards (one file: the whole state)
+                           file per process holding its shards (one file: the whole state);
+                           with LoRA the trained parameters alone (the adapters): the frozen
+                           base weights are the spec's model's, checked against two sums
+                           recorded in state.json
       critic/              critic weights, the same way (the value head only for a shared
                            critic)
       optim/               the optimizer states' tensors, the same way
@@ -46,6 +50,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -299,7 +304,27 @@ def _model_state(stem: str, module: torch.nn.Module, models: Any) -> dict[str, t
     if owner is not module:  # a shared critic stores its head alone
         state = {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
     drop = _tied(module)
+    if models.lora:  # the trained parameters alone: the base weights are the spec's model's
+        trained = {name for name, p in module.named_parameters() if p.requires_grad}
+        return {k: v for k, v in state.items() if k in trained}
     return {k: v for k, v in state.items() if k not in drop}
+
+
+def base_fingerprint(models: Any) -> list[float] | None:
+    """With LoRA: the sum and the sum of squares (float64) of the actor's frozen weights over
+    every process (a collective), which a checkpoint of the adapters alone records: the
+    base weights it is read onto must be those it was trained on. None without LoRA."""
+    if not models.lora:
+        return None
+    params = list(models.actor.parameters())
+    sums = torch.zeros(2, dtype=torch.float64, device=params[0].device)
+    for p in params:
+        if not p.requires_grad:  # a DTensor's sums are whole-tensor ones (collectives)
+            t = p.detach().to(torch.float64)
+            sums += torch.stack(
+                [distributed.full_tensor(t.sum()), distributed.full_tensor((t * t).sum())]
+            )
+    return [float(x) for x in sums]
 
 
 def _set_model_state(
@@ -406,7 +431,10 @@ def load_weights(path: Path, stem: str, module: torch.nn.Module, models: Any) ->
     """Read the weights ``stem`` (``actor``, ``critic``) of the verified checkpoint folder
     ``path`` into ``module`` (the actor, the critic or a shared critic's head), whatever
     the checkpoint's format and the number of processes that wrote it."""
-    if int(_state_of(path)["format"]) >= 4:
+    saved = _state_of(path)
+    if int(saved["format"]) >= 4:
+        if models.lora and stem == "actor":
+            _check_base(path, saved.get("lora_base"), base_fingerprint(models))
         state = _model_state(stem, module, models)
         _dcp_load(state, path / stem)
         _set_model_state(stem, module, models, state)
@@ -414,6 +442,25 @@ def load_weights(path: Path, stem: str, module: torch.nn.Module, models: Any) ->
         _load_whole_weights(stem, module, models, path / f"{stem}.safetensors")
     else:
         _load_weights(module, path / f"{stem}.safetensors")
+
+
+def _check_base(path: Path, saved: Any, current: list[float] | None) -> None:
+    """A checkpoint of LoRA adapters is read onto the base weights it was trained on."""
+    if current is None:
+        return
+    numbers = isinstance(saved, list) and len(saved) == 2
+    if not numbers or not all(
+        isinstance(x, float | int) and not isinstance(x, bool) for x in saved
+    ):
+        raise _fail(path, "it does not record the base weights its LoRA adapters were trained on")
+    if not all(
+        math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(current, saved, strict=True)
+    ):
+        raise _fail(
+            path,
+            "its LoRA adapters were trained on other base weights than those of the spec's "
+            "model.actor (a checkpoint stores the adapters, not the base model)",
+        )
 
 
 def _load_whole_weights(stem: str, module: torch.nn.Module, models: Any, file: Path) -> None:
@@ -564,6 +611,7 @@ def _write_tmp(tmp: Path, learner: Any, source: Any, round_done: int, spec_yaml:
     process also writes the JSON files. Everything is synced."""
     world = distributed.world()
     models = learner.models
+    base = base_fingerprint(models)  # a collective: before the first process's own writes
     for stem, module in _weights_module(models):
         _dcp_save(_model_state(stem, module, models), tmp / stem)
     tensors: dict[str, torch.Tensor] = {}
@@ -583,6 +631,7 @@ def _write_tmp(tmp: Path, learner: Any, source: Any, round_done: int, spec_yaml:
             if models.critic is None
             else ("shared" if models.shared_critic else "separate"),
             "processes": world.size,
+            "lora_base": base,
         }
         (tmp / "optim.json").write_text(json.dumps(optim) + "\n")
         (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")

@@ -25,10 +25,12 @@ from ppokit.trainer.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoi
 from .helpers import learner
 from .test_distributed import CONFIGS, SCORES, _free_port, _own, _rollout, _spec, as_process
 
-#: A separate critic with micro-batches, and a shared critic with a clipped grad norm.
+#: A separate critic with micro-batches, a shared critic with a clipped grad norm, and LoRA
+#: (the adapters alone are stored; the base weights' sums are checked on every process).
 CASES = {
     "separate": CONFIGS["token_mean, separate critic, gae, micro-batches"],
     "shared": CONFIGS["seq_mean_token_sum_norm, shared critic, clipped grad norm"],
+    "lora": CONFIGS["token_mean, LoRA, reference = adapters off"],
 }
 
 
@@ -126,6 +128,9 @@ def test_each_process_writes_its_own_shards(checkpoints: Path, case: str) -> Non
         assert len(files) == 2, files  # one per process, nothing gathered on one
     parts = [load_file(f) for f in sorted((ckpt / "actor").glob("*.safetensors"))]
     name = "model.layers.0.mlp.gate_proj.weight"
+    if case == "lora":
+        name = "base_model.model.model.layers.0.mlp.gate_proj.lora_A.default.weight"
+        assert all("lora_" in k for part in parts for k in part)  # no base weight
     whole = saved[f"actor.{name}"]
     assert [p[name].shape[0] for p in parts] == [whole.shape[0] // 2] * 2
     assert torch.equal(torch.cat([p[name] for p in parts]), whole)

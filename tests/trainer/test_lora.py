@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
+from ppokit.data import make_prompt_source
 from ppokit.errors import UserError
 from ppokit.trainer import train
+from ppokit.trainer.checkpoint import load_checkpoint
 from ppokit.trainer.logprobs import token_logprobs
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.models import Models, build_models, is_peft, trunk_of
@@ -225,6 +228,34 @@ def test_a_lora_run_with_a_kl_section_trains_and_resumes(tmp_path: Path) -> None
     assert [r["round"] for r in records] == [1, 2]
     assert all(r["kl"] is not None for r in records)
     assert records[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # adapters start at zero
+
+
+def test_a_lora_checkpoint_stores_the_trained_parameters_alone(tmp_path: Path) -> None:
+    """The actor's and a separate critic's adapters and the value head: not the frozen base
+    weights, which are read again from the spec's model; a resume restores the adapters
+    exactly, and refuses base weights other than those they were trained on."""
+    spec = small_spec(tmp_path, *LORA, "train.rounds=1")
+    train(spec)
+    ckpt = tmp_path / "checkpoint"
+    (actor,) = (ckpt / "actor").glob("*.safetensors")
+    (critic,) = (ckpt / "critic").glob("*.safetensors")
+    trained = learner(spec)
+    actor_keys, critic_keys = set(load_file(actor)), set(load_file(critic))
+    assert actor_keys == {n for n, p in trained.models.actor.named_parameters() if p.requires_grad}
+    assert all("lora_" in k for k in actor_keys)
+    assert {k for k in critic_keys if "lora_" not in k} == {"head.weight", "head.bias"}
+    assert len(critic_keys) > 2
+    source = make_prompt_source(spec.data, spec.seed)
+    assert load_checkpoint(tmp_path, trained, source) == 1
+    saved = load_file(actor)
+    for name, p in trained.models.actor.named_parameters():
+        if name in saved:
+            assert torch.equal(p.detach(), saved[name]), name
+    other = learner(spec)
+    with torch.no_grad():  # another base model under the same adapters
+        next(p for p in other.models.actor.parameters() if not p.requires_grad).add_(1e-3)
+    with pytest.raises(UserError, match="other base weights than those of the spec's"):
+        load_checkpoint(tmp_path, other, make_prompt_source(spec.data, spec.seed))
 
 
 # ---------------------------------------------------------------------- models by name
