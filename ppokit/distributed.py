@@ -205,17 +205,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-def broadcast_text(text: str | None) -> str | None:
-    """Process 0's ``text`` on every process (a short message, e.g. an error)."""
-    if not _WORLD.distributed:
-        return text
-    import torch.distributed as dist
-
-    box: list[Any] = [text]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def first_text(text: str | None) -> str | None:
     """The first (in rank order) process's ``text`` that is not None, on every process (a
     short message, e.g. the error one process met while the others did not)."""

@@ -199,7 +199,6 @@ class Evaluator:
                 ids,
                 attn,
                 max_new_tokens=self.max_new_tokens,
-                synced=distributed.world().distributed,
                 **sampling,
             )
 

@@ -16,8 +16,9 @@ weights), loadable by ``AutoModelForCausalLM.from_pretrained(OUT_DIR)`` and
 
 The checkpoint is verified (every checksum of its manifest) before anything is read, and
 nothing in the run folder changes. A checkpoint written by several processes (each its own
-shards) is read whole in this one process by ``torch.distributed.checkpoint``. ``OUT_DIR`` must be new or empty; it is written through
-a temporary sibling folder and renamed into place, so it is complete or absent.
+shards) is read whole in this one process by ``torch.distributed.checkpoint``. ``OUT_DIR``
+must be new or empty; it is written through a temporary sibling folder and renamed into
+place, so it is complete or absent.
 
 This module imports no torch until a command runs.
 """
@@ -175,7 +176,7 @@ def _write(tmp: Path, run_dir: Path, with_critic: bool) -> dict[str, Any]:
     from safetensors.torch import save_file
     from transformers.utils import logging as hf_logging
 
-    from ppokit.trainer.checkpoint import _locate, _state_of, load_weights
+    from ppokit.trainer.checkpoint import _locate, _state_of, check_critic, load_weights
     from ppokit.trainer.models import build_models, trunk_of
 
     hf_logging.set_verbosity_error()
@@ -192,12 +193,7 @@ def _write(tmp: Path, run_dir: Path, with_critic: bool) -> dict[str, Any]:
     load_weights(path, "actor", models.actor, models)
     critic = models.critic
     if critic is not None:
-        kind = "shared" if models.shared_critic else "separate"
-        if state.get("critic") != kind:
-            raise UserError(
-                f"checkpoint {path} cannot be used: it has critic {state.get('critic')!r} but "
-                f"the spec has {kind!r}"
-            )
+        check_critic(path, state, models)
         load_weights(path, "critic", critic.head if models.shared_critic else critic, models)
     critic_trunk = None
     if critic is not None and critic.trunk is not None:

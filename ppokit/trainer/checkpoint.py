@@ -56,6 +56,7 @@ import random
 import re
 import shutil
 import warnings
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,11 +93,18 @@ MANIFEST = "manifest.json"
 #: The folders DCP writes (one safetensors file per process each) and the RNG folder.
 DCP_FOLDERS = ("actor", "critic", "optim")
 RNG = "rng"
+
+
+def _rng_stem(rank: int) -> str:
+    """Process ``rank``'s RNG files, without their suffix."""
+    return f"{RNG}/process-{rank:05d}"
+
+
 #: Files every checkpoint has (format 4; ``actor/`` and ``optim/`` hold at least one file).
-REQUIRED = ("state.json", "spec.yaml", "optim.json", f"{RNG}/process-00000.json")
+REQUIRED = ("state.json", "spec.yaml", "optim.json", f"{_rng_stem(0)}.json")
 _NAME = re.compile(
     r"(state\.json|spec\.yaml|optim\.json"
-    r"|(actor|critic|optim)/[A-Za-z0-9_-][A-Za-z0-9_.-]*\.safetensors"
+    rf"|({'|'.join(DCP_FOLDERS)})/[A-Za-z0-9_-][A-Za-z0-9_.-]*\.safetensors"
     rf"|{RNG}/process-\d{{5}}\.(json|safetensors))"
 )
 #: Files of the formats 2 and 3.
@@ -111,10 +119,6 @@ LEGACY_REQUIRED = (
 )
 LEGACY_OPTIONAL = ("critic.safetensors",)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def _rng_stem(rank: int) -> str:
-    return f"{RNG}/process-{rank:05d}"
 
 
 # --------------------------------------------------------------------------- RNG
@@ -316,6 +320,8 @@ def base_fingerprint(models: Any) -> list[float] | None:
     base weights it is read onto must be those it was trained on. None without LoRA."""
     if not models.lora:
         return None
+    if models.actor in _BASE_SUMS:  # the frozen weights never change during a run
+        return _BASE_SUMS[models.actor]
     params = list(models.actor.parameters())
     sums = torch.zeros(2, dtype=torch.float64, device=params[0].device)
     for p in params:
@@ -324,7 +330,12 @@ def base_fingerprint(models: Any) -> list[float] | None:
             sums += torch.stack(
                 [distributed.full_tensor(t.sum()), distributed.full_tensor((t * t).sum())]
             )
-    return [float(x) for x in sums]
+    _BASE_SUMS[models.actor] = [float(x) for x in sums]
+    return _BASE_SUMS[models.actor]
+
+
+#: :func:`base_fingerprint` of each LoRA actor, computed once.
+_BASE_SUMS: weakref.WeakKeyDictionary[torch.nn.Module, list[float]] = weakref.WeakKeyDictionary()
 
 
 def _set_model_state(
@@ -599,7 +610,7 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
         if error is not None and world.main:
             shutil.rmtree(tmp, ignore_errors=True)
     if error is None:
-        error = distributed.broadcast_text(_seal_and_swap(out, doing) if world.main else None)
+        error = distributed.first_text(_seal_and_swap(out, doing) if world.main else None)
     if error is not None:
         raise UserError(f"{error}; {kept}")
     return final
@@ -627,9 +638,7 @@ def _write_tmp(tmp: Path, learner: Any, source: Any, round_done: int, spec_yaml:
             "format": FORMAT,
             "round": round_done,
             "kl_coef": float(learner.kl_coef),
-            "critic": None
-            if models.critic is None
-            else ("shared" if models.shared_critic else "separate"),
+            "critic": models.critic_kind,
             "processes": world.size,
             "lora_base": base,
         }
@@ -852,11 +861,7 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
     state = _state_of(path)
     form = int(state["format"])
     models = learner.models
-    critic_kind = (
-        None if models.critic is None else ("shared" if models.shared_critic else "separate")
-    )
-    if state.get("critic") != critic_kind:
-        raise _fail(path, f"it has critic {state.get('critic')!r} but the spec has {critic_kind!r}")
+    check_critic(path, state, models)
     try:
         for stem, module in _weights_module(models):
             load_weights(path, stem, module, models)
@@ -884,6 +889,14 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
     if path.name != CHECKPOINT and distributed.world().main:
         _promote(out, path)
     return int(state["round"])
+
+
+def check_critic(path: Path, state: dict[str, Any], models: Any) -> None:
+    """The checkpoint at ``path`` (its ``state.json``) has the models' kind of critic."""
+    if state.get("critic") != models.critic_kind:
+        raise _fail(
+            path, f"it has critic {state.get('critic')!r} but the spec has {models.critic_kind!r}"
+        )
 
 
 def _read_sharded_optimizers(learner: Any, path: Path) -> dict[str, Any]:
@@ -924,7 +937,7 @@ def _locate_once(out: Path) -> Path:
             answer = f"ok {_locate(out)}"
         except UserError as exc:
             answer = f"error {exc}"
-    answer = str(distributed.broadcast_text(answer))
+    answer = str(distributed.first_text(answer))
     kind, _, text = answer.partition(" ")
     if kind == "error":
         raise UserError(text)

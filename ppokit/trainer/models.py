@@ -153,6 +153,13 @@ class Models:
         return is_peft(self.actor)
 
     @property
+    def critic_kind(self) -> str | None:
+        """``"shared"``, ``"separate"`` or None (no critic), as a checkpoint records it."""
+        if self.critic is None:
+            return None
+        return "shared" if self.shared_critic else "separate"
+
+    @property
     def has_reference(self) -> bool:
         """Whether the run has a reference policy (a ``kl`` section)."""
         return self.ref is not None or self.lora_reference

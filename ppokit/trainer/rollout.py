@@ -125,11 +125,10 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     greedy: bool = False,
-    synced: bool = False,
 ) -> Rollout:
-    """Sample (or greedily decode) one response per prompt row; stop at EOS. ``synced``:
-    every process runs as many decoding steps as the longest (sharded models take part in
-    each other's forwards)."""
+    """Sample (or greedily decode) one response per prompt row; stop at EOS. A model
+    sharded over several processes decodes in step with the others (as many steps as the
+    longest: each takes part in the others' forwards)."""
     from transformers import GenerationConfig, LogitsProcessorList
 
     eos = eos_ids(tokenizer, model)
@@ -148,22 +147,21 @@ def generate(
     was_training = model.training
     model.eval()
 
+    from ppokit.distributed import as_forward, gathered, sharded
+
     def run() -> Tensor:
         return model.generate(  # type: ignore[operator]
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             generation_config=config,
             logits_processor=processors,
-            synced_gpus=synced,
+            synced_gpus=sharded(model),
         )
-
-    from ppokit.distributed import as_forward, gathered
 
     # peft's generate calls the wrapped model's forward, not its own: under FSDP2 it runs as
     # the sharded model's forward, which gathers the parameters it owns
-    peft = synced and hasattr(model, "peft_config")
     with torch.no_grad(), gathered(model):
-        sequences = as_forward(model, run) if peft else run()
+        sequences = as_forward(model, run) if hasattr(model, "peft_config") else run()
     model.train(was_training)
     response_ids = sequences[:, prompt_ids.shape[1] :]
     mask, truncated = response_mask(response_ids, torch.tensor(eos, device=response_ids.device))

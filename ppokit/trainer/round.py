@@ -329,38 +329,36 @@ class Learner:
         """The trunk's hidden states ``[B, T+1, H]`` of the responses (no LM head)."""
         return distributed.as_forward(model, lambda: self._hidden(model, ro))
 
-    def actor_forward(self, model: nn.Module, ro: Rollout) -> tuple[Tensor, Tensor, Tensor]:
-        """(log π [B,T], entropy [B,T], hidden states [B,T+1,H]) of the responses."""
+    def _forward(
+        self, model: nn.Module, ro: Rollout, entropy: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """(log π [B,T], entropy [B,T] or None, hidden states [B,T+1,H]) of ``model``."""
 
-        def forward() -> tuple[Tensor, Tensor, Tensor]:
+        def forward() -> tuple[Tensor, Tensor | None, Tensor]:
             hidden = self._hidden(model, ro)
             with autocast(self.models.runtime):
                 logp, ent = token_logprobs(
-                    hidden[:, :-1], model.get_output_embeddings(), ro.response_ids, self.temperature
+                    hidden[:, :-1],
+                    model.get_output_embeddings(),
+                    ro.response_ids,
+                    self.temperature,
+                    entropy=entropy,
                 )
-            assert ent is not None
             return logp, ent, hidden
 
         return distributed.as_forward(model, forward)
+
+    def actor_forward(self, model: nn.Module, ro: Rollout) -> tuple[Tensor, Tensor, Tensor]:
+        """(log π [B,T], entropy [B,T], hidden states [B,T+1,H]) of the responses."""
+        logp, ent, hidden = self._forward(model, ro, entropy=True)
+        assert ent is not None
+        return logp, ent, hidden
 
     def reference_logprobs(self, ro: Rollout) -> Tensor:
         """log π_ref [B,T] of the responses (no entropy pass), from ``Models.reference()``:
         the frozen copy, or with LoRA the actor with its adapters disabled."""
         with torch.no_grad(), self.models.reference() as ref:
-
-            def forward() -> Tensor:
-                hidden = self._hidden(ref, ro)
-                with autocast(self.models.runtime):
-                    logp, _ = token_logprobs(
-                        hidden[:, :-1],
-                        ref.get_output_embeddings(),
-                        ro.response_ids,
-                        self.temperature,
-                        entropy=False,
-                    )
-                return logp
-
-            return distributed.as_forward(ref, forward)
+            return self._forward(ref, ro, entropy=False)[0]
 
     def critic_head_out(self, ro: Rollout, shared_hidden: Tensor | None) -> Tensor:
         """The value head's output ``[B, T+1, head_size]`` (state before each token, then the
@@ -526,7 +524,6 @@ class Learner:
                 ids,
                 attn,
                 max_new_tokens=self.spec.rollout.max_new_tokens,
-                synced=distributed.world().distributed,
                 **sampling,
             )
 
