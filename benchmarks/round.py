@@ -1,6 +1,7 @@
 """Benchmark of a PPO round: ppokit's ``Learner`` against the bare model passes it needs.
 
-A ppokit round is ``Learner.collect`` + ``Learner.update`` + the one metrics read. The bare
+A ppokit round is :func:`ppokit.trainer.round.run_round` (generate on the rollout engine,
+score, forward passes, estimate, update, engine sync) + the one metrics read. The bare
 round runs, with copies of the same models, the same prompts and sizes and the same sampling
 settings, only what any PPO implementation has to run:
 
@@ -52,7 +53,7 @@ from ppokit.trainer.logprobs import position_ids
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.models import Models, autocast, build_models, trunk_of
 from ppokit.trainer.rollout import eos_ids
-from ppokit.trainer.round import Learner
+from ppokit.trainer.round import Learner, run_round
 
 DEMO = Path(__file__).resolve().parents[1] / "ppokit" / "specs" / "demo.yaml"
 PHASES = ("generate", "score", "logprob", "update")
@@ -76,8 +77,7 @@ def ppokit_round(
 ) -> dict[str, float]:
     """One ppokit round (as the training loop runs it); seconds per phase and in total."""
     begin = clock()
-    data, result = learner.collect(rows, formatted)
-    learner.update(data, True, result)
+    result = run_round(learner, rows, formatted, round_no=learner.round + 1)
     read_once(result.metrics)
     total = clock() - begin
     times = {p: result.timings.get(f"time_{p}", 0.0) for p in PHASES}

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ppokit.catalogue import Component, NoParams, Params
 from ppokit.hookspecs import hookimpl
 from ppokit.registry import get_registry
+from ppokit.trainer import train
 
 __version__ = "0.1.0"
 __all__ = [
@@ -18,10 +19,21 @@ __all__ = [
     "__version__",
     "get_registry",
     "hookimpl",
+    "load_spec",
+    "train",
 ]
 
 if TYPE_CHECKING:
     from ppokit.batch import RolloutBatch
+    from ppokit.spec import Spec
+
+
+def load_spec(path: Any = None, overrides: Any = (), base: dict[str, Any] | None = None) -> Spec:
+    """Read a spec file (None: start from ``base`` or the defaults), apply ``path=value``
+    overrides, validate it: :func:`ppokit.spec.load_spec`."""
+    from ppokit.spec import load_spec as load
+
+    return load(path, overrides, base=base)
 
 
 def __getattr__(name: str) -> Any:

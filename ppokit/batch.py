@@ -52,7 +52,10 @@ class RolloutBatch:
         response_mask [B,T] bool: True on generated tokens that count (EOS included).
         token_rewards [B,T] float: r_t; an outcome reward sits on the row's last True position.
         values [B,T] float | None: V_old(s_t), the critic's value of the state before token t.
-        logp_old [B,T] float | None: log mu(a_t|s_t) under the behaviour policy.
+        logp_old [B,T] float | None: log pi_old(a_t|s_t), the trainer's policy at the
+            weights that sampled (the denominator of the PPO ratio).
+        logp_rollout [B,T] float | None: log mu(a_t|s_t), what the rollout engine recorded
+            under the distribution it sampled from (equal to logp_old for the hf engine).
         logp_ref [B,T] float | None: reference-policy log-probs, for KL.
         group_ids [B] long | None: responses to the same prompt share an id.
         truncated [B] bool | None: the response hit the length limit without EOS.
@@ -64,6 +67,7 @@ class RolloutBatch:
     token_rewards: Tensor
     values: Tensor | None = None
     logp_old: Tensor | None = None
+    logp_rollout: Tensor | None = None
     logp_ref: Tensor | None = None
     group_ids: Tensor | None = None
     truncated: Tensor | None = None

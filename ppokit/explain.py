@@ -19,6 +19,13 @@ __all__ = ["describe_component", "explain"]
 
 _INDENT = "   "
 
+#: Where log π_old comes from, for each ``rollout.logp_old``.
+_LOGP_OLD = {
+    "auto": "the engine's log μ if it samples from the actor itself, else a forward pass",
+    "forward": "a no-grad forward pass of the actor at the weights that sampled",
+    "rollout": "the engine's recorded log μ",
+}
+
 
 def _value(v: Any) -> str:
     return repr(v) if isinstance(v, str) else str(v)
@@ -76,6 +83,8 @@ def _rollout(w: _Writer, spec: Spec, source: str | None) -> None:
         + (f", top_k {r.top_k}" if r.top_k else "")
         + ")"
     )
+    w.component("rollout engine (behaviour policy μ)", "rollout_engine", r.engine)
+    w.line(f"log π_old: {_LOGP_OLD[r.logp_old]} (rollout.logp_old: {r.logp_old})", 1)
 
 
 def _reward(w: _Writer, spec: Spec) -> None:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ppokit import hookspecs
 from ppokit.catalogue import Component
-from ppokit.slots import FIELDS
+from ppokit.slots import FIELDS, KINDS
 
 __all__ = [
     "KINDS",
@@ -43,19 +43,6 @@ __all__ = [
     "reset_registry",
 ]
 
-#: The component kinds of DESIGN.md, in the order a PPO round uses them.
-KINDS: tuple[str, ...] = (
-    "reward",
-    "truncation",
-    "kl_estimator",
-    "advantage",
-    "critic_target",
-    "position_mask",
-    "prompt_weight",
-    "regression_loss",
-    "policy_loss",
-    "aggregation",
-)
 
 #: Batch fields a component may require: the optional fields of a RolloutBatch.
 REQUIREMENTS: tuple[str, ...] = tuple(f.name for f in FIELDS)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["FIELDS", "SLOTS", "BatchField", "Slot", "field", "slot"]
+__all__ = ["FIELDS", "KINDS", "SLOTS", "BatchField", "Slot", "field", "slot"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,13 @@ class Slot:
 
 #: Every component slot, in the order a round uses them.
 SLOTS: tuple[Slot, ...] = (
+    Slot(
+        "rollout.engine",
+        "rollout_engine",
+        "hf",
+        "μ",
+        "what samples the responses (the behaviour policy μ) and records their log-probs",
+    ),
     Slot(
         "reward",
         "reward",
@@ -109,6 +116,9 @@ SLOTS: tuple[Slot, ...] = (
 
 _BY_PATH = {s.path: s for s in SLOTS}
 
+#: The component kinds of docs/design.md, in the order a round first uses them.
+KINDS: tuple[str, ...] = tuple(dict.fromkeys(s.kind for s in SLOTS))
+
 
 def slot(path: str) -> Slot:
     """The slot at ``path`` (KeyError for a path that is no slot)."""
@@ -157,7 +167,13 @@ FIELDS: tuple[BatchField, ...] = (
         _has("critic"),
         "{who} " + _CRITIC.format(field="values"),
     ),
-    BatchField("logp_old", "BT", "float", "nothing: sampling records it"),
+    BatchField(
+        "logp_old",
+        "BT",
+        "float",
+        "nothing: the rollout engine's log-probs or the trainer's forward (`rollout.logp_old`)",
+    ),
+    BatchField("logp_rollout", "BT", "float", "nothing: the rollout engine records it"),
     BatchField(
         "logp_ref",
         "BT",

@@ -374,6 +374,14 @@ class RolloutSpec(_Strict):
     )
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus-sampling probability mass")
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
+    engine: ComponentSpec = _slot_field("rollout.engine")
+    logp_old: Literal["auto", "forward", "rollout"] = Field(
+        "auto",
+        description="where log π_old, the PPO ratio's denominator, comes from: 'forward' "
+        "the trainer's own forward pass at the weights that sampled; 'rollout' the log-probs "
+        "the engine recorded (μ); 'auto' 'rollout' for an engine that samples from the "
+        "trainer's own actor (hf), else 'forward'",
+    )
 
 
 class CriticSpec(_Strict):

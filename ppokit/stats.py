@@ -10,6 +10,8 @@ function (a continued fraction, as in Numerical Recipes, 3rd ed., section 6.4).
 - :func:`pass_at_k` ``(n, c, k)``: the probability that at least one of ``k`` samples drawn
   without replacement from ``n`` samples, ``c`` of them correct, is correct.
 - :func:`student_t_cdf` and :func:`student_t_quantile`: the distribution behind the interval.
+- :func:`wilson_half_width` and :func:`wilson_interval`: the 95% Wilson score interval of a
+  proportion (the evaluation's accuracy).
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["mean_ci95", "pass_at_k", "student_t_cdf", "student_t_quantile"]
+__all__ = [
+    "mean_ci95",
+    "pass_at_k",
+    "student_t_cdf",
+    "student_t_quantile",
+    "wilson_half_width",
+    "wilson_interval",
+]
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -146,3 +155,32 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     for i in range(n, n - c, -1):
         prod *= 1.0 - k / i
     return 1.0 - prod
+
+
+#: The two-sided 95% quantile of the standard normal distribution.
+Z95 = 1.959963984540054
+
+
+def wilson_half_width(successes: int, n: int, z: float = Z95) -> float:
+    """Half the width of the Wilson score interval of a proportion ``successes / n``.
+
+    ``z / (1 + z²/n) · sqrt(p̂(1 − p̂)/n + z²/(4n²))``; unlike the normal approximation it is
+    not 0 when every prompt (or none) is correct. The interval is centred on
+    ``(p̂ + z²/(2n)) / (1 + z²/n)``, which is p̂ shrunk towards 1/2. ``nan`` for ``n = 0``.
+    """
+    if n <= 0:
+        return math.nan
+    p = successes / n
+    zz = z * z
+    return z / (1 + zz / n) * math.sqrt(p * (1 - p) / n + zz / (4 * n * n))
+
+
+def wilson_interval(accuracy: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """The 95% Wilson score interval ``(low, high)`` of a proportion ``accuracy`` over ``n``
+    prompts (what ``eval/accuracy`` and ``eval/accuracy_ci95`` describe, e.g. to plot it)."""
+    if n <= 0:
+        return math.nan, math.nan
+    zz = z * z
+    centre = (accuracy + zz / (2 * n)) / (1 + zz / n)
+    half = wilson_half_width(round(accuracy * n), n, z)
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -98,6 +98,7 @@ def batches(
     if with_logp:
         fields["logp_old"] = (-_rng_tensor(rng, (b, tt)).abs()).to(dtype)
         fields["logp_ref"] = (-_rng_tensor(rng, (b, tt)).abs()).to(dtype)
+        fields["logp_rollout"] = (-_rng_tensor(rng, (b, tt)).abs()).to(dtype)
     fields["group_ids"] = torch.from_numpy(group_ids * 7 + 3).long()  # ids need not be dense
     if truncation:
         truncated = torch.from_numpy(rng.random(b) < 0.3) & mask_t.any(dim=1)

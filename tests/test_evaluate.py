@@ -17,20 +17,11 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from ppokit.errors import UserError
-from ppokit.evaluate import (
-    Evaluator,
-    build_learner,
-    eval_command,
-    eval_rows,
-    eval_seed,
-    isolated_rng,
-    load_target,
-    wilson_half_width,
-    wilson_interval,
-)
+from ppokit.evaluate import eval_command, load_models, load_target
 from ppokit.spec import Spec
-from ppokit.stats import pass_at_k
+from ppokit.stats import pass_at_k, wilson_half_width, wilson_interval
 from ppokit.trainer import loop
+from ppokit.trainer.evaluation import Evaluator, eval_rows, eval_seed, isolated_rng
 from ppokit.trainer.metrics import TIMING, read_metrics
 from tests.trainer.helpers import learner, small_spec
 
@@ -96,7 +87,7 @@ def _hook_evaluation(monkeypatch: pytest.MonkeyPatch, spec: Spec) -> _Results:
 
     def hooked(out: Path, run_learner: Any, source: Any, round_done: int, spec_yaml: str) -> Any:
         if not evaluators:
-            evaluators.append(Evaluator(spec, run_learner))
+            evaluators.append(Evaluator.of(spec, run_learner))
             results.actor = run_learner.models.actor
         results[round_done] = evaluators[0].run()
         return save(out, run_learner, source, round_done, spec_yaml)
@@ -143,8 +134,8 @@ def test_metrics_are_computed_from_the_combined_rewards(monkeypatch) -> None:
             sampled_lengths.extend(lengths)
         return torch.tensor(values), {}
 
-    monkeypatch.setattr(lrn, "score", score)
-    metrics = Evaluator(spec, lrn).run()
+    monkeypatch.setattr(lrn.scorer, "score", score)
+    metrics = Evaluator.of(spec, lrn).run()
     counts = [1, 0, 3, 1]
     assert metrics["eval/accuracy"] == 0.5
     assert metrics["eval/pass@3"] == pytest.approx(sum(pass_at_k(3, c, 3) for c in counts) / 4)
@@ -153,12 +144,12 @@ def test_metrics_are_computed_from_the_combined_rewards(monkeypatch) -> None:
     assert metrics["eval/reward_mean"] == pytest.approx(sum(map(sum, sampled)) / 12)
     assert metrics["eval/response_length_mean"] == pytest.approx(sum(sampled_lengths) / 12)
     assert metrics["eval/prompts"] == 4
-    assert set(metrics) == set(Evaluator(spec, lrn).names)
+    assert set(metrics) == set(Evaluator.of(spec, lrn).names)
 
 
 def test_the_real_rewards_give_consistent_metrics() -> None:
     spec = _spec()
-    metrics = Evaluator(spec, learner(spec)).run()
+    metrics = Evaluator.of(spec, learner(spec)).run()
     assert 0 < metrics["eval/accuracy"] < 1  # neither all nor none: see REWARD
     assert 0 <= metrics["eval/pass@3"] <= 1
     assert 0 < metrics["eval/reward_mean"] <= 1.5
@@ -185,7 +176,7 @@ def test_prompts_are_the_first_rows_in_order(tmp_path) -> None:
 def test_max_new_tokens_overrides_the_rollout_for_evaluation_only() -> None:
     spec = _spec(None, "eval.max_new_tokens=2", "rollout.max_new_tokens=4")
     lrn = learner(spec)
-    metrics = Evaluator(spec, lrn).run()
+    metrics = Evaluator.of(spec, lrn).run()
     assert metrics["eval/response_length_mean"] <= 2
     assert lrn.spec.rollout.max_new_tokens == 4
 
@@ -194,11 +185,11 @@ def test_max_new_tokens_overrides_the_rollout_for_evaluation_only() -> None:
 def test_two_evaluations_give_the_same_numbers() -> None:
     spec = _spec()
     lrn = learner(spec)
-    evaluator = Evaluator(spec, lrn)
+    evaluator = Evaluator.of(spec, lrn)
     first = evaluator.run()
     torch.manual_seed(123)  # whatever the training RNG is doing
     assert evaluator.run() == first
-    assert Evaluator(spec, learner(spec)).run() == first
+    assert Evaluator.of(spec, learner(spec)).run() == first
 
 
 def test_evaluation_leaves_the_rng_streams_and_the_mode_alone() -> None:
@@ -210,13 +201,13 @@ def test_evaluation_leaves_the_rng_streams_and_the_mode_alone() -> None:
         random.getstate(),
         np.random.get_state(),
     )
-    Evaluator(spec, lrn).run()
+    Evaluator.of(spec, lrn).run()
     assert torch.equal(torch.get_rng_state(), torch_state)
     assert random.getstate() == py_state
     assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), np_state, strict=True))
     assert lrn.models.actor.training
     lrn.models.actor.eval()
-    Evaluator(spec, lrn).run()
+    Evaluator.of(spec, lrn).run()
     assert not lrn.models.actor.training
 
 
@@ -269,7 +260,7 @@ def test_ppokit_eval_of_the_base_model_matches_an_evaluation_before_training(tmp
     data = json.loads(result.stdout)
     assert data["kind"] == "model" and data["round"] is None
     # the run's learner before its first round (what an at_start evaluation sees)
-    assert data["metrics"] == Evaluator(spec, learner(spec)).run()
+    assert data["metrics"] == Evaluator.of(spec, learner(spec)).run()
     history = read_metrics(Path(loop.train(spec)["output_dir"]))
     start = [h for h in history if h["round"] == 0]
     if start:  # the loop evaluates at the start (once its evaluation is wired in)
@@ -297,7 +288,7 @@ def test_ppokit_eval_of_a_run_matches_its_evaluation_at_that_round(
     assert data["metrics"] == results[2]
     # the actor evaluated is the run's at round 2, not the initial one
     trained = {k: v.clone() for k, v in results.actor.state_dict().items()}
-    loaded = build_learner(load_target(str(run))).models.actor.state_dict()
+    loaded = load_models(load_target(str(run))).actor.state_dict()
     assert trained.keys() == loaded.keys()
     assert all(torch.equal(trained[k], loaded[k]) for k in trained)
     initial = learner(spec).models.actor.state_dict()

@@ -22,9 +22,10 @@ from ppokit.components.position_mask import PositionMask
 from ppokit.components.prompt_weight import PromptWeight
 from ppokit.components.regression_loss import RegressionLoss
 from ppokit.components.reward import Reward
+from ppokit.components.rollout_engine import RolloutEngine
 from ppokit.components.truncation import Truncation
 from ppokit.hookspecs import Register, hookimpl
-from ppokit.registry import KINDS
+from ppokit.slots import KINDS
 
 __all__ = [
     "KIND_PACKAGES",
@@ -37,6 +38,7 @@ __all__ = [
     "PromptWeight",
     "RegressionLoss",
     "Reward",
+    "RolloutEngine",
     "Truncation",
     "ppokit_register",
 ]

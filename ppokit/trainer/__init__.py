@@ -1,7 +1,7 @@
 """The trainer: a validated spec becomes a PPO run on transformers models (CPU or GPU).
 
 ``train(spec, *, resume=False, smoke=False, overwrite=False, allow_spec_change=False) ->
-dict`` is the entry point (Ctrl-C raises ``loop.Interrupted``, a KeyboardInterrupt that says
+dict`` is the entry point (also ``ppokit.train``) (Ctrl-C raises ``loop.Interrupted``, a KeyboardInterrupt that says
 how to resume); torch and transformers are imported only when it is called.
 """
 

@@ -42,13 +42,16 @@ if TYPE_CHECKING:
         PromptWeight,
         RegressionLoss,
         Reward,
+        RolloutEngine,
         Truncation,
     )
+    from ppokit.components.rollout_engine import EngineContext, Generation, Sampling
 
 __all__ = [
     "ATTRIBUTES",
     "Assembly",
     "Checked",
+    "CheckedEngine",
     "Where",
     "aggregate",
     "as_scores",
@@ -60,6 +63,7 @@ __all__ = [
 #: The attribute of :class:`Assembly` each slot path of ``Spec.slots()`` fills. Rewards
 #: (``reward``, or ``reward.0``, ``reward.1``, ... for a list) go to ``Assembly.rewards``.
 ATTRIBUTES: dict[str, str] = {
+    "rollout.engine": "engine",
     "truncation": "truncation",
     "kl.estimator": "kl",
     "advantage": "advantage",
@@ -333,6 +337,81 @@ class Checked:
         return f"Checked({self.where}: {self.component!r})"
 
 
+class CheckedEngine:
+    """A rollout engine behind the trainer's boundary: an exception in ``start``,
+    ``generate``, ``sync`` or ``close`` is a :class:`ComponentError` naming the slot, the
+    engine and its plugin, and ``generate``'s :class:`Generation` is checked against the
+    contract (rows, shapes, dtypes, device; log-probs unless greedy). The optional members
+    get their defaults here."""
+
+    def __init__(self, where: Where, engine: RolloutEngine) -> None:
+        self.where = where
+        self.engine = engine
+
+    @property
+    def samples_from_policy(self) -> bool:
+        return bool(getattr(self.engine, "samples_from_policy", False))
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except (UserError, ComponentError):
+            raise
+        except Exception as exc:
+            raise ComponentError(f"{self.where} failed in {what}: {_one_line(exc)}") from exc
+
+    def start(self, context: EngineContext) -> None:
+        self._call("start", self.engine.start, context)
+
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling) -> Generation:
+        out = self._call("generate", self.engine.generate, prompt_ids, prompt_mask, sampling)
+        rows = prompt_ids.shape[0] * sampling.n
+        device = prompt_ids.device
+
+        def bad(what: str) -> ComponentError:
+            return ComponentError(
+                f"{self.where} returned {what}: expected a Generation of {rows} rows "
+                f"({prompt_ids.shape[0]} prompts x n={sampling.n}) on {device}"
+            )
+
+        fields = ("response_ids", "response_mask", "truncated", "logp")
+        if not all(hasattr(out, f) for f in fields):
+            raise bad(_describe(out))
+        ids, mask, truncated, logp = (getattr(out, f) for f in fields)
+        for name, t in (("response_ids", ids), ("response_mask", mask), ("truncated", truncated)):
+            if not isinstance(t, Tensor) or t.device != device or t.shape[:1] != (rows,):
+                raise bad(f"{name} as {_describe(t)}")
+        if ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
+            raise bad(f"response_ids as {_describe(ids)}")
+        if mask.dtype != torch.bool or mask.shape != ids.shape:
+            raise bad(f"response_mask as {_describe(mask)}")
+        if truncated.dtype != torch.bool or truncated.dim() != 1:
+            raise bad(f"truncated as {_describe(truncated)}")
+        if logp is None and not sampling.greedy:
+            raise bad("no log-probs (logp None) for sampled responses")
+        if logp is not None and (
+            not isinstance(logp, Tensor)
+            or not logp.is_floating_point()
+            or logp.shape != ids.shape
+            or logp.device != device
+        ):
+            raise bad(f"logp as {_describe(logp)}")
+        return out
+
+    def sync(self) -> None:
+        sync = getattr(self.engine, "sync", None)
+        if sync is not None:
+            self._call("sync", sync)
+
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            self._call("close", close)
+
+    def __repr__(self) -> str:
+        return f"CheckedEngine({self.where}: {self.engine!r})"
+
+
 def checked(kind: str, where: Where, component: Any, timeout: float | None = None) -> Checked:
     """``component`` behind the boundary checks of its ``kind`` (see :class:`Checked`)."""
     return Checked(kind, where, component, timeout)
@@ -344,6 +423,7 @@ class Assembly:
     no ``kl``, no ``critic``), each behind its boundary checks when built by
     :meth:`from_spec`; ``where`` names each slot's component and plugin."""
 
+    engine: CheckedEngine
     rewards: list[tuple[str, Reward, float]]  # (name, reward, weight)
     truncation: Truncation
     advantage: Advantage
@@ -379,7 +459,11 @@ class Assembly:
             except Exception as exc:
                 raise ComponentError(f"{here} failed to start: {_one_line(exc)}") from exc
             timeout = spec.train.reward_timeout if kind == "reward" else None
-            wrapped: Any = checked(kind, here, component, timeout)
+            wrapped: Any = (
+                CheckedEngine(here, component)
+                if kind == "rollout_engine"
+                else checked(kind, here, component, timeout)
+            )
             if isinstance(comp, RewardSpec):
                 rewards.append((comp.name, wrapped, float(comp.weight)))
             else:

@@ -17,7 +17,6 @@ import torch
 
 from ppokit import distributed
 from ppokit.errors import UserError
-from ppokit.evaluate import Evaluator
 from ppokit.runfiles import RUN_FILES
 from ppokit.spec import Spec, validate_spec
 from ppokit.trainer.assembly import Assembly
@@ -28,6 +27,7 @@ from ppokit.trainer.checkpoint import (
     truncate_jsonl,
 )
 from ppokit.trainer.display import Display
+from ppokit.trainer.evaluation import Evaluator
 from ppokit.trainer.metrics import (
     MetricsLog,
     curves_title,
@@ -36,7 +36,7 @@ from ppokit.trainer.metrics import (
     read_once,
 )
 from ppokit.trainer.models import Models, build_models, resolve_device
-from ppokit.trainer.round import Learner
+from ppokit.trainer.round import Learner, run_round
 from ppokit.trainer.rundir import (
     RunFolder,
     check_metrics,
@@ -226,7 +226,6 @@ def _check_shares(spec: Spec, processes: int) -> None:
 def _train(
     spec: Spec, out: Path, resume: bool, smoke: bool, changes: list[tuple[str, Any, Any]]
 ) -> dict[str, Any]:
-    from ppokit.data import format_prompts, make_prompt_source
 
     wall = time.perf_counter()
     world = distributed.world()
@@ -238,6 +237,26 @@ def _train(
     if world.distributed:
         models.shard(spec.parallel)
     learner = Learner(spec, models, assembly)
+    try:
+        return _rounds(spec, out, resume, smoke, changes, learner, threads, wall)
+    finally:
+        learner.close()
+
+
+def _rounds(
+    spec: Spec,
+    out: Path,
+    resume: bool,
+    smoke: bool,
+    changes: list[tuple[str, Any, Any]],
+    learner: Learner,
+    threads: str,
+    wall: float,
+) -> dict[str, Any]:
+    from ppokit.data import format_prompts, make_prompt_source
+
+    world = distributed.world()
+    models = learner.models
     source = make_prompt_source(spec.data, spec.seed)
     log = MetricsLog(out) if world.main else _Quiet()
     start = 0
@@ -257,7 +276,7 @@ def _train(
     if world.main:
         write_atomic(out / "spec.yaml", spec_yaml)
     history = read_metrics(out)
-    evaluator = Evaluator(spec, learner) if spec.eval is not None else None
+    evaluator = Evaluator.of(spec, learner) if spec.eval is not None else None
     tracked = spec if world.main else spec.model_copy(update={"output": _no_trackers(spec)})
     with Trackers(tracked, out, start_round=start) as trackers:
         total = spec.train.rounds
@@ -366,10 +385,8 @@ def _run_round(
     rows = source.next_rows(spec.rollout.prompts_per_round)
     rows = rows[distributed.world().share(len(rows))]  # this process's prompts
     formatted = format_prompts(rows, learner.models.tokenizer, spec.data)
-    learner.round = r  # collect counts it on: round r + 1, in its messages
-    data, result = learner.collect(rows, formatted)
     train_actor = r >= spec.train.critic_warmup_rounds
-    learner.update(data, train_actor, result)
+    result = run_round(learner, rows, formatted, round_no=r + 1, train_actor=train_actor)
     values = read_once(result.metrics)  # the round's one host read
     tokens = values.pop("tokens", None) or 0.0
     record: dict[str, Any] = {"round": r + 1, **values, **result.timings}

@@ -193,7 +193,7 @@ LABELS = {
 
 def _accuracy_band(ax: Any, history: Sequence[dict[str, Any]]) -> None:
     """The 95% Wilson interval of ``eval/accuracy`` over its ``eval/prompts`` prompts."""
-    from ppokit.evaluate import wilson_interval
+    from ppokit.stats import wilson_interval
 
     band = [
         (h["round"], *wilson_interval(h["eval/accuracy"], int(h["eval/prompts"])))

@@ -1,66 +1,19 @@
-"""Sampling responses with ``model.generate`` (KV cache, left padding) and recording their
-log-probabilities under the sampling distribution as they are drawn."""
+"""The round's rollout: prompts encoded for the actor, the engine's responses as a
+:class:`Rollout`, and the engine's start (:func:`engine_context`)."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["LogProbRecorder", "Rollout", "eos_ids", "filter_logits", "generate", "response_mask"]
+from ppokit.components.rollout_engine import EngineContext, Generation, Sampling
+from ppokit.errors import UserError
 
-
-def filter_logits(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
-    """Top-k (0 = off) then nucleus (top-p = 1 = off) filtering: removed logits become -inf."""
-    if top_k > 0 and top_k < scaled.shape[-1]:
-        kth = scaled.topk(top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = scaled.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        before = probs.cumsum(-1) - probs  # mass strictly above each token
-        remove_sorted = before > top_p
-        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
-        scaled = scaled.masked_fill(remove, float("-inf"))
-    return scaled
-
-
-class LogProbRecorder:
-    """A logits processor that samples from softmax(logits / temperature) after top-k/top-p
-    filtering, and records log π(a_t) = log_softmax(logits / temperature)[a_t] of each sampled
-    token: it keeps the previous step's log-softmax and gathers the token that step drew
-    (the last column of ``input_ids``) when the next step begins, so nothing is recomputed.
-    """
-
-    def __init__(self, temperature: float, top_k: int, top_p: float) -> None:
-        self.temperature = temperature
-        self.top_k = top_k
-        self.top_p = top_p
-        self.prev: Tensor | None = None
-        self.steps: list[Tensor] = []
-
-    def _take_previous(self, input_ids: Tensor) -> None:
-        if self.prev is not None:
-            self.steps.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
-            self.prev = None
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        self._take_previous(input_ids)
-        scaled = scores.float() / self.temperature
-        self.prev = F.log_softmax(scaled, dim=-1)
-        return filter_logits(scaled, self.top_k, self.top_p)
-
-    def finish(self, sequences: Tensor, width: int) -> Tensor:
-        """``[B, width]`` log-probs of the sampled tokens (the last one gathered here)."""
-        self._take_previous(sequences)
-        out = (
-            torch.stack(self.steps, 1) if self.steps else sequences.new_zeros(sequences.shape[0], 0)
-        )
-        self.steps = []
-        return out.float()[:, :width]
+__all__ = ["PromptEncoder", "Rollout", "engine_context", "eos_ids", "fit_context", "sampling"]
 
 
 def eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
@@ -74,24 +27,112 @@ def eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def response_mask(response_ids: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
-    """(mask True up to and including the first EOS, truncated = no EOS) for ``[B, T]`` ids."""
-    is_eos = torch.isin(response_ids, eos)
-    before = is_eos.long().cumsum(1) - is_eos.long()
-    mask = before == 0
-    return mask, ~is_eos.any(1)
+def engine_context(models: Any, model_spec: Any, process: int = 0, processes: int = 1) -> Any:
+    """The :class:`EngineContext` a run starts its engine with (``models``: the run's
+    :class:`~ppokit.trainer.models.Models`)."""
+    from ppokit.trainer.models import autocast
+
+    return EngineContext(
+        model=models.actor,
+        model_spec=model_spec,
+        eos_ids=tuple(eos_ids(models.tokenizer, models.actor)),
+        pad_id=int(models.tokenizer.pad_token_id),
+        device=models.runtime.device,
+        autocast=lambda: autocast(models.runtime),
+        process=process,
+        processes=processes,
+    )
+
+
+def sampling(rollout: Any, n: int, seed: int | None = None, **changes: Any) -> Sampling:
+    """The :class:`Sampling` of the spec's ``rollout`` section for ``n`` responses a prompt
+    (``changes``: another length limit, temperature, ``greedy=True``, ...)."""
+    settings: dict[str, Any] = dict(
+        n=n,
+        max_new_tokens=rollout.max_new_tokens,
+        temperature=rollout.temperature,
+        top_k=rollout.top_k,
+        top_p=rollout.top_p,
+        seed=seed,
+    )
+    settings.update(changes)
+    return Sampling(**settings)
+
+
+def fit_context(
+    ids: Tensor, attn: Tensor, limit: int | None, max_new: int, long_prompts: str
+) -> tuple[Tensor, Tensor]:
+    """Left-padded prompts that leave room for ``max_new`` new tokens in a context of
+    ``limit`` tokens (``config.max_position_embeddings``; None: no limit).
+
+    A longer prompt is an error naming its length and the limit (``data.long_prompts:
+    error``), or keeps its last tokens (``truncate``, with a warning). Reads shapes and the
+    attention mask on the host only (the prompts are still on the CPU here).
+    """
+    room = None if limit is None else int(limit) - max_new
+    if room is None or ids.shape[1] <= room:
+        return ids, attn
+    longest = int(attn.sum(dim=1).max())
+    if room > 0 and longest <= room:  # only padding is cut
+        return ids[:, -room:], attn[:, -room:]
+    what = (
+        f"a prompt of {longest} tokens plus {max_new} new tokens does not fit the model's "
+        f"context of {limit} tokens"
+    )
+    if room <= 0 or long_prompts == "error":
+        raise UserError(
+            f"data: {what}: shorten the prompts or rollout.max_new_tokens, or set "
+            "data.long_prompts: truncate"
+        )
+    warnings.warn(f"{what}: its first {longest - room} tokens are cut", stacklevel=2)
+    return ids[:, -room:], attn[:, -room:]
+
+
+class PromptEncoder:
+    """Prompt texts to left-padded token ids on the device, with room for the response in
+    the actor's context."""
+
+    def __init__(self, tokenizer: Any, model: nn.Module, device: torch.device) -> None:
+        self.tokenizer = tokenizer
+        self.limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        self.device = device
+
+    def __call__(self, prompts: list[str], data: Any, max_new: int) -> tuple[Tensor, Tensor]:
+        """(ids, attention mask) ``[P, L]``; ``data`` (a data section) decides the chat
+        template (its special tokens are already in the text) and ``long_prompts``."""
+        enc = self.tokenizer(
+            prompts,
+            padding=True,
+            return_tensors="pt",
+            add_special_tokens=not data.chat_template,
+        )
+        ids, attn = fit_context(
+            enc["input_ids"], enc["attention_mask"], self.limit, max_new, data.long_prompts
+        )
+        return ids.to(self.device), attn.to(self.device)
 
 
 @dataclass
 class Rollout:
-    """Prompts and sampled responses, all on the run's device."""
+    """Prompts (each repeated for its responses) and the engine's responses, on the run's
+    device."""
 
     prompt_ids: Tensor  # [B, P] left-padded
     prompt_mask: Tensor  # [B, P] long
     response_ids: Tensor  # [B, T]
     response_mask: Tensor  # [B, T] bool
     truncated: Tensor  # [B] bool
-    logp_old: Tensor | None  # [B, T] float32 (0 where masked)
+    logp_rollout: Tensor | None  # [B, T] float32 log μ (0 where masked); None: greedy
+
+    @classmethod
+    def of(cls, prompt_ids: Tensor, prompt_mask: Tensor, n: int, out: Generation) -> Rollout:
+        """The rollout of ``out``, generated for these prompts with ``n`` responses each."""
+        if n > 1:
+            prompt_ids = prompt_ids.repeat_interleave(n, 0)
+            prompt_mask = prompt_mask.repeat_interleave(n, 0)
+        return cls(
+            prompt_ids, prompt_mask, out.response_ids, out.response_mask, out.truncated, out.logp
+        )
 
     @property
     def prompt_len(self) -> int:
@@ -110,62 +151,5 @@ class Rollout:
             self.response_ids[index],
             self.response_mask[index],
             self.truncated[index],
-            None if self.logp_old is None else self.logp_old[index],
+            None if self.logp_rollout is None else self.logp_rollout[index],
         )
-
-
-def generate(
-    model: nn.Module,
-    tokenizer: Any,
-    prompt_ids: Tensor,
-    prompt_mask: Tensor,
-    *,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    greedy: bool = False,
-) -> Rollout:
-    """Sample (or greedily decode) one response per prompt row; stop at EOS. A model
-    sharded over several processes decodes in step with the others (as many steps as the
-    longest: each takes part in the others' forwards)."""
-    from transformers import GenerationConfig, LogitsProcessorList
-
-    eos = eos_ids(tokenizer, model)
-    config = GenerationConfig(
-        do_sample=not greedy,
-        max_new_tokens=max_new_tokens,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos,
-        use_cache=True,
-    )
-    recorder = None if greedy else LogProbRecorder(temperature, top_k, top_p)
-    processors = LogitsProcessorList([] if recorder is None else [recorder])
-    was_training = model.training
-    model.eval()
-
-    from ppokit.distributed import as_forward, gathered, sharded
-
-    def run() -> Tensor:
-        return model.generate(  # type: ignore[operator]
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            generation_config=config,
-            logits_processor=processors,
-            synced_gpus=sharded(model),
-        )
-
-    # peft's generate calls the wrapped model's forward, not its own: under FSDP2 it runs as
-    # the sharded model's forward, which gathers the parameters it owns
-    with torch.no_grad(), gathered(model):
-        sequences = as_forward(model, run) if hasattr(model, "peft_config") else run()
-    model.train(was_training)
-    response_ids = sequences[:, prompt_ids.shape[1] :]
-    mask, truncated = response_mask(response_ids, torch.tensor(eos, device=response_ids.device))
-    logp = None
-    if recorder is not None:
-        logp = recorder.finish(sequences, response_ids.shape[1]) * mask
-    return Rollout(prompt_ids, prompt_mask, response_ids, mask, truncated, logp)

@@ -103,6 +103,7 @@ def test_masked_garbage_and_padding_never_matter(name, batch):
         token_rewards=pad(batch.token_rewards, 7.0),
         values=pad(batch.values, -3.0),
         logp_old=pad(batch.logp_old, 0.0),
+        logp_rollout=pad(batch.logp_rollout, 0.0),
         logp_ref=pad(batch.logp_ref, 0.0),
     )
     assert torch.allclose(est(padded)[:, : mask.shape[1]], adv, atol=1e-6)
@@ -132,6 +133,7 @@ def test_bfloat16_inputs_close_to_float32(name, batch):
             "bootstrap_values",
             "baseline_rewards",
             "logp_old",
+            "logp_rollout",
             "logp_ref",
         )
     }

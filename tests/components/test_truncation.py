@@ -157,7 +157,7 @@ def test_every_rule_keeps_the_batch_and_ignores_masked_rewards(name, batch):
     assert isinstance(out, RolloutBatch)
     assert out.response_mask.shape == batch.response_mask.shape
     assert not (out.response_mask & ~batch.response_mask).any()
-    for field in ("values", "logp_old", "logp_ref", "group_ids", "truncated"):
+    for field in ("values", "logp_old", "logp_rollout", "logp_ref", "group_ids", "truncated"):
         assert torch.equal(getattr(out, field), getattr(batch, field)), field
     assert out.token_rewards.dtype == batch.token_rewards.dtype
     noise = (torch.randn(batch.token_rewards.shape) * 100).to(batch.token_rewards.dtype)

@@ -40,6 +40,12 @@ def learner(spec: Spec) -> Learner:
     return Learner(spec, build_models(spec, assembly.head_size), assembly)
 
 
+def encode(lrn: Learner, prompts: list[str], n: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The learner's left-padded prompt ids and mask, each prompt ``n`` times."""
+    ids, attn = lrn.encode(prompts, lrn.spec.data, lrn.spec.rollout.max_new_tokens)
+    return ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
+
+
 def demo_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
     from ppokit.tasks.demo import make_row
 

@@ -33,7 +33,7 @@ from ppokit.spec import Spec
 from ppokit.trainer.metrics import TIMING, read_once
 from ppokit.trainer.rollout import Rollout
 
-from .helpers import demo_rows, learner, small_spec
+from .helpers import demo_rows, encode, learner, small_spec
 
 PROMPTS, N, T = 4, 2, 6
 #: Response lengths: the first process's rows are longer than the second's.
@@ -93,7 +93,7 @@ def _rollout(spec: Spec) -> tuple[list[dict[str, Any]], Rollout]:
     rows = demo_rows(PROMPTS)
     lrn = learner(spec)
     formatted = [row["prompt"] for row in rows]
-    ids, attn = lrn.encode(formatted, N)
+    ids, attn = encode(lrn, formatted, N)
     g = torch.Generator().manual_seed(1)
     vocab = lrn.models.actor.config.vocab_size
     response = torch.randint(3, vocab, (PROMPTS * N, T), generator=g)
@@ -101,8 +101,8 @@ def _rollout(spec: Spec) -> tuple[list[dict[str, Any]], Rollout]:
     truncated = torch.tensor(LENGTHS) == T
     ro = Rollout(ids, attn, response, mask, truncated, None)
     with torch.no_grad():
-        logp, _, _ = lrn.actor_forward(lrn.models.actor, ro)
-    ro.logp_old = logp * mask
+        logp, _, _ = lrn.forwards.actor(lrn.models.actor, ro)
+    ro.logp_rollout = logp * mask
     return rows, ro
 
 
@@ -113,8 +113,8 @@ def _own(ro: Rollout, rank: int, size: int) -> Rollout:
     length = int(part.response_mask.sum(1).max())
     part.response_ids = part.response_ids[:, :length]
     part.response_mask = part.response_mask[:, :length]
-    assert part.logp_old is not None
-    part.logp_old = part.logp_old[:, :length]
+    assert part.logp_rollout is not None
+    part.logp_rollout = part.logp_rollout[:, :length]
     return part
 
 

@@ -55,7 +55,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
             lrn.models.shard(spec.parallel)
             torch.manual_seed(3)
             ro, during = _gathers(lambda lrn=lrn: lrn.sample(prompts, 2))
-            _, after = _gathers(lambda lrn=lrn, ro=ro: lrn.actor_forward(lrn.models.actor, ro))
+            _, after = _gathers(lambda lrn=lrn, ro=ro: lrn.forwards.actor(lrn.models.actor, ro))
             results[gather] = {
                 "during": during,
                 "after": after,

@@ -200,8 +200,10 @@ def test_collect_uses_the_recorded_logprobs(
     # no KL and no shared critic: the actor runs only inside generate; a shared critic's
     # values need exactly one pass of the actor's trunk
     assert count[0] == actor_passes
-    assert data.batch.logp_old is data.rollout.logp_old
-    assert data.rollout.logp_old is not None and data.rollout.logp_old.dtype == torch.float32
+    assert data.batch.logp_old is data.rollout.logp_rollout
+    assert data.batch.logp_rollout is data.rollout.logp_rollout
+    assert data.rollout.logp_rollout is not None
+    assert data.rollout.logp_rollout.dtype == torch.float32
 
 
 @given(st.integers(1, 3), st.integers(1, 6), st.floats(0.3, 2.0), st.integers(1, 100))

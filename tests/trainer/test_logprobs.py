@@ -8,9 +8,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppokit.components.rollout_engine import Sampling, response_mask
+from ppokit.components.rollout_engine.impl import filter_logits, generate
 from ppokit.trainer.logprobs import token_logprobs
 from ppokit.trainer.models import load_actor
-from ppokit.trainer.rollout import filter_logits, generate, response_mask
 
 from .helpers import learner, small_spec
 
@@ -77,17 +78,19 @@ def test_rollout_logp_old_equals_fresh_forward(tmp_path) -> None:
     lrn = learner(spec)
     torch.manual_seed(3)
     ro = lrn.sample(["a=", "bcd=", "x"], 3)
-    assert ro.logp_old is not None
+    assert ro.logp_rollout is not None
     with torch.no_grad():
-        logp, _, _ = lrn.actor_forward(lrn.models.actor, ro)
-    torch.testing.assert_close(logp * ro.response_mask, ro.logp_old, atol=1e-5, rtol=1e-5)
-    assert (ro.logp_old[~ro.response_mask] == 0).all()
+        logp, _, _ = lrn.forwards.actor(lrn.models.actor, ro)
+    torch.testing.assert_close(logp * ro.response_mask, ro.logp_rollout, atol=1e-5, rtol=1e-5)
+    assert (ro.logp_rollout[~ro.response_mask] == 0).all()
 
 
 def test_greedy_generation_is_deterministic() -> None:
     tok, model = load_actor("tiny", {"hidden_size": 32, "intermediate_size": 64}, 0)
     enc = tok(["a=", "b="], padding=True, return_tensors="pt")
-    one = generate(model, tok, enc.input_ids, enc.attention_mask, max_new_tokens=5, greedy=True)
-    two = generate(model, tok, enc.input_ids, enc.attention_mask, max_new_tokens=5, greedy=True)
+    greedy = Sampling(max_new_tokens=5, greedy=True)
+    eos = [tok.eos_token_id]
+    one = generate(model, enc.input_ids, enc.attention_mask, greedy, eos, tok.pad_token_id)
+    two = generate(model, enc.input_ids, enc.attention_mask, greedy, eos, tok.pad_token_id)
     assert torch.equal(one.response_ids, two.response_ids)
-    assert one.logp_old is None
+    assert one.logp is None

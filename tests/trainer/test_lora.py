@@ -17,11 +17,13 @@ from ppokit.data import make_prompt_source
 from ppokit.errors import UserError
 from ppokit.trainer import train
 from ppokit.trainer.checkpoint import load_checkpoint
+from ppokit.trainer.forwards import Forwards
 from ppokit.trainer.logprobs import token_logprobs
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.models import Models, build_models, is_peft, trunk_of
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.round import Learner
+from ppokit.trainer.update import accumulate
 
 from .helpers import demo_rows, learner, small_spec
 
@@ -34,7 +36,7 @@ NO_CRITIC = ["advantage=grpo", "critic=null", "rollout.n=4"]
 VARIED_REWARD = ["reward.name=regex", "reward.pattern='[a-m]'"]
 
 #: Whether round.py runs the reference through ``Models.reference()`` (the LoRA reference).
-ROUND_USES_REFERENCE = "reference()" in inspect.getsource(Learner.reference_logprobs)
+ROUND_USES_REFERENCE = "reference()" in inspect.getsource(Forwards.reference_logprobs)
 needs_round_reference = pytest.mark.skipif(
     not ROUND_USES_REFERENCE,
     reason="round.py's reference_logprobs does not use Models.reference() yet",
@@ -61,7 +63,7 @@ def _perturb_adapters(module: nn.Module, seed: int = 0) -> None:
 def _reference_logprobs(models: Models, lrn: Learner, ro: Rollout) -> torch.Tensor:
     """log π_ref of the responses through ``Models.reference()`` (what round.py runs)."""
     with torch.no_grad(), models.reference() as ref:
-        hidden = lrn.actor_hidden(ref, ro)
+        hidden = lrn.forwards.hidden(ref, ro)
         logp, _ = token_logprobs(
             hidden[:, :-1], ref.get_output_embeddings(), ro.response_ids, entropy=False
         )
@@ -113,10 +115,10 @@ def test_the_reference_is_the_actor_with_its_adapters_disabled() -> None:
     expected = _reference_logprobs(plain, lrn, ro)
     assert torch.equal(ref, expected)  # exactly the base model's
     with torch.no_grad():
-        adapted, _, _ = lrn.actor_forward(models.actor, ro)
+        adapted, _, _ = lrn.forwards.actor(models.actor, ro)
     assert not torch.allclose(adapted, ref)  # the adapters are on outside reference()
     if ROUND_USES_REFERENCE:
-        assert torch.equal(lrn.reference_logprobs(ro), expected)
+        assert torch.equal(lrn.forwards.reference_logprobs(ro), expected)
 
 
 def test_reference_restores_the_train_mode_and_the_adapters() -> None:
@@ -184,7 +186,7 @@ def test_a_shared_critic_trains_its_head_and_the_actors_adapters() -> None:
 
     def adapter_grads(vf_coef: float) -> list[torch.Tensor]:
         lrn.spec.train.vf_coef = vf_coef
-        lrn.accumulate(data, torch.arange(b), b, train_actor=True)
+        accumulate(lrn, data, torch.arange(b), b, train_actor=True)
         return [p.grad.clone() for p in models.actor_parameters()]
 
     with_critic, without = adapter_grads(1.0), adapter_grads(0.0)

@@ -18,8 +18,9 @@ from torch import Tensor
 
 from ppokit.errors import NonFiniteError, UserError
 from ppokit.trainer import train
+from ppokit.trainer.checks import NonFinite
 from ppokit.trainer.metrics import read_metrics
-from ppokit.trainer.round import Learner, NonFinite
+from ppokit.trainer.round import Learner
 from tests.helpers import Plugin
 
 from .helpers import demo_rows, learner, small_spec
@@ -215,12 +216,12 @@ def test_skip_drops_a_bad_rounds_update_and_goes_on(use_registry) -> None:
         "round's update is skipped"
     ]
     assert torch.equal(lrn.kl_coef, kl_coef) and lrn.actor_sched.last_epoch == sched
-    assert lrn.bad_in_row == 1
+    assert lrn.guard.bad_in_row == 1
 
     third = _round(lrn, seed=3)  # training continues
     assert float(third.metrics["skipped_steps"]) == 0
     assert not _same(after_one, _params(lrn)) and _all_finite(lrn)
-    assert lrn.bad_in_row == 0
+    assert lrn.guard.bad_in_row == 0
 
 
 def test_skip_stops_after_max_skipped_steps_in_a_row(use_registry) -> None:

@@ -26,10 +26,12 @@ from torch import Tensor
 from ppokit.explain import explain
 from ppokit.registry import get_registry
 from ppokit.spec import ComponentSpec, Spec
+from ppokit.trainer.estimation import UpdateData, estimate, round_batch
 from ppokit.trainer.rollout import Rollout
-from ppokit.trainer.round import Learner, UpdateData
+from ppokit.trainer.round import Learner
+from ppokit.trainer.update import accumulate
 
-from .helpers import demo_rows, learner, small_spec
+from .helpers import demo_rows, encode, learner, small_spec
 
 #: Outcome rewards R, 3 groups of 4: pass rates 0.25, 0.375 and 1 (weight 0).
 REWARDS = [1.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
@@ -70,15 +72,15 @@ def _create(kind: str, comp: ComponentSpec) -> Any:
 def _rollout(lrn: Learner) -> Rollout:
     """3 prompts × 4 fixed responses, log π_old recorded from the actor as sampling would."""
     rows = demo_rows(3)
-    ids, attn = lrn.encode([r["prompt"] for r in rows], 4)
+    ids, attn = encode(lrn, [r["prompt"] for r in rows], 4)
     g = torch.Generator().manual_seed(7)
     response = torch.randint(3, 60, (12, T), generator=g)  # no EOS (id 2), no padding (id 0)
     mask = torch.arange(T)[None, :] < torch.tensor(LENGTHS)[:, None]
     response = response.masked_fill(~mask, 0)
     ro = Rollout(ids, attn, response, mask, mask.all(1), None)
     with torch.no_grad():
-        logp, _, _ = lrn.actor_forward(lrn.models.actor, ro)
-    ro.logp_old = logp * mask
+        logp, _, _ = lrn.forwards.actor(lrn.models.actor, ro)
+    ro.logp_rollout = logp * mask
     return ro
 
 
@@ -171,9 +173,18 @@ def _setup(tmp_path: Any, *extra: str) -> tuple[Spec, Learner, UpdateData, Tenso
     lrn = learner(spec)
     ro = _rollout(lrn)
     scores = torch.tensor(REWARDS)
-    data, _ = lrn.estimate(ro, lrn.rollout_batch(ro, scores, None), scores)
+    batch = round_batch(
+        ro,
+        scores,
+        None,
+        n=spec.rollout.n,
+        forwards=lrn.forwards,
+        assembly=lrn.assembly,
+        recompute_logp_old=False,
+    )
+    data, _, _ = estimate(ro, batch, scores, spec=spec, assembly=lrn.assembly, kl_coef=lrn.kl_coef)
     _perturb(lrn)
-    lrn.train_mode()
+    lrn.forwards.train_mode()
     return spec, lrn, data, scores
 
 
@@ -184,7 +195,7 @@ def test_the_trainer_loss_is_the_explained_objective(tmp_path, aggregation: str)
     )
     b = len(REWARDS)
     every = torch.arange(b)
-    loss = lrn.accumulate(data, every, b, train_actor=True)
+    loss = accumulate(lrn, data, every, b, train_actor=True)
     by_hand = objective(spec, lrn, data, scores, every)
 
     torch.testing.assert_close(by_hand["omega"], torch.tensor(WEIGHTS))
@@ -198,7 +209,7 @@ def test_the_trainer_loss_is_the_explained_objective(tmp_path, aggregation: str)
     # micro-batches of uneven sizes over a shuffled minibatch: the same total
     perm = torch.randperm(b, generator=torch.Generator().manual_seed(1))
     for micro in (5, 1):
-        total = lrn.accumulate(data, perm, micro, train_actor=True)
+        total = accumulate(lrn, data, perm, micro, train_actor=True)
         torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -207,7 +218,7 @@ def test_a_minibatch_loss_is_the_objective_of_its_rows(tmp_path) -> None:
     actor weight 0 (then only the critic's term is left, 0 too with ω^V = 0)."""
     spec, lrn, data, scores = _setup(tmp_path)
     for rows in (torch.tensor([0, 5, 9, 10, 6]), torch.tensor([8, 9, 10, 11])):
-        loss = lrn.accumulate(data, rows, 2, train_actor=True)
+        loss = accumulate(lrn, data, rows, 2, train_actor=True)
         expected = objective(spec, lrn, data, scores, rows)["objective"]
         torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
 

@@ -9,6 +9,7 @@ import torch
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.rollout import Rollout
+from ppokit.trainer.update import accumulate
 
 from .helpers import demo_rows, learner, small_spec
 
@@ -43,7 +44,7 @@ def test_one_round_per_family(tmp_path, family: str) -> None:
 
 def _grads(lrn, data, micro: int) -> list[torch.Tensor]:
     b = data.batch.batch_size
-    lrn.accumulate(data, torch.arange(b), micro, train_actor=True)
+    accumulate(lrn, data, torch.arange(b), micro, train_actor=True)
     params = [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]
     return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
 
@@ -89,8 +90,8 @@ def test_value_at_t_depends_only_on_the_prefix(tmp_path) -> None:
                 ro = Rollout(enc.input_ids, enc.attention_mask, r, mask, mask[:, 0], None)
                 shared = None
                 if lrn.models.shared_critic:
-                    shared = lrn.actor_forward(lrn.models.actor, ro)[2]
-                outs.append(lrn.assembly.value(lrn.critic_head_out(ro, shared)))
+                    shared = lrn.forwards.actor(lrn.models.actor, ro)[2]
+                outs.append(lrn.assembly.value(lrn.forwards.critic_head_out(ro, shared)))
         # V(s_u) for u <= t reads tokens before u only: unchanged; V(s_{t+1}) sees token t
         torch.testing.assert_close(outs[0][:, : t + 1], outs[1][:, : t + 1])
         assert not torch.allclose(outs[0][:, t + 1], outs[1][:, t + 1])
@@ -168,27 +169,21 @@ def test_a_prompt_longer_than_the_context_is_an_error_or_truncated() -> None:
 
     from ppokit.errors import UserError
     from ppokit.spec import validate_spec
-    from ppokit.trainer.round import fit_context
-
-    class Config:
-        max_position_embeddings = 12
-
-    class Model:
-        config = Config()
+    from ppokit.trainer.rollout import fit_context
 
     spec = validate_spec({"rollout": {"max_new_tokens": 4}})
     ids = torch.arange(20).reshape(2, 10)
     attn = torch.ones(2, 10, dtype=torch.long)
     attn[1, :5] = 0  # row 1: 5 padding tokens on the left
     with pytest.raises(UserError, match="10 tokens plus 4 new tokens does not fit"):
-        fit_context(ids, attn, Model(), spec, spec.data)
+        fit_context(ids, attn, 12, 4, spec.data.long_prompts)
     data = spec.data.model_copy(update={"long_prompts": "truncate"})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cut, cut_attn = fit_context(ids, attn, Model(), spec, data)
+        cut, cut_attn = fit_context(ids, attn, 12, 4, data.long_prompts)
     assert "its first 2 tokens are cut" in str(caught[0].message)
     assert torch.equal(cut, ids[:, 2:]) and torch.equal(cut_attn, attn[:, 2:])
     short = torch.ones(2, 10, dtype=torch.long)
     short[:, :3] = 0  # only padding beyond the room: cut silently
-    kept, _ = fit_context(ids, short, Model(), spec, spec.data)
+    kept, _ = fit_context(ids, short, 12, 4, spec.data.long_prompts)
     assert torch.equal(kept, ids[:, 2:])

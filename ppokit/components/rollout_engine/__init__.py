@@ -1,0 +1,192 @@
+"""Rollout engines: what samples a round's responses from the policy and records the
+log-probability of each sampled token under the distribution it sampled from (the behaviour
+policy μ of the PPO derivation).
+
+Token ids in, token ids out: an engine needs no tokenizer. The trainer starts it once per run
+(:meth:`RolloutEngine.start` with an :class:`EngineContext`), asks it for responses every round
+(:meth:`RolloutEngine.generate` with left-padded prompt ids and a :class:`Sampling`), and
+tells it after every update that the policy changed (``sync``). docs/engines.md shows a
+complete engine plugin.
+
+This module is the torch-free catalogue; the ``hf`` engine's code is
+:mod:`ppokit.components.rollout_engine.impl`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ppokit.catalogue import Component, NoParams
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+__all__ = [
+    "ENTRIES",
+    "EngineContext",
+    "Generation",
+    "RolloutEngine",
+    "Sampling",
+    "response_mask",
+]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What one :meth:`RolloutEngine.generate` call asks for.
+
+    ``n`` responses per prompt of at most ``max_new_tokens`` tokens each, drawn from
+    softmax(logits / temperature) after top-k (0: off) and nucleus (1: off) filtering, or the
+    argmax when ``greedy``. ``seed`` is derived from (spec seed, process, round) for engines
+    with a generator of their own; the ``hf`` engine draws from torch's global generator,
+    which the trainer seeds.
+    """
+
+    n: int = 1
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The responses of one :meth:`RolloutEngine.generate` call, on the prompts' device.
+
+    Rows are the prompts' in order, each prompt's ``n`` responses together
+    (``prompt_ids.repeat_interleave(n, 0)``'s order):
+
+    - ``response_ids`` ``[B, T]`` long, right-padded (any id after a row's end);
+    - ``response_mask`` ``[B, T]`` bool: a row's tokens, its EOS included;
+    - ``truncated`` ``[B]`` bool: the row reached ``max_new_tokens`` without EOS;
+    - ``logp`` ``[B, T]`` float32: log μ(a_t), the sampled token's log-probability under the
+      distribution it was drawn from (after temperature, before top-k/top-p filtering), 0 at
+      masked positions; None for greedy decoding.
+    """
+
+    response_ids: Tensor
+    response_mask: Tensor
+    truncated: Tensor
+    logp: Tensor | None
+
+    @classmethod
+    def from_sequences(
+        cls, response_ids: Tensor, logp: Tensor | None, eos_ids: Sequence[int]
+    ) -> Generation:
+        """From ``[B, T]`` responses that run to EOS or to the length limit (what
+        ``model.generate`` returns after the prompt): the mask and truncation from EOS."""
+        import torch
+
+        mask, truncated = response_mask(
+            response_ids, torch.tensor(list(eos_ids), device=response_ids.device)
+        )
+        return cls(response_ids, mask, truncated, None if logp is None else logp.float() * mask)
+
+    @classmethod
+    def from_token_lists(
+        cls,
+        responses: Sequence[Sequence[int]],
+        logps: Sequence[Sequence[float]] | None,
+        eos_ids: Sequence[int],
+        pad_id: int,
+        device: torch.device | str = "cpu",
+    ) -> Generation:
+        """From one list of token ids (and of their log-probs) per response, as engines that
+        work on lists return them; padded to the longest, truncated = no EOS in the list."""
+        import torch
+
+        width = max((len(r) for r in responses), default=0)
+        ids = torch.full((len(responses), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(responses), width), dtype=torch.bool)
+        logp = None if logps is None else torch.zeros((len(responses), width))
+        for i, tokens in enumerate(responses):  # host-side lists: one copy each
+            ids[i, : len(tokens)] = torch.tensor(list(tokens), dtype=torch.long)
+            mask[i, : len(tokens)] = True
+            if logp is not None and logps is not None:
+                logp[i, : len(tokens)] = torch.tensor(list(logps[i]), dtype=torch.float32)
+        eos = set(eos_ids)
+        truncated = torch.tensor([not (r and r[-1] in eos) for r in responses], dtype=torch.bool)
+        return cls(
+            ids.to(device),
+            mask.to(device),
+            truncated.to(device),
+            None if logp is None else logp.to(device),
+        )
+
+
+def response_mask(response_ids: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
+    """(mask True up to and including the first EOS, truncated = no EOS) for ``[B, T]`` ids."""
+    import torch
+
+    is_eos = torch.isin(response_ids, eos)
+    before = is_eos.long().cumsum(1) - is_eos.long()
+    return before == 0, ~is_eos.any(1)
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What an engine is started with, once per run.
+
+    ``model`` is the actor the trainer updates: a ``transformers`` causal LM (a peft model
+    with LoRA; FSDP2-sharded on several processes). ``model_spec`` is the spec's ``model``
+    section (where the actor came from, its dtype, the LoRA settings), for an engine that
+    holds a copy of its own. ``eos_ids`` end a response, ``pad_id`` pads one; ``autocast()``
+    is the run's mixed-precision context. ``process`` of ``processes``: each process drives
+    its own engine over its share of the prompts.
+    """
+
+    model: Any
+    model_spec: Any
+    eos_ids: tuple[int, ...]
+    pad_id: int
+    device: Any
+    autocast: Callable[[], AbstractContextManager[Any]]
+    process: int = 0
+    processes: int = 1
+
+
+class RolloutEngine(Protocol):
+    """``start(context)`` once per run, then ``generate(prompt_ids, prompt_mask, sampling)``:
+    ``prompt_ids`` ``[P, L]`` long, left-padded, ``prompt_mask`` ``[P, L]`` (1 on tokens),
+    on the run's device, to a :class:`Generation` of ``P·n`` rows.
+
+    Optional members, read with defaults: ``sync()`` after every update (an engine that holds
+    its own copy of the weights pulls them; default: nothing), ``close()`` at the end of the
+    run, and ``samples_from_policy`` (default False): True when the engine samples from the
+    trainer's own actor module, so that its log-probs are π_old's and ``rollout.logp_old:
+    auto`` takes them without a forward pass.
+    """
+
+    def start(self, context: EngineContext) -> None: ...
+
+    def generate(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling
+    ) -> Generation: ...
+
+
+MODULE = "ppokit.components.rollout_engine.impl"
+
+HF = Component(
+    "rollout_engine",
+    "hf",
+    f"{MODULE}:HFEngine",
+    params=NoParams,
+    summary="Samples with the actor's own model.generate (KV cache), recording log μ of each token",
+    formula=(
+        "a_t ~ softmax(filter(z_t / temperature)), log μ(a_t) = log_softmax(z_t / temperature)[a_t];"
+        " μ = π_old: the actor itself samples"
+    ),
+    source=(
+        "Hugging Face transformers generation (GenerationMixin.generate); "
+        "Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347"
+    ),
+)
+
+#: Every built-in rollout engine, registered by the default plugin.
+ENTRIES: tuple[Component, ...] = (HF,)

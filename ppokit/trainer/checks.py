@@ -1,0 +1,88 @@
+"""Non-finite values caught before they reach a parameter (docs/design.md, "The trainer's
+boundary and bad numbers"): :class:`NonFinite` counts NaNs and infs on the device and reads
+them back once, :class:`Guard` decides what a bad value does to the run
+(``train.on_nonfinite``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ppokit import distributed
+from ppokit.errors import NonFiniteError
+
+__all__ = ["Guard", "NonFinite"]
+
+
+class NonFinite:
+    """NaN and inf counts of named tensors, summed on the device and read back in one
+    transfer (:meth:`read_problem`).
+
+    ``add(label, x)`` counts ``x``'s non-finite entries under ``label`` (a component in its
+    slot, ``the actor's loss``, ...); labels keep the order they were first added in, the
+    order the values arise in a round, so the first bad label is where a NaN appeared
+    (everything computed from it is NaN too).
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[str, Tensor] = {}
+        self.sizes: dict[str, int] = {}
+        self.forms: dict[str, tuple[str, str]] = {}
+
+    def add(self, label: str, x: Tensor, unit: str = "positions", source: str = "") -> None:
+        """Count ``x``'s NaNs and infs under ``label``. A scalar (a loss, a norm) is
+        reported as ``label is NaN (source)``, anything else as ``label produced NaN at n
+        of N unit``."""
+        x = x.detach()
+        count = torch.stack([torch.isnan(x).sum(), torch.isinf(x).sum()])
+        previous = self.counts.get(label)
+        self.counts[label] = count if previous is None else previous + count
+        self.sizes[label] = self.sizes.get(label, 0) + x.numel()
+        self.forms[label] = (unit, source)
+
+    def read_problem(self) -> str | None:
+        """The first label with a non-finite value, as a message (one host read), or None."""
+        if not self.counts:
+            return None
+        # summed over the processes, so that every process takes the same decision
+        values = distributed.all_sum(torch.stack(list(self.counts.values()))).tolist()
+        for label, (nan, inf) in zip(self.counts, values, strict=True):
+            if nan or inf:
+                return self._message(label, nan, inf)
+        return None
+
+    def _message(self, label: str, nan: int, inf: int) -> str:
+        unit, source = self.forms[label]
+        if unit == "scalar":  # a loss or a norm (of its source), or an aggregation's value
+            value = "NaN" if nan else "inf"
+            return f"{label} is {value} ({source})" if source else f"{label} produced {value}"
+        found = " and ".join(f"{name} at {n}" for name, n in (("NaN", nan), ("inf", inf)) if n)
+        return f"{label} produced {found} of {self.sizes[label]} {unit}"
+
+
+class Guard:
+    """What a caught non-finite value does: ``on_nonfinite: stop`` raises
+    :class:`NonFiniteError`; ``skip`` counts it and returns the message, until
+    ``max_skipped_steps`` in a row (``bad_in_row``) raise."""
+
+    def __init__(self, on_nonfinite: str, max_skipped_steps: int) -> None:
+        self.on_nonfinite = on_nonfinite
+        self.max_skipped_steps = max_skipped_steps
+        self.bad_in_row = 0
+
+    def __call__(self, round_no: int, problem: str, consequence: str) -> str:
+        """Raise, or count the problem and return its message with ``consequence``."""
+        message = f"round {round_no}: {problem}"
+        if self.on_nonfinite == "stop":
+            raise NonFiniteError(message)
+        self.bad_in_row += 1
+        if self.bad_in_row >= self.max_skipped_steps:
+            raise NonFiniteError(
+                f"{message}; {self.bad_in_row} in a row (train.max_skipped_steps: "
+                f"{self.max_skipped_steps})"
+            )
+        return f"{message}: {consequence}"
+
+    def good(self) -> None:
+        """A step was taken: the count in a row starts again."""
+        self.bad_in_row = 0

@@ -1,0 +1,248 @@
+"""From a round's responses to what the update reads: the round's
+:class:`~ppokit.batch.RolloutBatch` (:func:`round_batch`: rewards on the last token and the
+no-grad forward passes π_old, V_old, π_ref) and the estimates (:func:`estimate`: truncation
+rule, KL in the reward, advantages, critic targets, position mask, prompt weights).
+
+:func:`estimate` is a pure function of the batch and the assembled components (and β):
+on several processes it runs on the whole round's batch (:func:`gather_batch`) on every
+process, which keeps its own rows (:meth:`UpdateData.own_rows`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ppokit import distributed
+from ppokit.batch import FIELDS as BATCH_FIELDS
+from ppokit.batch import RolloutBatch
+from ppokit.spec import Spec
+from ppokit.trainer.assembly import Assembly
+from ppokit.trainer.checks import NonFinite
+from ppokit.trainer.forwards import Forwards
+from ppokit.trainer.rollout import Rollout
+
+__all__ = [
+    "UpdateData",
+    "estimate",
+    "explained_variance",
+    "gather_batch",
+    "kl_controller_step",
+    "kl_to_reference",
+    "round_batch",
+]
+
+
+def explained_variance(target: Tensor, pred: Tensor, mask: Tensor) -> Tensor:
+    """1 − Var[Y − V] / Var[Y] over the masked positions.
+
+    NaN when the targets have (next to) no variance, Var[Y] <= 1e-6·mean(Y²) + 1e-12: the
+    ratio then says nothing (it reached -200 on the demo once rewards saturate).
+    """
+    m = mask.float()
+    n = m.sum().clamp_min(1.0)
+
+    def var(x: Tensor) -> Tensor:
+        mu = (x * m).sum() / n
+        return ((x - mu) ** 2 * m).sum() / n
+
+    vy = var(target.float())
+    resid = var(target.float() - pred.float())
+    second = (target.float() ** 2 * m).sum() / n
+    informative = vy > 1e-6 * second + 1e-12
+    return torch.where(informative, 1 - resid / vy.clamp_min(1e-30), torch.full_like(vy, math.nan))
+
+
+def kl_controller_step(
+    beta: Tensor, kl: Tensor, target: float, horizon: int, n_samples: int
+) -> Tensor:
+    """Adaptive KL coefficient (Ziegler et al., 2019): β ← β·(1 + clip(KL/target − 1,
+    −0.2, 0.2)·n/horizon), with KL the mean per-sequence KL of the last rollout."""
+    error = (kl / target - 1.0).clamp(-0.2, 0.2)
+    return beta * (1.0 + error * n_samples / horizon)
+
+
+@dataclass
+class UpdateData:
+    """The tensors of one round the updates read (all ``[B, ...]`` on the device)."""
+
+    rollout: Rollout
+    batch: RolloutBatch
+    advantages: Tensor
+    actor_mask: Tensor  # bool [B, T]: mask' = response mask · [ω > 0]
+    policy_weights: Tensor  # ω [B]
+    nll_mask: Tensor | None  # bool [B, T]: mask' · [R > 0], when the NLL term is on
+    targets: Tensor | None = None
+    value_mask: Tensor | None = None  # bool [B, T]
+    value_weights: Tensor | None = None
+    #: the round had a non-finite reward or estimate and on_nonfinite is skip: no update
+    skip: bool = False
+    #: on several processes: the round's longest response, the width every process's
+    #: masks are gathered at (None: one process)
+    round_width: int | None = None
+
+    def own_rows(self, rollout: Rollout, rows: slice) -> UpdateData:
+        """This process's ``rows`` of data estimated on the whole round, with its own
+        ``rollout`` (whose responses may be shorter than the round's longest)."""
+        length = rollout.response_mask.shape[1]
+
+        def cut(x: Tensor | None) -> Tensor | None:
+            if x is None:
+                return None
+            x = x[rows]
+            return x[:, :length] if x.dim() >= 2 else x
+
+        batch = RolloutBatch(
+            **{f: cut(getattr(self.batch, f)) for f in BATCH_FIELDS}  # type: ignore[arg-type]
+        )
+        return UpdateData(
+            rollout,
+            batch,
+            cut(self.advantages),  # type: ignore[arg-type]
+            cut(self.actor_mask),  # type: ignore[arg-type]
+            cut(self.policy_weights),  # type: ignore[arg-type]
+            cut(self.nll_mask),
+            cut(self.targets),
+            cut(self.value_mask),
+            cut(self.value_weights),
+            self.skip,
+            round_width=self.batch.seq_len,
+        )
+
+
+def gather_batch(batch: RolloutBatch, rows: int) -> RolloutBatch:
+    """The whole round's batch from every process's ``batch`` (``rows`` rows each), padded
+    to the round's longest response; group ids are made unique across processes."""
+    length = distributed.max_over_processes(batch.seq_len, batch.device)
+    fields: dict[str, Any] = {}
+    for name in BATCH_FIELDS:
+        x = getattr(batch, name)
+        if x is None:
+            continue
+        if name == "group_ids":
+            x = x + distributed.world().rank * rows
+        fields[name] = distributed.gather_rows(x, length)
+    return RolloutBatch(**fields)
+
+
+def round_batch(
+    ro: Rollout,
+    scores: Tensor,
+    baseline: Tensor | None,
+    *,
+    n: int,
+    forwards: Forwards,
+    assembly: Assembly,
+    recompute_logp_old: bool,
+) -> RolloutBatch:
+    """The round's batch: R on each response's last token, the engine's log μ, groups of
+    ``n`` responses, and (no-grad forwards) log π_old (the engine's log μ unless
+    ``recompute_logp_old``), the critic's values with the value after each row's last token,
+    and log π_ref."""
+    mask = ro.response_mask
+    b = mask.shape[0]
+    device = mask.device
+    batch = RolloutBatch(
+        response_mask=mask,
+        token_rewards=torch.zeros(mask.shape, dtype=torch.float32, device=device),
+        logp_old=ro.logp_rollout,
+        logp_rollout=ro.logp_rollout,
+        group_ids=torch.arange(b, device=device) // n,
+        truncated=ro.truncated,
+        baseline_rewards=baseline,
+    )
+    batch = batch.replace(token_rewards=torch.where(batch.last_mask, scores[:, None], 0.0))
+    models = forwards.models
+    with torch.no_grad():
+        if recompute_logp_old:
+            batch = batch.replace(logp_old=forwards.policy_logprobs(ro) * mask)
+        if models.critic is not None:
+            shared = forwards.hidden(models.actor, ro) if models.shared_critic else None
+            v_all = assembly.value(forwards.critic_head_out(ro, shared))  # [B, T+1]
+            batch = batch.replace(
+                values=v_all[:, :-1] * mask,
+                bootstrap_values=v_all.gather(1, batch.last_index[:, None] + 1).squeeze(1),
+            )
+        if models.has_reference:
+            batch = batch.replace(logp_ref=forwards.reference_logprobs(ro) * mask)
+    return batch
+
+
+def kl_to_reference(
+    batch: RolloutBatch,
+    spec: Spec,
+    assembly: Assembly,
+    kl_coef: Tensor,
+    metrics: dict[str, Tensor],
+    checks: NonFinite | None = None,
+) -> tuple[RolloutBatch, Tensor]:
+    """KL(π_old ‖ π_ref) per sequence (the ``kl`` metric); with the ``reward`` placement
+    r_t ← r_t − β·kl_t; then the adaptive controller's step of β. Returns the batch and β."""
+    kl = spec.kl
+    assert kl is not None and assembly.kl is not None
+    estimate_ = assembly.kl(batch.logp_old, batch.logp_ref).float()
+    if checks is not None:
+        checks.add(str(assembly.name("kl.estimator")), estimate_)
+    kl_tok = estimate_ * batch.maskf
+    kl_seq = kl_tok.sum(1).mean()
+    metrics["kl"] = kl_seq
+    metrics["kl_coef"] = kl_coef.clone()
+    if kl.placement == "reward":
+        batch = batch.replace(token_rewards=batch.token_rewards - kl_coef * kl_tok)
+    if kl.target is not None:
+        kl_coef = kl_controller_step(kl_coef, kl_seq, kl.target, kl.horizon, batch.batch_size)
+    return batch, kl_coef
+
+
+def estimate(
+    ro: Rollout,
+    batch: RolloutBatch,
+    scores: Tensor,
+    *,
+    spec: Spec,
+    assembly: Assembly,
+    kl_coef: Tensor,
+    checks: NonFinite | None = None,
+) -> tuple[UpdateData, dict[str, Tensor], Tensor]:
+    """Truncation rule → KL in the reward → what the updates read: advantages A, prompt
+    weights ω with the actor's masks mask' = mask·[ω > 0] and mask'·[R > 0]; critic
+    targets Y, position mask m^V and weights. Returns them with their metrics and β after
+    the adaptive controller's step; each estimate goes into ``checks`` under its slot."""
+    parts, metrics = assembly, {}
+    checks = checks if checks is not None else NonFinite()
+
+    def check(slot: str, x: Tensor, unit: str = "positions") -> Tensor:
+        checks.add(str(parts.name(slot)), x, unit)
+        return x
+
+    for values in (batch.values, batch.bootstrap_values):
+        if values is not None:
+            checks.add("the critic's forward pass", values, "values")
+    batch = parts.truncation(batch)
+    if spec.kl is not None:
+        batch, kl_coef = kl_to_reference(batch, spec, parts, kl_coef, metrics, checks)
+    adv = check("advantage", parts.advantage(batch).float().detach())
+    weights = check("policy.weight", parts.policy_weight(batch).float().detach(), "responses")
+    actor_mask = batch.response_mask & (weights > 0)[:, None]
+    nll_mask = actor_mask & (scores > 0)[:, None] if spec.policy.nll_coef > 0 else None
+    data = UpdateData(ro, batch, adv, actor_mask, weights, nll_mask)
+    tokens = batch.lengths.sum().clamp_min(1)  # positions the estimators saw
+    metrics["advantage_mean"] = (adv * batch.maskf).sum() / tokens
+    if parts.critic_target is not None:
+        assert parts.critic_mask and parts.critic_weight and batch.values is not None
+        data.targets = check("critic.target", parts.critic_target(batch).float().detach())
+        data.value_mask = check("critic.mask", parts.critic_mask(batch).detach().float()) > 0
+        data.value_weights = check(
+            "critic.weight", parts.critic_weight(batch).float().detach(), "responses"
+        )
+        metrics["explained_variance"] = explained_variance(
+            data.targets, batch.values, batch.response_mask
+        )
+        # mean |Y - V_old|: stays meaningful when Var[Y] is near 0 and EV is not
+        value_error = ((data.targets - batch.values).abs() * batch.maskf).sum()
+        metrics["value_error"] = value_error / tokens
+    return data, metrics, kl_coef

@@ -1,0 +1,73 @@
+"""Scoring responses: decoded to text (the one host read of a round's responses) and scored
+by the spec's rewards, R = Σ_k weight_k · reward_k. The training round and the evaluation
+both score through a :class:`Scorer`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ppokit.trainer.assembly import Assembly, as_scores
+from ppokit.trainer.checks import NonFinite
+from ppokit.trainer.rollout import Rollout
+
+__all__ = ["Scorer"]
+
+
+class Scorer:
+    """The spec's rewards (``assembly.rewards``) over texts decoded by ``tokenizer``."""
+
+    def __init__(self, assembly: Assembly, tokenizer: Any, device: torch.device) -> None:
+        self.assembly = assembly
+        self.tokenizer = tokenizer
+        self.device = device
+
+    def decode(self, ro: Rollout) -> tuple[list[str], list[int], list[bool]]:
+        """Response texts, lengths and truncation flags (one host read)."""
+        tok = self.tokenizer
+        ids = ro.response_ids.masked_fill(~ro.response_mask, tok.pad_token_id)
+        packed = torch.cat(
+            [ids, ro.response_mask.sum(1, keepdim=True), ro.truncated.long()[:, None]], 1
+        ).cpu()
+        texts = tok.batch_decode(packed[:, :-2], skip_special_tokens=True)
+        return texts, packed[:, -2].tolist(), [bool(x) for x in packed[:, -1].tolist()]
+
+    def score(
+        self,
+        rows: list[dict[str, Any]],
+        responses: list[str],
+        lengths: list[int],
+        truncated: list[bool],
+        checks: NonFinite | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """R = Σ_k weight_k · reward_k, float32 [B], and each reward's scores, for one
+        response per data row; each reward's scores go into ``checks`` under its slot."""
+        columns = sorted({k for row in rows for k in row if k != "prompt"})
+        fields: dict[str, list[Any]] = {c: [row.get(c) for row in rows] for c in columns}
+        prompts = [row["prompt"] for row in rows]
+        total = torch.zeros(len(responses), device=self.device)
+        parts = {}
+        rewards = self.assembly.rewards
+        for i, (name, fn, weight) in enumerate(rewards):
+            slot = "reward" if len(rewards) == 1 else f"reward.{i}"
+            where = getattr(fn, "where", None) or self.assembly.name(slot)
+            out = fn(prompts, responses, **fields, lengths=lengths, truncated=truncated)
+            s = as_scores(out, len(responses), where).to(self.device)
+            if checks is not None:
+                checks.add(str(where), s, "responses")
+            parts[name] = s
+            total = total + weight * s
+        return total, parts
+
+    def rollout(
+        self, rows: list[dict[str, Any]], ro: Rollout, checks: NonFinite | None = None
+    ) -> tuple[Tensor, dict[str, Tensor], list[str]]:
+        """(R [B], each reward's scores, the texts) of a rollout of ``B // len(rows)``
+        responses per data row."""
+        n = ro.response_ids.shape[0] // max(1, len(rows))
+        expanded = [row for row in rows for _ in range(n)]
+        texts, lengths, truncated = self.decode(ro)
+        scores, parts = self.score(expanded, texts, lengths, truncated, checks)
+        return scores, parts, texts
