@@ -399,7 +399,7 @@ def test_user_errors(tmp_path: Path) -> None:
     assert_user_error(invoke(str(good), "--out", str(out), "--add", "x"), "--add")
     (tmp_path / "file").write_text("")
     result = invoke(str(good), "--seeds", "0", "--out", str(tmp_path / "file" / "sub"))
-    assert_user_error(result, "cannot write to")
+    assert_user_error(result, "cannot create the folder (not a directory)")
     other = tmp_path / "other"
     other.mkdir()
     write_spec(other, "good")
