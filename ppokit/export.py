@@ -75,6 +75,11 @@ def _check_out(out: Path, run_dir: Path) -> None:
         raise UserError(f"{out} is a symbolic link: export into a real folder")
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a directory")
+    above = out.parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise UserError(f"{above} is not a directory: cannot export into {out}")
     with io_errors(out, "cannot read"):
         if out.is_dir() and any(out.iterdir()):
             raise UserError(f"{out} is not empty: export into a new or empty folder")
