@@ -4,7 +4,6 @@ and output folders whose parent cannot be written. Nothing is written through a 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,12 @@ from ppokit.cli import app
 from ppokit.runfolder import CHECKPOINT
 from ppokit.trainer import train
 from tests.trainer.helpers import reseal_manifest, small_spec
+from tests.trainer.test_checkpoint_safety import (  # the crafted headers resume refuses
+    _dtype,
+    _edit_header,
+    _offsets,
+    _sharding_info,
+)
 
 SHARD = "shard-00001-model-00001-of-00001.safetensors"
 
@@ -42,51 +47,20 @@ def export_error(*args: str) -> str:
     return lines[0]
 
 
-def edit_header(file: Path, edit: Any) -> None:
-    data = file.read_bytes()
-    size = int.from_bytes(data[:8], "little")
-    header = json.dumps(edit(json.loads(data[8 : 8 + size]))).encode()
-    header += b" " * (-len(header) % 8)
-    file.write_bytes(len(header).to_bytes(8, "little") + header + data[8 + size :])
-
-
-def offsets(values: list[int]) -> Any:
-    def edit(header: dict[str, Any]) -> dict[str, Any]:
-        info = json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
-        info["model.embed_tokens.weight"]["saved_offsets"] = values
-        header["__metadata__"]["DCP_SHARDING_INFO"] = json.dumps(info)
-        return header
-
-    return edit
-
-
-def sharding_info(text: str) -> Any:
-    def edit(header: dict[str, Any]) -> dict[str, Any]:
-        header["__metadata__"]["DCP_SHARDING_INFO"] = text
-        return header
-
-    return edit
-
-
-def dtype(header: dict[str, Any]) -> dict[str, Any]:
-    header["model.embed_tokens.weight"]["dtype"] = "F16"
-    return header
-
-
 @pytest.mark.parametrize(
     "edit",
     [
-        offsets([10**12, 0]),
-        offsets([-5, 0]),
-        offsets([0]),
-        sharding_info("{nope"),
-        sharding_info("{}"),
-        dtype,
+        _offsets([10**12, 0]),
+        _offsets([-5, 0]),
+        _offsets([0]),
+        _sharding_info("{nope"),
+        _sharding_info("{}"),
+        _dtype,
     ],
     ids=["huge offset", "negative offset", "offsets too short", "not JSON", "no info", "dtype"],
 )
 def test_a_crafted_shard_header_is_one_line(run: Path, tmp_path: Path, edit: Any) -> None:
-    edit_header(run / CHECKPOINT / "actor" / SHARD, edit)
+    _edit_header(run / CHECKPOINT / "actor" / SHARD, edit)
     reseal_manifest(run / CHECKPOINT)
     assert "checkpoint" in export_error(str(run), str(tmp_path / "exported"))
     assert not (tmp_path / "exported").exists()
