@@ -51,6 +51,7 @@ from ppokit.runfolder import (
     io_error,
     link_error,
     open_new,
+    read_bytes,
     read_json,
     read_metrics,
     read_spec_data,
@@ -539,7 +540,7 @@ def _last_line(path: Path) -> str | None:
     """The line of a log that says why its run failed: the last ``error:`` line, else the
     last exception line, else the last line with a word in it (never a table border)."""
     try:
-        text = path.read_text(errors="replace")
+        text = read_bytes(path).decode("utf-8", errors="replace")
     except OSError:
         return None
     lines = [_ANSI.sub("", line).strip() for line in text.splitlines()]

@@ -70,6 +70,7 @@ __all__ = [
     "load_json",
     "logged_rounds",
     "open_new",
+    "read_bytes",
     "read_json",
     "read_metrics",
     "read_run_spec",
@@ -316,9 +317,19 @@ def load_json(text: str | bytes) -> Any:
         raise ValueError(f"nested more than {MAX_DEPTH} levels deep") from None
 
 
+def read_bytes(path: Path) -> bytes:
+    """A regular file's bytes, opened without following a link (``OSError`` otherwise: a
+    link, a pipe or a device in a run folder could stall or flood a read)."""
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _BINARY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return fh.read()
+
+
 def read_json(path: Path) -> Any:
-    """:func:`load_json` of a file (``OSError`` and ``ValueError`` propagate)."""
-    return load_json(path.read_bytes())
+    """:func:`load_json` of a regular file (``OSError`` and ``ValueError`` propagate)."""
+    return load_json(read_bytes(path))
 
 
 def read_spec_data(path: Path) -> dict[str, Any]:
@@ -327,6 +338,15 @@ def read_spec_data(path: Path) -> dict[str, Any]:
     Raises :class:`~ppokit.spec.SpecError` or a one-line ``UserError``."""
     from ppokit.spec import read_spec_file
 
+    try:  # a regular file, not a link: the spec reader opens it by name
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode):
+            code = errno.ELOOP if stat.S_ISLNK(mode) else errno.EINVAL
+            raise OSError(code, "not a regular file", str(path))
+    except FileNotFoundError:
+        pass  # the spec reader says so
+    except OSError as exc:
+        raise io_error(path, exc, "cannot read") from None
     try:
         data = read_spec_file(path)
     except RecursionError:
@@ -364,7 +384,7 @@ def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(line, record)`` of each readable line of a JSON-lines file of a run (a line cut
     short by a crash, a foreign or too deeply nested one is skipped). Missing: nothing."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_bytes(path).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return
     except OSError as exc:

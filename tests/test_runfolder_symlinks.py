@@ -208,3 +208,15 @@ def test_overwrite_removes_links_never_their_targets(run: Path, outside: Outside
     assert not any(p.is_symlink() for p in run.rglob("*"))
     assert read_state(run)["round"] == 2
     assert outside.unchanged()
+
+
+def test_reads_never_follow_a_link_to_a_pipe_or_device(tmp_path: Path) -> None:
+    """A link or a pipe where a run folder holds a file is never read (it could stall or
+    flood the reader): the run's records are then simply absent."""
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "spec.yaml")
+    with pytest.raises(UserError, match="metrics.jsonl: cannot read"):
+        read_metrics(tmp_path)
+    from ppokit.compare import read_history, read_run_spec
+
+    assert read_history(tmp_path) == [] and read_run_spec(tmp_path) is None

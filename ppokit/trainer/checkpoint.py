@@ -621,7 +621,7 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
     if world.main:
         try:
             remove(tmp)  # a leftover folder, or a link (itself): never written through
-            tmp.mkdir()
+            tmp.mkdir(parents=True)  # afresh: it fails if something is there again
             (tmp / RNG).mkdir()
         except OSError as exc:
             error = str(io_error(tmp, exc, doing))
