@@ -215,7 +215,7 @@ def test_reads_never_follow_a_link_to_a_pipe_or_device(tmp_path: Path) -> None:
     flood the reader): the run's records are then simply absent."""
     (tmp_path / "metrics.jsonl").symlink_to("/dev/zero")
     os.mkfifo(tmp_path / "spec.yaml")
-    with pytest.raises(UserError, match="metrics.jsonl: cannot read"):
+    with pytest.raises(UserError, match=r"metrics\.jsonl: cannot read"):
         read_metrics(tmp_path)
     from ppokit.compare import read_history, read_run_spec
 
