@@ -6,10 +6,13 @@ with every seed, each run in its own ``ppokit train`` process and its own folder
 ``DIR/summary.json`` and ``DIR/compare.png``. ``ppokit compare --report DIR [--add RUN_DIR]``
 writes them again from the runs already there, running nothing. See docs/compare.md.
 
-A sweep can be stopped (Ctrl-C) and started again with the same command: a run folder whose
-``metrics.jsonl`` holds the last round is finished and left untouched, one with a
-``checkpoint/`` is resumed (``--resume``), one with neither is started again (``--overwrite``
-when it holds files of an earlier attempt, and only files a ppokit run writes).
+A sweep can be stopped (Ctrl-C, SIGTERM, SIGHUP) and started again with the same command:
+its runs are stopped with it (each runs in its own process group, which the sweep signals
+on any exit). A run folder whose ``metrics.jsonl`` holds the last round is finished and left
+untouched, one with a ``checkpoint/`` is resumed (``--resume``), one with neither is started
+again (``--overwrite`` when it holds files of an earlier attempt, and only files a ppokit run
+writes); one another process still holds (its lock) is waited for, a bounded time. One sweep
+at a time writes into an ``--out`` folder (its lock, ``.ppokit-compare-lock``).
 
 This module imports no torch: the runs train in their own processes.
 """
@@ -35,7 +38,26 @@ import typer
 import yaml
 
 from ppokit.errors import UserError, error_lines, fail
-from ppokit.runfiles import LOCK, RUN_FILES, TEMP_FILES
+from ppokit.runfolder import (
+    CHECKPOINT,
+    COMPARE_LOCK,
+    LOCK,
+    METRICS,
+    RUN_FILES,
+    SPEC,
+    TEMP_FILES,
+    FolderLock,
+    ensure_dir,
+    io_error,
+    link_error,
+    open_new,
+    read_bytes,
+    read_json,
+    read_metrics,
+    read_spec_data,
+    remove,
+    write_atomic,
+)
 from ppokit.slots import SLOTS
 from ppokit.spec import Spec, SpecError, load_spec
 from ppokit.stats import mean_ci95
@@ -70,13 +92,16 @@ PLOT = "compare.png"
 FINAL_WINDOW = 5
 #: At most this many seeds per sweep (a typo such as 0-10000 is refused, not launched).
 MAX_SEEDS = 1000
-#: Names a ppokit run writes in its output directory (ppokit/runfiles.py: its files, the
+#: Names a ppokit run writes in its output directory (ppokit/runfolder.py: its files, the
 #: temporary names of its atomic writes and its lock), plus compare's own error.txt. A run
 #: folder holding anything else is not replaced.
 RUN_WRITES = frozenset({*RUN_FILES, *TEMP_FILES, LOCK, ERROR_FILE})
 #: Sections of the spec whose presence is itself a difference (absent: "critic=none"), and
 #: the slot that names the section in a label when it is present.
 SECTION_NAME_SLOT = {"critic": "critic.loss", "kl": "kl.estimator"}
+#: Seconds a restarted sweep waits for a run another process still holds (an interrupted
+#: sweep's run finishing) before it reports it.
+WAIT_BUSY = 60.0
 _SEED_DIR = re.compile(r"^seed-(\d+)$")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -154,14 +179,20 @@ def prepare_specs(paths: Sequence[Path], overrides: Sequence[str]) -> list[Sweep
     return out
 
 
-def _check_writable(out: Path) -> None:
+def _sweep_lock(out: Path) -> FolderLock:
+    """``out`` created and locked for one sweep (or report): a second one refuses."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".ppokit-compare-probe"
-        probe.write_text("")
-        probe.unlink()
     except OSError as exc:
-        raise UserError(f"cannot write to {out}: {exc.strerror or exc}") from None
+        raise io_error(out, exc, "cannot create the folder") from None
+    lock = FolderLock(
+        out,
+        COMPARE_LOCK,
+        busy=f"{out} is in use by another ppokit compare: wait for it to finish or choose "
+        "another --out",
+    )
+    lock.acquire()
+    return lock
 
 
 def threads_per_job(jobs: int, cores: int | None = None) -> int:
@@ -176,19 +207,12 @@ def threads_per_job(jobs: int, cores: int | None = None) -> int:
 
 # ---------------------------------------------------------------------- run folders
 def read_history(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of ``run_dir/metrics.jsonl`` (a torn or foreign line is skipped)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
+    """The records of ``run_dir/metrics.jsonl`` (a torn or foreign line is skipped; an
+    unreadable file is none)."""
+    try:
+        return read_metrics(run_dir)
+    except UserError:
         return []
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("round"), int):
-            records.append(rec)
-    return records
 
 
 def _last_round(run_dir: Path) -> int:
@@ -196,15 +220,15 @@ def _last_round(run_dir: Path) -> int:
 
 
 def read_run_spec(run_dir: Path) -> dict[str, Any] | None:
-    """The mapping of ``run_dir/spec.yaml`` (the resolved spec a run writes), or None."""
+    """The mapping of ``run_dir/spec.yaml`` (the resolved spec a run writes), or None when
+    it is missing or unreadable (the run folder module's bounded reader)."""
     path = Path(run_dir) / "spec.yaml"
     if not path.is_file():
         return None
     try:
-        data = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return read_spec_data(path)
+    except (UserError, SpecError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 def _spec_rounds(data: Mapping[str, Any] | None) -> int | None:
@@ -223,6 +247,9 @@ def run_status(run_dir: Path, rounds: int) -> tuple[str, str]:
     - ``blocked``: the folder holds other files (named in ``detail``): it is not replaced.
     """
     run_dir = Path(run_dir)
+    for folder in (run_dir.parent.parent, run_dir.parent, run_dir):
+        if folder.is_symlink():  # a run there would write wherever it points
+            return "blocked", str(link_error(folder))
     if not run_dir.exists():
         return "new", ""
     if not run_dir.is_dir():
@@ -230,7 +257,7 @@ def run_status(run_dir: Path, rounds: int) -> tuple[str, str]:
     last = _last_round(run_dir)
     if last >= rounds:
         return "finished", f"round {last}"
-    if (run_dir / "checkpoint").is_dir():
+    if (run_dir / CHECKPOINT).is_dir():
         return "resume", f"from the checkpoint, {last} round(s) logged"
     names = {p.name for p in run_dir.iterdir()}
     foreign = sorted(names - RUN_WRITES)
@@ -397,7 +424,7 @@ class _Progress:
 
     def round_of(self, run: SweepRun) -> int:
         """The last round logged by a running run (cached on the file's size)."""
-        path = run.dir / "metrics.jsonl"
+        path = run.dir / METRICS
         try:
             size = path.stat().st_size
         except OSError:
@@ -502,14 +529,27 @@ class LiveView(PlainView):
 
 
 # ---------------------------------------------------------------------- running
+#: The line of a failed run's log that says why: ppokit's ``error: ...`` line, else the last
+#: line of a traceback (``ValueError: ...``).
+_ERROR_LINES = (re.compile(r"^error: "), re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*"))
+#: A line with no word in it: a table border, a rule, a progress bar.
+_WORDLESS = re.compile(r"^[^\w]*$")
+
+
 def _last_line(path: Path) -> str | None:
+    """The line of a log that says why its run failed: the last ``error:`` line, else the
+    last exception line, else the last line with a word in it (never a table border)."""
     try:
-        text = path.read_text(errors="replace")
+        text = read_bytes(path).decode("utf-8", errors="replace")
     except OSError:
         return None
-    for line in reversed(text.splitlines()):
-        line = _ANSI.sub("", line).strip()
-        if line:
+    lines = [_ANSI.sub("", line).strip() for line in text.splitlines()]
+    for pattern in _ERROR_LINES:
+        for line in reversed(lines):
+            if pattern.match(line):
+                return line
+    for line in reversed(lines):
+        if line and not _WORDLESS.match(line):
             return line
     return None
 
@@ -528,10 +568,10 @@ def _exit_error(rc: int, stderr: Path) -> str:
 
 def _write_error(run: SweepRun) -> None:
     try:
-        run.dir.mkdir(parents=True, exist_ok=True)
-        (run.dir / ERROR_FILE).write_text((run.error or "failed") + "\n")
-    except OSError:
-        pass
+        ensure_dir(run.dir.parent.parent.parent, RUNS_DIR, run.name, run.dir.name)
+        write_atomic(run.dir / ERROR_FILE, (run.error or "failed") + "\n")
+    except UserError:
+        pass  # the error is reported anyway
 
 
 @dataclass
@@ -550,17 +590,23 @@ def _launch(
     out: Path,
     env: Mapping[str, str],
 ) -> _Child:
-    logs = out / LOGS_DIR / run.name
-    logs.mkdir(parents=True, exist_ok=True)
-    stale = run.dir / ERROR_FILE
-    if stale.exists():
-        stale.unlink()  # compare's own file, of an earlier failed attempt
-    stdout = (logs / f"seed-{run.seed}.out").open("wb")
-    stderr = (logs / f"seed-{run.seed}.err").open("wb")
+    try:
+        logs = ensure_dir(out, LOGS_DIR, run.name)
+        ensure_dir(out, RUNS_DIR, run.name)
+    except UserError as exc:
+        raise OSError(str(exc)) from None
+    remove(run.dir / ERROR_FILE)  # compare's own file, of an earlier failed attempt
+    stdout = open_new(logs / f"seed-{run.seed}.out")
+    try:
+        stderr = open_new(logs / f"seed-{run.seed}.err")
+    except OSError:
+        stdout.close()
+        raise
     run.log = logs / f"seed-{run.seed}.err"
     kwargs: dict[str, Any] = {}
     if os.name == "posix":
-        kwargs["start_new_session"] = True  # Ctrl-C reaches the sweep, which stops the runs
+        # its own process group: the sweep signals the run and all it started, on any exit
+        kwargs["start_new_session"] = True
     try:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=dict(env), **kwargs
@@ -584,48 +630,52 @@ def _signal(child: _Child, sig: int) -> None:
         pass
 
 
-def _stop_all(running: Mapping[SweepRun, _Child], grace: float) -> None:
-    """SIGINT to every run (SIGTERM where the sweep ignores SIGINT, so do its runs), then
-    SIGKILL to any still alive after ``grace`` seconds. A stopped run leaves nothing
-    half-written that matters: checkpoints are written atomically, and resuming drops the
-    metrics lines logged after the last one."""
-    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+def _stop_all(running: Mapping[SweepRun, _Child], grace: float, stop: _StopSignals) -> None:
+    """SIGINT to every run's process group (SIGTERM where the sweep ignores SIGINT, so do
+    its runs), then SIGKILL to any still alive after ``grace`` seconds or at a second stop
+    signal. A stopped run leaves nothing half-written that matters: checkpoints are written
+    atomically, and resuming drops the metrics lines logged after the last one."""
     for child in running.values():
-        _signal(child, signal.SIGTERM if ignored else signal.SIGINT)
+        _signal(child, signal.SIGTERM if stop.sigint_ignored else signal.SIGINT)
     deadline = time.monotonic() + grace
-    try:
-        for child in running.values():
-            left = deadline - time.monotonic()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.proc.wait(timeout=max(0.0, left))
-    except KeyboardInterrupt:
-        pass  # a second Ctrl-C: no more waiting
+    asked = stop.count
+    while time.monotonic() < deadline and stop.count <= asked:
+        if all(child.proc.poll() is not None for child in running.values()):
+            break
+        time.sleep(0.05)
     for child in running.values():
         if child.proc.poll() is None:
             _signal(child, getattr(signal, "SIGKILL", signal.SIGTERM))
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.proc.wait(timeout=5)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.proc.wait(timeout=5)
         child.close()
 
 
-class _SigtermAsInterrupt:
-    """While active, SIGTERM to the sweep stops it like Ctrl-C (main thread only)."""
+class _StopSignals:
+    """While active, SIGINT (Ctrl-C), SIGTERM and SIGHUP to the sweep ask it to stop: they
+    count up a flag the loop reads (main thread only), so no signal lands between starting a
+    run and recording it. A SIGINT the sweep was started to ignore stays ignored."""
 
-    def __enter__(self) -> _SigtermAsInterrupt:
-        self.old: Any = None
-        try:
-            self.old = signal.signal(signal.SIGTERM, self._handler)
-        except (ValueError, OSError):  # not the main thread
-            self.old = None
+    def __init__(self) -> None:
+        self.count = 0
+        self.old: dict[int, Any] = {}
+        self.sigint_ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+    def __enter__(self) -> _StopSignals:
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            sig = getattr(signal, name, None)
+            if sig is None or (sig == signal.SIGINT and self.sigint_ignored):
+                continue
+            with contextlib.suppress(ValueError, OSError):  # not the main thread
+                self.old[sig] = signal.signal(sig, self._handler)
         return self
 
-    @staticmethod
-    def _handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.count += 1
 
     def __exit__(self, *exc: Any) -> None:
-        if self.old is not None:
-            signal.signal(signal.SIGTERM, self.old)
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
 
 
 def execute(
@@ -638,13 +688,17 @@ def execute(
     command: Callable[[SweepRun, Sequence[str]], list[str]] = train_command,
     poll: float = 0.2,
     grace: float = 10.0,
+    wait_busy: float = WAIT_BUSY,
 ) -> bool:
     """Run the runs to launch (``action`` new, resume or overwrite), ``jobs`` at a time.
 
     Each run's stdout and stderr go to ``out/logs/<spec>/seed-<s>.out|.err``; a failed run's
-    error (the last line of its stderr) to ``run.error`` and ``RUN_DIR/error.txt``. Returns
-    False when interrupted (Ctrl-C or SIGTERM: every running run is stopped and marked
-    ``interrupted``), True otherwise.
+    error (its ``error:`` line, see :func:`_last_line`) to ``run.error`` and
+    ``RUN_DIR/error.txt``. A run whose folder another process holds (an interrupted sweep's
+    run still finishing) is waited for, up to ``wait_busy`` seconds, then planned again.
+    Returns False when interrupted (Ctrl-C, SIGTERM or SIGHUP: every running run is stopped
+    and marked ``interrupted``), True otherwise. The runs never outlive the sweep: they are
+    stopped on any exit of this function.
     """
     progress = view.progress if view is not None else _Progress(runs, jobs)
     view = view or PlainView(progress)
@@ -652,17 +706,25 @@ def execute(
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     pending = deque(r for r in runs if r.status == "pending")
     running: dict[SweepRun, _Child] = {}
+    waiting: dict[SweepRun, float] = {}
     view.start()
     for r in runs:
         if r.action == "skip":
             view.event(r, "finished already")
         elif r.action == "blocked":
             view.event(r, "blocked")
-    try:
-        with _SigtermAsInterrupt():
-            while pending or running:
-                while pending and len(running) < jobs:
+    with _StopSignals() as stop:
+        try:
+            while (pending or running or waiting) and not stop.count:
+                for run, deadline in list(waiting.items()):
+                    if _waited(run, deadline, wait_busy, pending, view):
+                        del waiting[run]
+                while pending and len(running) < jobs and not stop.count:
                     run = pending.popleft()
+                    if FolderLock(run.dir).held_elsewhere():
+                        waiting[run] = time.monotonic() + wait_busy
+                        view.event(run, "waiting (in use by another process)")
+                        continue
                     run.status, run.started = "running", time.perf_counter()
                     try:
                         running[run] = _launch(run, command(run, overrides), out, env)
@@ -682,21 +744,51 @@ def execute(
                     _finish(run, rc)
                     view.event(run, run.status)
                 view.refresh()
-                if pending or running:
+                if pending or running or waiting:
                     time.sleep(poll)
-    except KeyboardInterrupt:
-        for run in running:
-            run.status = "interrupted"
-        for run in pending:
-            run.status = "interrupted"
-        _stop_all(running, grace)
-        for run in running:
-            run.wall = time.perf_counter() - (run.started or time.perf_counter())
-            if _last_round(run.dir) >= run.rounds:
-                run.status = "finished"  # it got to its last round before it stopped
+        except KeyboardInterrupt:  # not the main thread, where the signals are not ours
+            stop.count += 1
+        finally:
+            if running:  # stopped, or an error of the sweep itself: the runs end with it
+                _stop_all(running, grace, stop)
+    if not stop.count:
         view.stop()
-        return False
+        return True
+    for run in [*running, *pending, *waiting]:
+        run.status = "interrupted"
+    for run in running:
+        run.wall = time.perf_counter() - (run.started or time.perf_counter())
+        if _last_round(run.dir) >= run.rounds:
+            run.status = "finished"  # it got to its last round before it stopped
     view.stop()
+    return False
+
+
+def _waited(
+    run: SweepRun, deadline: float, wait_busy: float, pending: deque[SweepRun], view: PlainView
+) -> bool:
+    """Whether the wait for ``run``'s folder is over: free (the run is planned again from
+    what is there now) or past ``deadline`` (failed, naming the folder's holder)."""
+    if FolderLock(run.dir).held_elsewhere():
+        if time.monotonic() < deadline:
+            return False
+        run.status = "failed"
+        run.error = (
+            f"{run.dir} is still in use by another ppokit run after {wait_busy:.0f} s (an "
+            "earlier sweep's run still finishing?); run the command again when it has ended"
+        )
+        view.event(run, "failed")
+        return True
+    status, detail = run_status(run.dir, run.rounds)
+    if status == "finished":
+        run.action, run.status = "skip", "finished"
+        view.event(run, "finished already")
+    elif status == "blocked":
+        run.action, run.status, run.error = "blocked", "failed", detail
+        view.event(run, "blocked")
+    else:
+        run.action = status
+        pending.appendleft(run)
     return True
 
 
@@ -1134,9 +1226,7 @@ def plot(
     fig.suptitle(title or "ppokit compare")
     fig.legend(handles, labels, loc="lower center", fontsize=8, ncol=1, frameon=False)
     fig.tight_layout(rect=(0, 0.22 * n_specs / (4.5 + 0.22 * n_specs) + 0.02, 1, 1))
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    tmp.replace(path)
+    write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
     return True
 
 
@@ -1150,8 +1240,8 @@ def write_outputs(
     """Write summary.json, summary.md and compare.png into ``out``; returns the summary."""
     summary = summarize(records, threshold, order, specs)
     text = json.dumps(_json_safe(summary), indent=2) + "\n"
-    _atomic_write(out / SUMMARY_JSON, text)
-    _atomic_write(out / SUMMARY_MD, render_markdown(summary))
+    write_atomic(out / SUMMARY_JSON, text)
+    write_atomic(out / SUMMARY_MD, render_markdown(summary))
     n = max((g["runs_total"] for g in summary["specs"]), default=0)
     plot(records, summary, out / PLOT, title=f"ppokit compare: {out.name} (up to {n} seed(s))")
     return summary
@@ -1165,12 +1255,6 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     return value
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 # ---------------------------------------------------------------------- report mode
@@ -1193,7 +1277,7 @@ def _record_of(run_dir: Path, group: str, seed: int | None) -> RunRecord:
 
 def _is_run_dir(path: Path) -> bool:
     return path.is_dir() and any(
-        (path / name).exists() for name in ("metrics.jsonl", "spec.yaml", "checkpoint", ERROR_FILE)
+        (path / name).exists() for name in (METRICS, SPEC, CHECKPOINT, ERROR_FILE)
     )
 
 
@@ -1240,14 +1324,17 @@ def report(
     if not records:
         raise UserError(f"no runs found under {directory / RUNS_DIR} (and none added with --add)")
     target = Path(out) if out is not None else directory
-    _check_writable(target)
-    return write_outputs(target, records, threshold, _previous_order(directory))
+    lock = _sweep_lock(target)
+    try:
+        return write_outputs(target, records, threshold, _previous_order(directory))
+    finally:
+        lock.release()
 
 
 def _previous_order(directory: Path) -> list[str]:
     """The order of the specs in ``directory/summary.json`` (the sweep's order), if any."""
     try:
-        data = json.loads((directory / SUMMARY_JSON).read_text())
+        data = read_json(directory / SUMMARY_JSON)
         return [str(g["name"]) for g in data["specs"]]
     except (OSError, ValueError, KeyError, TypeError):
         return []
@@ -1266,24 +1353,39 @@ def run_sweep(
     command: Callable[[SweepRun, Sequence[str]], list[str]] = train_command,
     stream: TextIO | None = None,
     grace: float = 10.0,
+    wait_busy: float = WAIT_BUSY,
 ) -> tuple[dict[str, Any], list[SweepRun], bool]:
     """Validate, plan and run a sweep, then write its summary and plot.
 
     Returns ``(summary, runs, completed)``; ``completed`` is False when it was interrupted.
     Raises :class:`UserError`/:class:`SpecError` before launching anything for a spec that does
-    not validate, bad seeds or an output folder that cannot be written.
+    not validate, bad seeds, an output folder that cannot be written or that another sweep
+    holds (the lock is held until the summary is written).
     """
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: needs at least 1")
     sweep_specs = prepare_specs(paths, overrides)
     out = Path(out).expanduser()
-    _check_writable(out)
-    runs = [plan_run(s, seed, out) for s in sweep_specs for seed in seeds]
-    progress = _Progress(runs, jobs)
-    if live is None:
-        live = sys.stdout.isatty()
-    view: PlainView = LiveView(progress) if live else PlainView(progress, stream)
-    completed = execute(runs, out, overrides, jobs, view=view, command=command, grace=grace)
+    lock = _sweep_lock(out)
+    try:
+        runs = [plan_run(s, seed, out) for s in sweep_specs for seed in seeds]
+        if live is None:
+            live = sys.stdout.isatty()
+        view: PlainView = (
+            LiveView(_Progress(runs, jobs)) if live else PlainView(_Progress(runs, jobs), stream)
+        )
+        completed = execute(
+            runs, out, overrides, jobs, view=view, command=command, grace=grace, wait_busy=wait_busy
+        )
+        return _summary(sweep_specs, runs, out, threshold), runs, completed
+    finally:
+        lock.release()
+
+
+def _summary(
+    sweep_specs: list[SweepSpec], runs: list[SweepRun], out: Path, threshold: float
+) -> dict[str, Any]:
+    """The sweep's summary.json, summary.md and compare.png, written; the summary."""
     records = [
         RunRecord(
             r.name,
@@ -1298,8 +1400,7 @@ def run_sweep(
         for r in runs
     ]
     specs = {s.name: yaml.safe_load(s.spec.to_yaml()) for s in sweep_specs}
-    summary = write_outputs(out, records, threshold, [s.name for s in sweep_specs], specs)
-    return summary, runs, completed
+    return write_outputs(out, records, threshold, [s.name for s in sweep_specs], specs)
 
 
 # ---------------------------------------------------------------------- command

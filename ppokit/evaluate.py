@@ -51,7 +51,7 @@ def _packaged_demo_spec() -> dict[str, Any]:
 
 
 def _is_run_folder(path: Path) -> bool:
-    from ppokit.trainer.checkpoint import has_checkpoint
+    from ppokit.runfolder import has_checkpoint
 
     if not path.is_dir() or (path / "config.json").is_file():
         return False
@@ -70,7 +70,10 @@ def _finish_spec(data: dict[str, Any], overrides: list[str], source: str | None)
 
 
 def load_target(
-    target: str, spec_path: str | Path | None = None, overrides: list[str] | None = None
+    target: str,
+    spec_path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    trust_remote_code: bool = False,
 ) -> EvalTarget:
     """Resolve ``MODEL_OR_RUN`` and the spec.
 
@@ -82,7 +85,9 @@ def load_target(
       ``model.actor`` set to it.
 
     ``overrides`` (``path=value``) come last. A spec without an eval section gets one on its
-    training data (the defaults of ``eval``).
+    training data (the defaults of ``eval``). A run whose spec sets
+    ``model.trust_remote_code`` is refused unless ``trust_remote_code`` (the command line's
+    ``--trust-remote-code``): a run folder names no code that runs by itself.
     """
     from ppokit.trainer.checkpoint import _locate, _state_of
     from ppokit.trainer.models import SMOLLM2
@@ -92,13 +97,13 @@ def load_target(
     base = read_spec_file(spec_path) if spec_path is not None else None
     path = Path(target).expanduser()
     if _is_run_folder(path):
-        from ppokit.trainer.checkpoint import has_checkpoint
+        from ppokit.runfolder import has_checkpoint, read_run_spec
 
         if not has_checkpoint(path):
             raise UserError(f"{path}: the run has no checkpoint yet: nothing to evaluate")
         folder = _locate(path)  # every checksum verified
         round_no = int(_state_of(folder)["round"])
-        run_data = read_spec_file(folder / "spec.yaml")
+        run_data = read_run_spec(folder, trust_remote_code=trust_remote_code)
         data = copy.deepcopy(base) if base is not None else copy.deepcopy(run_data)
         data["model"] = copy.deepcopy(run_data.get("model") or {})
         data["seed"] = run_data.get("seed", 0)
@@ -170,7 +175,10 @@ def _quiet_and_threaded(spec: Spec, load: Callable[[], Models]) -> Iterator[Mode
 
 
 def evaluate(
-    target: str, spec_path: str | Path | None = None, overrides: list[str] | None = None
+    target: str,
+    spec_path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """``ppokit eval`` without the printing: the target, its round and the metrics. The
     evaluation runs on the spec's rollout engine, started on the loaded actor, and its
@@ -180,7 +188,7 @@ def evaluate(
     from ppokit.trainer.rollout import PromptEncoder, engine_context
     from ppokit.trainer.scoring import Scorer
 
-    resolved = load_target(target, spec_path, overrides)
+    resolved = load_target(target, spec_path, overrides, trust_remote_code)
     spec = resolved.spec
     with _quiet_and_threaded(spec, lambda: load_models(resolved)) as models:
         assembly = Assembly.from_spec(spec)
@@ -248,11 +256,17 @@ def eval_command(
         [], "--set", "-s", help="Override a spec value: path=value (repeatable)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    trust_remote_code: bool = typer.Option(
+        False,
+        "--trust-remote-code",
+        help="Run the Python code of the model a run's spec names, when that spec sets "
+        "model.trust_remote_code (off: such a run is refused; a run folder is data).",
+    ),
 ) -> None:
     """Evaluate a model or a run's latest checkpoint on the spec's held-out prompts (no
     training): greedy accuracy with its 95% interval, pass@k, mean reward and length."""
     try:
-        result = evaluate(target, spec_path, overrides)
+        result = evaluate(target, spec_path, overrides, trust_remote_code)
     except (UserError, SpecError, RegistryError, FileNotFoundError) as exc:
         raise fail(error_lines(exc)) from None
     if as_json:

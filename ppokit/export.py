@@ -25,18 +25,27 @@ This module imports no torch until a command runs.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from ppokit.errors import UserError, error_lines, fail
-from ppokit.spec import Spec, SpecError, load_spec
+from ppokit.runfolder import (
+    CHECKPOINT,
+    has_checkpoint,
+    io_error,
+    io_errors,
+    link_error,
+    read_run_spec,
+    remove,
+)
+from ppokit.spec import Spec, SpecError, validate_spec
 
 __all__ = [
     "CRITIC_DIR",
@@ -62,10 +71,18 @@ def _readable(folder: Path) -> None:
 
 
 def _check_out(out: Path, run_dir: Path) -> None:
+    if out.is_symlink():  # a dangling one too: the export would land where it points
+        raise UserError(f"{out} is a symbolic link: export into a real folder")
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise UserError(f"{out} is not empty: export into a new or empty folder")
+    above = out.parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise UserError(f"{above} is not a directory: cannot export into {out}")
+    with io_errors(out, "cannot read"):
+        if out.is_dir() and any(out.iterdir()):
+            raise UserError(f"{out} is not empty: export into a new or empty folder")
     resolved, run = out.resolve(), run_dir.resolve()
     if resolved == run or run in resolved.parents:
         raise UserError(f"{out} is inside the run folder {run_dir}: export somewhere else")
@@ -171,7 +188,7 @@ def _save_pretrained(model: Any, folder: Path) -> None:
     model.save_pretrained(folder, **kwargs)
 
 
-def _write(tmp: Path, run_dir: Path, with_critic: bool) -> dict[str, Any]:
+def _write(tmp: Path, run_dir: Path, with_critic: bool, trust_remote_code: bool) -> dict[str, Any]:
     """Export into the empty folder ``tmp``; returns the summary."""
     from safetensors.torch import save_file
     from transformers.utils import logging as hf_logging
@@ -182,7 +199,11 @@ def _write(tmp: Path, run_dir: Path, with_critic: bool) -> dict[str, Any]:
     hf_logging.set_verbosity_error()
     path = _locate(run_dir)  # verifies the manifest and every checksum
     state = _state_of(path)
-    spec = load_spec(path / "spec.yaml")
+    spec_file = path / "spec.yaml"
+    try:
+        spec = validate_spec(read_run_spec(spec_file, trust_remote_code=trust_remote_code))
+    except SpecError as exc:
+        raise SpecError(exc.errors, source=exc.source or str(spec_file)) from None
     if with_critic and spec.critic is None:
         raise UserError(
             f"--critic: the run {run_dir} has no critic (its spec has no critic section)"
@@ -224,16 +245,22 @@ def _write(tmp: Path, run_dir: Path, with_critic: bool) -> dict[str, Any]:
     return summary
 
 
-def export_run(run_dir: str | Path, out_dir: str | Path, *, critic: bool = False) -> dict[str, Any]:
+def export_run(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    critic: bool = False,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
     """Export the policy of ``run_dir``'s latest checkpoint (and with ``critic`` its value
     model) to ``out_dir``; returns a summary (round, parameters, whether LoRA was merged).
 
     Raises :class:`UserError` (one line) for a folder without a checkpoint, a checkpoint
-    that does not verify, an ``out_dir`` that is not new or empty, ``critic`` for a run
-    without one; :class:`SpecError` for a spec that no longer validates.
+    that does not verify, an ``out_dir`` that is not new or empty (or is a link, or cannot
+    be written), ``critic`` for a run without one, a run's spec that asks to run its
+    model's code without ``trust_remote_code``; :class:`SpecError` for a spec that no
+    longer validates.
     """
-    from ppokit.trainer.checkpoint import CHECKPOINT, has_checkpoint
-
     run_dir, out = Path(run_dir).expanduser(), Path(out_dir).expanduser()
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: not a run folder (no such directory)")
@@ -243,22 +270,29 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, critic: bool = False
             "writes it every output.save_every rounds and at its end)"
         )
     _check_out(out, run_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.export-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    with io_errors(out.parent, "cannot create the export folder"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove(tmp)  # a leftover, or a link (itself)
+        tmp.mkdir()
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        summary = _write(tmp, run_dir, critic)
-        _readable(tmp)
-        if out.is_dir():
-            out.rmdir()  # empty (checked above)
-        tmp.rename(out)
+        summary = _write(tmp, run_dir, critic, trust_remote_code)
+        try:
+            _readable(tmp)
+            if out.is_symlink():  # made while exporting: never written through
+                raise link_error(out)
+            if out.is_dir():
+                out.rmdir()  # empty (checked above)
+            tmp.rename(out)
+        except OSError as exc:
+            raise io_error(out, exc) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove(tmp)
         if bars:
             hf_logging.enable_progress_bar()
     summary["out_dir"] = str(out)
@@ -277,6 +311,12 @@ def export_command(
     critic: bool = typer.Option(
         False, "--critic", help="Also write the value model (trunk + value head) to OUT_DIR/critic."
     ),
+    trust_remote_code: bool = typer.Option(
+        False,
+        "--trust-remote-code",
+        help="Run the Python code of the model the run's spec names, when that spec sets "
+        "model.trust_remote_code (off: such a run is refused; a run folder is data).",
+    ),
 ) -> None:
     """Write a run's trained policy as a Hugging Face model directory (LoRA merged).
 
@@ -284,7 +324,7 @@ def export_command(
     AutoTokenizer.from_pretrained(OUT_DIR).
     """
     try:
-        summary = export_run(run_dir, out_dir, critic=critic)
+        summary = export_run(run_dir, out_dir, critic=critic, trust_remote_code=trust_remote_code)
     except (UserError, SpecError) as exc:
         raise fail(error_lines(exc)) from None
     merged = ", LoRA adapters merged" if summary["lora_merged"] else ""

@@ -199,17 +199,17 @@ def write_run(
 
 def test_run_writes_cover_the_trainers_files() -> None:
     """compare and the trainer read one torch-free list of the files a run writes
-    (ppokit/runfiles.py): trainer/loop.py imports its RUN_FILES from there (read from the
+    (ppokit/runfolder.py): trainer/loop.py imports its RUN_FILES from there (read from the
     source, so no torch is imported), and compare's RUN_WRITES holds every name of it."""
     import ast
 
-    from ppokit import runfiles
+    from ppokit import runfolder as runfiles
 
     tree = ast.parse((ROOT / "ppokit" / "trainer" / "loop.py").read_text())
     imported = {
         alias.name
         for n in ast.walk(tree)
-        if isinstance(n, ast.ImportFrom) and n.module == "ppokit.runfiles"
+        if isinstance(n, ast.ImportFrom) and n.module == "ppokit.runfolder"
         for alias in n.names
     }
     assert "RUN_FILES" in imported
@@ -220,7 +220,7 @@ def test_run_writes_cover_the_trainers_files() -> None:
     names = {*runfiles.RUN_FILES, *runfiles.TEMP_FILES, runfiles.LOCK}
     assert {"metrics.jsonl", "checkpoint", runfiles.MARKER} <= names <= cmp.RUN_WRITES
     assert runfiles.CHECKPOINT == "checkpoint"
-    code = "import sys, ppokit.runfiles, ppokit.compare; sys.exit('torch' in sys.modules)"
+    code = "import sys, ppokit.runfolder, ppokit.compare; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
@@ -399,7 +399,7 @@ def test_user_errors(tmp_path: Path) -> None:
     assert_user_error(invoke(str(good), "--out", str(out), "--add", "x"), "--add")
     (tmp_path / "file").write_text("")
     result = invoke(str(good), "--seeds", "0", "--out", str(tmp_path / "file" / "sub"))
-    assert_user_error(result, "cannot write to")
+    assert_user_error(result, "cannot create the folder (not a directory)")
     other = tmp_path / "other"
     other.mkdir()
     write_spec(other, "good")

@@ -54,7 +54,7 @@ import math
 import os
 import random
 import re
-import shutil
+import stat
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -67,8 +67,16 @@ from safetensors.torch import load_file, load_model, save_file
 
 from ppokit import distributed
 from ppokit.errors import UserError
-from ppokit.runfiles import CHECKPOINT
-from ppokit.trainer.rundir import io_error, is_os_error
+from ppokit.runfolder import (
+    CHECKPOINT,
+    CHECKPOINT_OLD,
+    CHECKPOINT_TMP,
+    has_checkpoint,
+    io_error,
+    is_os_error,
+    read_json,
+    remove,
+)
 
 __all__ = [
     "CHECKPOINT",
@@ -80,11 +88,10 @@ __all__ = [
     "read_state",
     "restore_rng",
     "save_checkpoint",
-    "truncate_jsonl",
 ]
 
-TMP = f".{CHECKPOINT}.tmp"
-OLD = f".{CHECKPOINT}.old"
+TMP = CHECKPOINT_TMP
+OLD = CHECKPOINT_OLD
 FORMAT = 4
 #: Formats this version reads (2: optimizer states keyed by parameter index; 2 and 3: whole
 #: weight, optimizer and RNG files instead of DCP folders).
@@ -265,10 +272,6 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return obj
 
 
-def _read_json(file: Path) -> Any:
-    return json.loads(file.read_text(encoding="utf-8"))
-
-
 # ------------------------------------------------------------ model and optimizer states
 def _weights_module(models: Any) -> list[tuple[str, torch.nn.Module]]:
     """(folder or file stem, module) of the weights a checkpoint stores."""
@@ -441,18 +444,51 @@ def _dcp_load(tensors: dict[str, torch.Tensor], folder: Path) -> None:
 def load_weights(path: Path, stem: str, module: torch.nn.Module, models: Any) -> None:
     """Read the weights ``stem`` (``actor``, ``critic``) of the verified checkpoint folder
     ``path`` into ``module`` (the actor, the critic or a shared critic's head), whatever
-    the checkpoint's format and the number of processes that wrote it."""
+    the checkpoint's format and the number of processes that wrote it.
+
+    Every load (resume, export, eval) goes through here: a file that does not match the
+    spec's model is a one-line ``UserError``, and so is a weight that is not finite (it
+    names the tensor)."""
     saved = _state_of(path)
-    if int(saved["format"]) >= 4:
-        if models.lora and stem == "actor":
-            _check_base(path, saved.get("lora_base"), base_fingerprint(models))
-        state = _model_state(stem, module, models)
-        _dcp_load(state, path / stem)
-        _set_model_state(stem, module, models, state)
-    elif distributed.world().distributed:
-        _load_whole_weights(stem, module, models, path / f"{stem}.safetensors")
-    else:
-        _load_weights(module, path / f"{stem}.safetensors")
+    try:
+        if int(saved["format"]) >= 4:
+            if models.lora and stem == "actor":
+                _check_base(path, saved.get("lora_base"), base_fingerprint(models))
+            state = _model_state(stem, module, models)
+            _dcp_load(state, path / stem)
+            _set_model_state(stem, module, models, state)
+        elif distributed.world().distributed:
+            _load_whole_weights(stem, module, models, path / f"{stem}.safetensors")
+            state = module.state_dict()
+        else:
+            _load_weights(module, path / f"{stem}.safetensors")
+            state = module.state_dict()
+    except UserError:
+        raise
+    except Exception as exc:
+        raise _fail(path, _one_line(exc)) from None
+    problem = distributed.first_text(_first_nonfinite((f"{stem} {k}", v) for k, v in state.items()))
+    if problem is not None:
+        raise _fail(path, problem)
+
+
+def _first_nonfinite(tensors: Iterator[tuple[str, torch.Tensor]]) -> str | None:
+    """``'NAME holds NaN or inf'`` for the first of ``tensors`` (this process's shards)
+    that does, else None (one host read per device when all are finite)."""
+    named = [
+        (name, distributed.local_tensor(t).detach())
+        for name, t in tensors
+        if t.is_floating_point() or t.is_complex()
+    ]
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for _, t in named:
+        by_device.setdefault(t.device, []).append(torch.isfinite(t).all())
+    if all(bool(torch.stack(flags).all()) for flags in by_device.values()):
+        return None
+    for name, t in named:
+        if not bool(torch.isfinite(t).all()):
+            return f"{name} holds NaN or inf"
+    return "a tensor holds NaN or inf"  # pragma: no cover
 
 
 def _check_base(path: Path, saved: Any, current: list[float] | None) -> None:
@@ -528,18 +564,7 @@ def _named_tensors(learner: Any) -> Iterator[tuple[str, torch.Tensor]]:
 def nonfinite(learner: Any) -> str | None:
     """``'NAME holds NaN or inf'`` for the first model or optimizer tensor (of this
     process's) that does, else None (one host read per device when all are finite)."""
-    tensors = [
-        (name, t) for name, t in _named_tensors(learner) if t.is_floating_point() or t.is_complex()
-    ]
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for _, t in tensors:
-        by_device.setdefault(t.device, []).append(torch.isfinite(t.detach()).all())
-    if all(bool(torch.stack(flags).all()) for flags in by_device.values()):
-        return None
-    for name, t in tensors:
-        if not bool(torch.isfinite(t.detach()).all()):
-            return f"{name} holds NaN or inf"
-    return "a tensor holds NaN or inf"  # pragma: no cover
+    return _first_nonfinite(_named_tensors(learner))
 
 
 def check_finite(learner: Any) -> None:
@@ -557,10 +582,13 @@ def checkpoint_round(out: Path) -> int | None:
         if name != CHECKPOINT and not (folder / MANIFEST).is_file():
             continue
         try:
-            return int(_read_json(folder / "state.json")["round"])
-        except (OSError, ValueError, KeyError, TypeError):
-            if name == CHECKPOINT and folder.exists():
-                return None
+            state = read_json(folder / "state.json")
+            if _state_problem(state) is None:
+                return int(state["round"])
+        except (OSError, ValueError):
+            pass
+        if name == CHECKPOINT and folder.exists():
+            return None
     return None
 
 
@@ -592,8 +620,9 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
     error = None
     if world.main:
         try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            (tmp / RNG).mkdir(parents=True)
+            remove(tmp)  # a leftover folder, or a link (itself): never written through
+            tmp.mkdir(parents=True)  # afresh: it fails if something is there again
+            (tmp / RNG).mkdir()
         except OSError as exc:
             error = str(io_error(tmp, exc, doing))
     error = distributed.first_text(error)
@@ -603,12 +632,12 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
         except BaseException as exc:
             if not is_os_error(exc):
                 if world.main:
-                    shutil.rmtree(tmp, ignore_errors=True)
+                    _discard(tmp)
                 raise  # not an OS error: a bug, a user error or an interrupt
             error = str(io_error(tmp, exc, doing))
         error = distributed.first_text(error)  # every process's files are written
         if error is not None and world.main:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _discard(tmp)
     if error is None:
         error = distributed.first_text(_seal_and_swap(out, doing) if world.main else None)
     if error is not None:
@@ -664,11 +693,11 @@ def _seal_and_swap(out: Path, doing: str) -> str | None:
         for folder in (tmp, *(p for p in tmp.iterdir() if p.is_dir())):
             _fsync_dir(folder)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp)
         return str(io_error(tmp, exc, doing))
     try:
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
+        remove(old)
+        if os.path.lexists(final):
             final.rename(old)
         tmp.rename(final)
         _fsync_dir(out)
@@ -677,10 +706,16 @@ def _seal_and_swap(out: Path, doing: str) -> str | None:
             with contextlib.suppress(OSError):
                 old.rename(final)  # put the previous checkpoint back
         if final.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
+            _discard(tmp)
         return str(io_error(final, exc, doing))
-    shutil.rmtree(old, ignore_errors=True)
+    _discard(old)
     return None
+
+
+def _discard(path: Path) -> None:
+    """:func:`remove`, its errors ignored (a leftover is removed by the next save)."""
+    with contextlib.suppress(OSError):
+        remove(path)
 
 
 def _sha256(file: Path) -> str:
@@ -720,12 +755,32 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _regular_files_only(path: Path) -> None:
+    """A checkpoint holds folders and regular files: a link (which could lead a read
+    anywhere, or a save's rename outside the run) or a device or pipe is refused."""
+    for root, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            entry = Path(root) / name
+            mode = os.lstat(entry).st_mode
+            if stat.S_ISLNK(mode):
+                raise _fail(path, f"{entry} is a symbolic link (a checkpoint holds files only)")
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                raise _fail(path, f"{entry} is not a regular file")
+
+
 def _verify(path: Path) -> None:
-    """Check ``path``'s manifest and every checksum in it; ``UserError`` naming the file."""
+    """Check ``path``'s manifest and every checksum in it, then that its shards are what
+    its state says they are; ``UserError`` naming the file."""
+    if os.path.islink(path):
+        raise _fail(path, "it is a symbolic link (a checkpoint holds files only)")
+    try:
+        _regular_files_only(path)
+    except OSError as exc:
+        raise io_error(path, exc, "cannot read") from None
     manifest_file = path / MANIFEST
     if not manifest_file.is_file():
         try:
-            old_format = _read_json(path / "state.json").get("format")
+            old_format = read_json(path / "state.json").get("format")
         except (OSError, ValueError, AttributeError):
             old_format = None
         if old_format == 1:
@@ -736,7 +791,7 @@ def _verify(path: Path) -> None:
             )
         raise UserError(f"{manifest_file}: missing (an incomplete checkpoint?)")
     try:
-        manifest = _read_json(manifest_file)
+        manifest = read_json(manifest_file)
         if not isinstance(manifest, dict):
             raise ValueError("not a JSON object")
         files = manifest["files"]
@@ -766,6 +821,84 @@ def _verify(path: Path) -> None:
             )
         if _sha256(file) != entry["sha256"]:
             raise UserError(f"{file}: checksum mismatch (file corrupted?)")
+    if int(manifest["format"]) >= 4:
+        _check_shards(path, _state_of(path))
+
+
+#: A DCP shard file: the process (1-based) that wrote it.
+_SHARD = re.compile(r"shard-(\d{5})-model-\d{5}-of-\d{5}\.safetensors")
+
+
+def _check_shards(path: Path, state: dict[str, Any]) -> None:
+    """What a checksum cannot tell (a manifest may be sealed again after a shard was
+    deleted or a header rewritten): each DCP folder holds one shard set per process
+    ``state.json`` records, and its shards cover every element of every tensor exactly
+    once (no gap that would keep a fresh value, no overlap); each process's RNG files."""
+    processes = int(state["processes"])
+    expected = {f"{k:05d}" for k in range(1, processes + 1)}
+    for folder in DCP_FOLDERS:
+        if not (path / folder).is_dir():
+            continue
+        names = [f.name for f in (path / folder).iterdir()]
+        sets = {m.group(1) for name in names if (m := _SHARD.fullmatch(name))}
+        if sets != expected or len(names) != processes:
+            raise _fail(
+                path,
+                f"{folder}/ holds {len(names)} shard file(s) of {len(sets)} process(es) but "
+                f"state.json records {processes} process(es) (a shard deleted or added?)",
+            )
+        _check_cover(path, folder)
+    for rank in range(processes):
+        for suffix in (".json", ".safetensors"):
+            if not (path / f"{_rng_stem(rank)}{suffix}").is_file():
+                raise _fail(
+                    path,
+                    f"{_rng_stem(rank)}{suffix} is missing but state.json records "
+                    f"{processes} process(es)",
+                )
+
+
+def _check_cover(path: Path, folder: str) -> None:
+    """Every tensor of ``path/folder`` is covered exactly once by its shards' chunks."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    try:
+        with _dcp():
+            metadata = HuggingFaceStorageReader(str(path / folder)).read_metadata()
+    except Exception as exc:  # a header that is not JSON, or contradicts its file
+        raise _fail(path, f"unreadable shard files in {folder}/ ({_one_line(exc)})") from None
+    for name, entry in metadata.state_dict_metadata.items():
+        chunks = getattr(entry, "chunks", None)
+        if chunks is None:
+            continue  # not a tensor
+        size = [int(n) for n in entry.size]
+        boxes = []
+        for chunk in chunks:
+            offsets, sizes = [int(n) for n in chunk.offsets], [int(n) for n in chunk.sizes]
+            if (
+                len(offsets) != len(size)
+                or len(sizes) != len(size)
+                or any(
+                    o < 0 or n < 0 or o + n > whole
+                    for o, n, whole in zip(offsets, sizes, size, strict=True)
+                )
+            ):
+                raise _fail(path, f"{folder}/ {name}: a shard lies outside the tensor {size}")
+            boxes.append((offsets, sizes))
+        covered = sum(math.prod(sizes) for _, sizes in boxes)
+        for i, (a_off, a_size) in enumerate(boxes):
+            for b_off, b_size in boxes[i + 1 :]:
+                if all(
+                    ao < bo + bn and bo < ao + an and an and bn
+                    for ao, an, bo, bn in zip(a_off, a_size, b_off, b_size, strict=True)
+                ):
+                    raise _fail(path, f"{folder}/ {name}: two shards overlap")
+        if covered != math.prod(size):
+            raise _fail(
+                path,
+                f"{folder}/ {name}: its shards cover {covered} of its {math.prod(size)} "
+                "elements (a shard deleted or a header rewritten?)",
+            )
 
 
 def _check_names(path: Path, manifest_file: Path, files: dict[str, Any], form: int) -> None:
@@ -791,13 +924,6 @@ def _check_names(path: Path, manifest_file: Path, files: dict[str, Any], form: i
         for file in (path / folder).iterdir():
             if f"{folder}/{file.name}" not in files:
                 raise _fail(path, f"{file} is not in its manifest (a file added after saving)")
-
-
-def has_checkpoint(out: Path) -> bool:
-    """Whether ``out`` holds something to resume from (cheap: nothing is verified)."""
-    return (out / CHECKPOINT).exists() or any(
-        (out / name / MANIFEST).is_file() for name in (TMP, OLD)
-    )
 
 
 def _locate(out: Path) -> Path:
@@ -832,15 +958,60 @@ def _locate(out: Path) -> Path:
     raise UserError(f"nothing to resume: {final} does not exist (run without --resume)")
 
 
+#: The most rounds a checkpoint may record (train.rounds' bound) and processes.
+MAX_ROUND = 1 << 30
+MAX_PROCESSES = 1 << 16
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _state_problem(state: Any) -> str | None:
+    """What is wrong with a ``state.json`` object (explicit types and ranges), or None."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    if state.get("format") not in READABLE or isinstance(state.get("format"), bool):
+        return f"unknown checkpoint format {state.get('format')!r}"
+    checks = {
+        "round": _whole(state.get("round"), 0, MAX_ROUND),
+        "kl_coef": _number(state.get("kl_coef")) and state["kl_coef"] >= 0,
+        "critic": state.get("critic") is None or isinstance(state.get("critic"), str),
+        "processes": ("processes" not in state and state["format"] < 4)
+        or _whole(state.get("processes"), 1, MAX_PROCESSES),
+        "lora_base": state.get("lora_base") is None
+        or (
+            isinstance(state["lora_base"], list)
+            and len(state["lora_base"]) == 2
+            and all(_number(x) for x in state["lora_base"])
+        ),
+    }
+    bad = [key for key, ok in checks.items() if not ok]
+    if not bad:
+        return None
+    ranges = {
+        "round": f"an integer from 0 to {MAX_ROUND}",
+        "kl_coef": "a finite number >= 0",
+        "critic": "a name or null",
+        "processes": f"an integer from 1 to {MAX_PROCESSES}",
+        "lora_base": "null or two finite numbers",
+    }
+    return f"{bad[0]} is {json.dumps(state.get(bad[0]))[:40]}, not {ranges[bad[0]]}"
+
+
 def _state_of(path: Path) -> dict[str, Any]:
+    """The checkpoint's ``state.json``, every field checked (a one-line error naming it)."""
     try:
-        state = _read_json(path / "state.json")
-        int(state["round"])
-        float(state["kl_coef"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        state = read_json(path / "state.json")
+    except (OSError, ValueError) as exc:
         raise _fail(path, f"state.json is unreadable ({_one_line(exc)})") from None
-    if state.get("format") not in READABLE:
-        raise _fail(path, f"unknown checkpoint format {state.get('format')!r}")
+    problem = _state_problem(state)
+    if problem is not None:
+        raise _fail(path, f"state.json: {problem}")
     return state
 
 
@@ -871,11 +1042,11 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
             if not Path(f"{rng_stem}.json").is_file():  # more processes than saved it
                 rng_stem = path / _rng_stem(0)
         else:
-            optim = _decode(_read_json(path / "optim.json"), load_file(path / "optim.safetensors"))
+            optim = _decode(read_json(path / "optim.json"), load_file(path / "optim.safetensors"))
             rng_stem = path / "rng"
         _load_optimizers(learner, optim, form)
         rng, source_state = _rng_from_files(
-            _read_json(Path(f"{rng_stem}.json")), load_file(f"{rng_stem}.safetensors")
+            read_json(Path(f"{rng_stem}.json")), load_file(f"{rng_stem}.safetensors")
         )
         source.load_state_dict(source_state)
         kl_coef = float(state["kl_coef"])
@@ -884,6 +1055,9 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
         raise
     except Exception as exc:
         raise _fail(path, _one_line(exc)) from None
+    problem = distributed.first_text(nonfinite(learner))  # the optimizer states too
+    if problem is not None:
+        raise _fail(path, problem)
     learner.kl_coef = torch.tensor(kl_coef, dtype=torch.float32, device=learner.device)
     distributed.barrier()  # every process has read it before it moves
     if path.name != CHECKPOINT and distributed.world().main:
@@ -904,7 +1078,7 @@ def _read_sharded_optimizers(learner: Any, path: Path) -> dict[str, Any]:
     read by DCP into the shapes of the learner's own (zero-initialised) states."""
     template: dict[str, torch.Tensor] = {}
     _encode(_optimizer_states(learner), template, "optim", keep=True)
-    stored = _read_json(path / "optim.json")
+    stored = read_json(path / "optim.json")
     named = set(_tensor_names(stored))
     if named != set(template):
         differ = sorted(named ^ set(template))
@@ -949,20 +1123,4 @@ def _promote(out: Path, path: Path) -> None:
     path.rename(out / CHECKPOINT)
     _fsync_dir(out)
     for name in (TMP, OLD):
-        shutil.rmtree(out / name, ignore_errors=True)
-
-
-def truncate_jsonl(path: Path, rounds: int) -> None:
-    """Keep only the lines of ``path`` with ``round <= rounds`` (atomically)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if int(json.loads(line)["round"]) <= rounds:
-                kept.append(line)
-        except (ValueError, KeyError, TypeError):
-            continue
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(k + "\n" for k in kept))
-    tmp.replace(path)
+        _discard(out / name)

@@ -17,35 +17,27 @@ import torch
 
 from ppokit import distributed
 from ppokit.errors import UserError
-from ppokit.runfiles import RUN_FILES
-from ppokit.spec import Spec, validate_spec
-from ppokit.trainer.assembly import Assembly
-from ppokit.trainer.checkpoint import (
-    checkpoint_round,
-    load_checkpoint,
-    save_checkpoint,
-    truncate_jsonl,
-)
-from ppokit.trainer.display import Display
-from ppokit.trainer.evaluation import Evaluator
-from ppokit.trainer.metrics import (
-    MetricsLog,
-    curves_title,
-    plot_curves,
-    read_metrics,
-    read_once,
-)
-from ppokit.trainer.models import Models, build_models, resolve_device
-from ppokit.trainer.round import Learner, run_round
-from ppokit.trainer.rundir import (
+from ppokit.runfolder import (
+    CURVES_PNG,
+    RUN_FILES,
+    SPEC,
     RunFolder,
     check_metrics,
-    io_error,
     io_errors,
+    read_metrics,
     record_spec_changes,
     resume_spec_changes,
+    truncate_jsonl,
     write_atomic,
 )
+from ppokit.spec import Spec, validate_spec
+from ppokit.trainer.assembly import Assembly
+from ppokit.trainer.checkpoint import checkpoint_round, load_checkpoint, save_checkpoint
+from ppokit.trainer.display import Display
+from ppokit.trainer.evaluation import Evaluator
+from ppokit.trainer.metrics import MetricsLog, curves_title, plot_curves, read_once
+from ppokit.trainer.models import Models, build_models, resolve_device
+from ppokit.trainer.round import Learner, run_round
 from ppokit.trainer.trackers import Trackers
 
 __all__ = ["RUN_FILES", "Interrupted", "choose_threads", "smoke_spec", "train"]
@@ -274,7 +266,7 @@ def _rounds(
                 record_spec_changes(out, start, changes)
     spec_yaml = spec.to_yaml()
     if world.main:
-        write_atomic(out / "spec.yaml", spec_yaml)
+        write_atomic(out / SPEC, spec_yaml)
     history = read_metrics(out)
     evaluator = Evaluator.of(spec, learner) if spec.eval is not None else None
     tracked = spec if world.main else spec.model_copy(update={"output": _no_trackers(spec)})
@@ -327,11 +319,11 @@ def _rounds(
         finally:
             display.close()
         if history and world.main:
-            curves = out / "curves.png"
+            curves = out / CURVES_PNG
             try:
                 plot_curves(history, curves, title=curves_title(str(out), spec.seed))
-            except OSError as exc:
-                display.message(f"warning: {io_error(curves, exc)}")
+            except UserError as exc:  # an OS error: the run's records are written
+                display.message(f"warning: {exc}")
             else:
                 trackers.log_image(curves)
         display.summary(history, str(out))

@@ -3,7 +3,6 @@ final ``curves.png``."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ppokit.trainer.rundir import append_line
+from ppokit.runfolder import METRICS, SAMPLES, append_line, read_metrics, write_atomic
 
 __all__ = ["CURVES", "Meter", "MetricsLog", "curves_title", "plot_curves", "read_metrics"]
 
@@ -136,8 +135,8 @@ class MetricsLog:
     error is a one-line ``UserError`` naming the file, and leaves no partial line)."""
 
     def __init__(self, out: Path) -> None:
-        self.path = out / "metrics.jsonl"
-        self.samples_path = out / "samples.jsonl"
+        self.path = out / METRICS
+        self.samples_path = out / SAMPLES
 
     def append(self, record: dict[str, Any]) -> None:
         full = {k: record.get(k) for k in REQUIRED}
@@ -158,22 +157,6 @@ class MetricsLog:
         ]
         if lines:
             append_line(self.samples_path, "\n".join(lines))
-
-
-def read_metrics(out: Path) -> list[dict[str, Any]]:
-    """The records of ``metrics.jsonl`` (a line cut short by a crash is skipped)."""
-    path = Path(out) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "round" in record:
-            records.append(record)
-    return records
 
 
 #: Y-axis labels of the panels of curves.png.
@@ -241,14 +224,9 @@ def plot_curves(history: Sequence[dict[str, Any]], path: Path, title: str | None
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
+    metadata = {"Title": title} if title else None
     try:
-        fig.savefig(tmp, dpi=100, metadata={"Title": title} if title else None)
-        tmp.replace(path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
+        write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=100, metadata=metadata))
     finally:
         plt.close(fig)
     return fig

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ppokit.errors import MissingDependency
+from ppokit.runfolder import TRACKER_FILES, TRACKERS_JSON, read_json, write_atomic
 
 __all__ = [
     "IDS_FILE",
@@ -56,9 +57,7 @@ __all__ = [
 ]
 
 #: Where the trackers' run ids are kept, in the run folder.
-IDS_FILE = "trackers.json"
-#: What the trackers may write in a run folder (removed with it by ``--overwrite``).
-TRACKER_FILES = (IDS_FILE, "tensorboard", "wandb", "mlruns")
+IDS_FILE = TRACKERS_JSON
 #: Sample completions sent per call (as many as ``samples.jsonl`` keeps).
 SAMPLE_LIMIT = 8
 
@@ -108,7 +107,7 @@ class _Ids:
 
     def read(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = read_json(self.path)
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -120,9 +119,7 @@ class _Ids:
     def set(self, name: str, entry: dict[str, Any]) -> None:
         data = self.read()
         data[name] = entry
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps(data, indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------- trackers

@@ -22,22 +22,26 @@ import torch
 from safetensors import SafetensorError
 from typer.testing import CliRunner
 
+import ppokit.runfolder as runfolder
 import ppokit.trainer.checkpoint as checkpoint_module
 import ppokit.trainer.loop as loop_module
-import ppokit.trainer.rundir as rundir
 from ppokit.cli import app
 from ppokit.errors import UserError
-from ppokit.runfiles import CHECKPOINT, LOCK, MARKER, RUN_FILES, SPEC_CHANGES
-from ppokit.trainer import train
-from ppokit.trainer.checkpoint import NonFiniteCheckpointError, check_finite, read_state
-from ppokit.trainer.metrics import read_metrics
-from ppokit.trainer.rundir import (
+from ppokit.runfolder import (
+    CHECKPOINT,
+    LOCK,
+    MARKER,
+    RUN_FILES,
+    SPEC_CHANGES,
+    FolderLock,
     RunFolder,
-    RunLock,
     check_metrics,
     io_error,
+    read_metrics,
     spec_differences,
 )
+from ppokit.trainer import train
+from ppokit.trainer.checkpoint import NonFiniteCheckpointError, check_finite, read_state
 
 from .helpers import DEMO, SMALL, learner, small_spec
 
@@ -157,8 +161,9 @@ HOLD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from ppokit.trainer.rundir import RunFolder
-    RunFolder(Path(sys.argv[1]), resume=False, overwrite=False).open()
+    from ppokit.runfolder import RunFolder
+    folder = RunFolder(Path(sys.argv[1]), resume=False, overwrite=False)
+    folder.open()  # held while the object lives
     print("locked", flush=True)
     time.sleep(120)
     """
@@ -181,7 +186,7 @@ def test_a_second_run_refuses_and_a_killed_runs_lock_is_free(tmp_path: Path) -> 
         with pytest.raises(UserError) as info:
             train(small_spec(out))
         message = one_line(info)
-        assert "in use by another ppokit run" in message and f"pid {proc.pid}" in message
+        assert "in use by another ppokit run" in message and str(out / LOCK) in message
         with pytest.raises(UserError, match="in use"):
             train(small_spec(out), overwrite=True)  # overwrite never removes a live run
         with pytest.raises(UserError, match="in use"):
@@ -210,26 +215,21 @@ def test_the_lock_is_released_on_any_exit(tmp_path: Path, monkeypatch) -> None:
         pass
 
 
-def test_the_pid_file_fallback(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(rundir, "fcntl", None)
-    lock = RunLock(tmp_path)
+def test_the_lock_is_filelocks_and_never_follows_a_link(tmp_path: Path) -> None:
+    lock = FolderLock(tmp_path)
     lock.acquire()
-    assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
+    assert FolderLock(tmp_path).held_elsewhere()
     with pytest.raises(UserError, match="in use"):
-        RunLock(tmp_path).acquire()
+        FolderLock(tmp_path).acquire()
     lock.release()
-    assert not (tmp_path / LOCK).exists()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        (tmp_path / LOCK).write_text(json.dumps({"pid": sleeper.pid}))
-        with pytest.raises(UserError, match=f"pid {sleeper.pid}"):
-            RunLock(tmp_path).acquire()  # a live holder
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-    stale = RunLock(tmp_path)
-    stale.acquire()  # its holder is gone: taken over
-    stale.release()
+    assert not FolderLock(tmp_path).held_elsewhere()
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep")
+    (tmp_path / LOCK).unlink()
+    (tmp_path / LOCK).symlink_to(target)
+    lock.acquire()  # the link is replaced by a lock file of its own
+    assert not (tmp_path / LOCK).is_symlink() and target.read_text() == "keep"
+    lock.release()
 
 
 # ---------------------------------------------------------------- 9. resume with another spec
@@ -470,14 +470,14 @@ def test_a_read_only_parent_is_one_line(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_spec_yaml_write_error_is_one_line(tmp_path: Path, monkeypatch) -> None:
-    real = Path.write_text
+    real = runfolder.open_new
 
-    def write_text(self: Path, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if self.name == "spec.yaml.tmp":
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
-        return real(self, *args, **kwargs)
+    def open_new(path: Path):  # type: ignore[no-untyped-def]
+        if path.name == "spec.yaml.tmp":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path)
 
-    monkeypatch.setattr(Path, "write_text", write_text)
+    monkeypatch.setattr(runfolder, "open_new", open_new)
     with pytest.raises(UserError, match=r"spec\.yaml\.tmp: cannot write \(permission denied\)"):
         train(small_spec(tmp_path / "run"))
     assert not (tmp_path / "run" / "spec.yaml.tmp").exists()
