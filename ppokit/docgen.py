@@ -30,7 +30,7 @@ from pydantic_core import to_jsonable_python
 from rich.table import Table
 from rich.text import Text
 
-from ppokit.errors import UserError
+from ppokit.errors import UserError, printable
 from ppokit.registry import BUILTIN_PLUGIN, KINDS, ComponentInfo, Registry, build_registry
 from ppokit.slots import FIELDS, SLOTS, Slot
 from ppokit.spec import ComponentSpec, Spec, load_spec
@@ -139,7 +139,7 @@ def params_table(rows: list[ParamRow]) -> Table:
     """The rows as a rich table (``ppokit show``)."""
     out = Table("parameter", "type", "default", "bounds", "description", box=None)
     for r in rows:
-        out.add_row(*map(Text, r.cells()))
+        out.add_row(*(Text(printable(c)) for c in r.cells()))  # a plugin's descriptions
     return out
 
 
