@@ -240,8 +240,17 @@ def _stdout_fd_to_stderr() -> Iterator[None]:
             os.dup2(2, 1)
         yield
     finally:
+        _flush_c_streams()  # what C code buffered for fd 1 goes where fd 1 pointed
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def _flush_c_streams() -> None:
+    """The C library's ``fflush(NULL)``, where there is one (best effort)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
 
 
 @contextlib.contextmanager
