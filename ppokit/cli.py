@@ -392,7 +392,13 @@ def train(
             "--json": as_json,
         }
         argv += [flag for flag, on in flags.items() if on]
-        raise typer.Exit(launch(nproc, argv))
+        status, ended = launch(nproc, argv)
+        if any(" by signal " in line for line in ended) and not smoke:
+            command = ["ppokit", "train", *_train_args(spec_path, overrides, seed, threads)]
+            ended += _how_to_continue(Path(spec.output.dir), [*command, "--nproc", str(nproc)])
+        if ended:
+            raise fail(ended, status)
+        raise typer.Exit(status)
     from ppokit.trainer import train as run_training
 
     try:
@@ -433,10 +439,12 @@ def _train_args(
     return args
 
 
-def launch(nproc: int, argv: list[str]) -> int:
+def launch(nproc: int, argv: list[str]) -> tuple[int, list[str]]:
     """Run ``python -m ppokit ARGV`` on ``nproc`` local processes through torch's launcher
-    (``torch.distributed.run``, the code behind ``torchrun``); the exit status of the run (a
-    failing process's, which printed its error; the launcher stops the others)."""
+    (``torch.distributed.run``, the code behind ``torchrun``). Returns the exit status of
+    the run and, when processes failed, one line for each saying how it ended
+    (:func:`ended_lines`; a process that raised has printed its error itself, one killed by
+    a signal could not); the launcher stops the others."""
     import logging
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # ppokit sets torch's threads itself
@@ -455,11 +463,76 @@ def launch(nproc: int, argv: list[str]) -> int:
     try:
         run(args)
     except (KeyboardInterrupt, SignalException):  # the processes got it too; the first one
-        return 130  # said what to do
+        return 130, []  # said what to do
     except ChildFailedError as exc:
-        codes = [f.exitcode for f in exc.failures.values() if f.exitcode and f.exitcode > 0]
-        return codes[0] if codes else 1
-    return 0
+        import signal
+
+        # the first to fail first; the launcher stops the others with SIGTERM
+        order = sorted(
+            exc.failures.items(),
+            key=lambda kv: (kv[1].timestamp, kv[1].exitcode == -signal.SIGTERM, kv[0]),
+        )
+        return ended_lines({rank: (f.pid, f.exitcode) for rank, f in order})
+    return 0, []
+
+
+#: What a signal that ends a process usually means.
+SIGNAL_CAUSES = {
+    "SIGKILL": "sent from outside the run (the kernel's out-of-memory killer, a job "
+    "scheduler's limit, kill -9), so it could say nothing",
+    "SIGSEGV": "a crash in native code (torch, a C extension)",
+    "SIGBUS": "a crash in native code (torch, a C extension), or a file it mapped changed",
+    "SIGABRT": "a crash in native code (torch, a C extension)",
+    "SIGTERM": "stopped by the launcher once another process failed, or from outside the "
+    "run (a job scheduler, kill)",
+}
+
+
+def ended_lines(ends: dict[int, tuple[int, int]]) -> tuple[int, list[str]]:
+    """The exit status of a run whose processes ``ends`` (rank -> (pid, exit code; minus
+    the signal's number for one killed by a signal)), the first to fail first, failed, and
+    one line per process: ``process 1 (pid 4242) was killed by signal SIGKILL: ...``. The
+    status is the first process's: 128 plus its signal's number (as a shell reports it),
+    or its exit status."""
+    import signal
+
+    lines, statuses = [], []
+    for rank, (pid, code) in ends.items():
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"number {-code}"
+            cause = SIGNAL_CAUSES.get(name)
+            lines.append(
+                f"error: process {rank} (pid {pid}) was killed by signal {name}"
+                + (f": {cause}" if cause else "")
+            )
+            statuses.append(128 - code)
+        else:
+            lines.append(f"error: process {rank} (pid {pid}) exited with status {code}")
+            statuses.append(code)
+    return next((c for c in statuses if c > 0), 1), lines
+
+
+def _how_to_continue(out: Path, command: list[str]) -> list[str]:
+    """Where the run's last checkpoint is and the command that resumes it (or starts it
+    again, before its first checkpoint)."""
+    import shlex
+
+    from ppokit.runfiles import CHECKPOINT
+    from ppokit.trainer.checkpoint import checkpoint_round
+
+    done = checkpoint_round(out)
+    if done is None:
+        return [
+            f"no checkpoint was written yet in {out}",
+            "start again with: " + shlex.join([*command, "--out", str(out), "--overwrite"]),
+        ]
+    return [
+        f"the last checkpoint is round {done} ({out / CHECKPOINT})",
+        "continue with: " + shlex.join([*command, "--out", str(out), "--resume"]),
+    ]
 
 
 app.command("compare")(compare_command)
