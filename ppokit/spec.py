@@ -838,8 +838,9 @@ def validate_spec(data: Any, registry: Registry | None = None) -> Spec:
 MAX_SPEC_BYTES = 1 << 20
 #: Nodes a spec may hold once its YAML aliases are expanded (bounds alias "bombs").
 MAX_SPEC_NODES = 100_000
-#: How deeply a spec's mappings and lists may nest (a spec needs a handful of levels; far
-#: deeper nesting would exhaust Python's recursion while it is read).
+#: How deeply a spec's mappings and lists may nest: the nodes from the top mapping down to a
+#: value, both counted (a spec needs a handful; far deeper nesting would exhaust Python's
+#: recursion while it is read).
 MAX_SPEC_DEPTH = 64
 
 _INT = "tag:yaml.org,2002:int"
