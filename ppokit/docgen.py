@@ -352,12 +352,19 @@ def spec_md(root: Path) -> str:
         [f"`{f.name}`", f"[{','.join(f.shape)}] {f.dtype}", f.provided_by, u or DASH]
         for f, u in zip(FIELDS, users, strict=True)
     ]
+    from ppokit import spec as limits
+
     return render(
         "spec.md",
         top_level=params_markdown(param_rows(Spec)),
         sections="\n".join(sections),
         slots=table(slots),
         requirements=table(fields),
+        max_weight=f"{int(limits.MAX_REWARD_WEIGHT):,}",
+        max_positions=f"2^{limits.MAX_ROUND_POSITIONS.bit_length() - 1}",
+        max_kib=str(limits.MAX_SPEC_BYTES // 1024),
+        max_nodes=f"{limits.MAX_SPEC_NODES:,}",
+        max_depth=str(limits.MAX_SPEC_DEPTH),
     )
 
 

@@ -452,3 +452,13 @@ def test_the_known_plugins_table_matches_the_bundled_plugins() -> None:
         for kind, name in record.components
     }
     assert registered == KNOWN_PLUGINS
+
+
+def test_the_docs_state_the_switches_and_the_import_limit() -> None:
+    from tests.helpers import ROOT
+
+    text = " ".join((ROOT / "docs" / "plugins.md").read_text().split())
+    assert f"for at most {PLUGIN_IMPORT_TIMEOUT:g} seconds" in text
+    assert f"did not finish within {PLUGIN_IMPORT_TIMEOUT:g} s" in text
+    for switch in ("PPOKIT_PLUGIN_IMPORT_TIMEOUT", "PPOKIT_NO_PLUGINS=1", "--no-plugins"):
+        assert switch in text
