@@ -92,18 +92,25 @@ ESCAPES = """\
 import ppokit
 
 
+def make():
+    return None
+
+
 @ppokit.hookimpl
 def ppokit_register(register):
     register(
         ppokit.Component(
             "advantage",
             "escapes",
-            "ppokit_escapes:X",
+            "ppokit_escapes:make",
             summary="clears \\x1b[2J\\x1b]0;title\\x07 the screen\\r",
             formula="A = \\x1b[31m red",
         )
     )
-    raise RuntimeError("and fails \\x1b[5m blinking")
+"""
+
+FAILS_LOUDLY = """\
+raise RuntimeError("and fails \\x1b[5m blinking")
 """
 
 #: The import time limit of the commands run here (a hanging plugin waits this long).
@@ -132,6 +139,7 @@ def hostile_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
         write_plugin_dist(dists, "ppokit-os-exit", "ppokit_os_exit", OS_EXIT, "os_exit"),
         write_plugin_dist(dists, "ppokit-writes-fd1", "ppokit_writes_fd1", WRITES_FD1, "fd1"),
         write_plugin_dist(dists, "ppokit-escapes", "ppokit_escapes", ESCAPES, "escapes"),
+        write_plugin_dist(dists, "ppokit-loud", "ppokit_loud", FAILS_LOUDLY, "loud"),
     )
     return venv
 
@@ -174,11 +182,15 @@ def test_a_hanging_import_and_os_exit_are_reported(hostile_venv: Venv) -> None:
 @pytest.mark.slow
 def test_plugin_text_reaches_no_terminal_raw(hostile_venv: Venv) -> None:
     plugins = hostile_venv.ppokit("plugins")
-    listed = hostile_venv.ppokit("list", "advantage")
-    shown = hostile_venv.ppokit("show", "advantage", "ghost")
+    listed = hostile_venv.ppokit("list", "advantage", COLUMNS="400")  # one line a row
+    shown = hostile_venv.ppokit("show", "advantage", "escapes")
     for result in (plugins, listed, shown):
         assert "\x1b" not in result.stdout + result.stderr and "\x07" not in result.stdout
+        assert "\r" not in result.stdout
     assert "and fails \\x1b[5m blinking" in plugins.stdout  # shown, escaped
+    assert "and fails \\x1b[5m blinking" in listed.stderr  # the warning
+    assert "clears \\x1b[2J\\x1b]0;title\\x07 the screen\\r" in listed.stdout
+    assert "A = \\x1b[31m red" in shown.stdout
 
 
 @pytest.mark.slow
@@ -268,6 +280,29 @@ def test_writes_to_fd_1_go_to_stderr(capfd: pytest.CaptureFixture[str]) -> None:
     sys.stdout.flush()
     out = capfd.readouterr()
     assert record.ok and out.out == "after\n" and "below sys.stdout" in out.err
+
+
+def test_a_lazy_factory_is_imported_under_the_guards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ppokit_lazy_writes.py").write_text(
+        "import os\nos.write(1, b'fd 1 at import\\n')\n\ndef make():\n    return 1\n"
+    )
+    (tmp_path / "ppokit_lazy_exits.py").write_text("import os\nos._exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    @ppokit.hookimpl
+    def ppokit_register(register: object) -> None:
+        register(Component("advantage", "writes", "ppokit_lazy_writes:make"))  # type: ignore[operator]
+        register(Component("advantage", "exits", "ppokit_lazy_exits:make"))  # type: ignore[operator]
+
+    registry = Registry()
+    assert registry.load_plugin("lazy", _module(ppokit_register)).ok
+    assert registry.info("advantage", "writes").load()() == 1
+    out = capfd.readouterr()
+    assert out.out == "" and "fd 1 at import" in out.err
+    with pytest.raises(RegistryError, match=r"PluginExit: called os._exit\(0\) while loading"):
+        registry.info("advantage", "exits").load()
 
 
 def test_run_bounded() -> None:
