@@ -937,7 +937,14 @@ class _SpecLoader(yaml.SafeLoader):
         if old_tag not in (_INT, _FLOAT):
             return None
         node = yaml.ScalarNode(old_tag, text)
-        old = self.construct_yaml_int(node) if old_tag == _INT else self.construct_yaml_float(node)
+        try:
+            old = (
+                self.construct_yaml_int(node)
+                if old_tag == _INT
+                else self.construct_yaml_float(node)
+            )
+        except ValueError:  # '0x_': YAML 1.1's pattern, but no number
+            return None
         new: int | float | str = text
         for tag, pattern, _ in _YAML12_NUMBERS:
             if re.match(pattern, text):

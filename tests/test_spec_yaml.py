@@ -6,6 +6,7 @@ by its code point) and nesting deep enough to exhaust Python's recursion (one li
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -72,11 +73,23 @@ def test_every_ambiguous_number_is_reported() -> None:
         ("'010'", "010"),  # quoted: text
         (".inf", float("inf")),
         ("yes", True),  # booleans are YAML 1.1's still: only numbers changed
+        ("0x_", "0x_"),  # YAML 1.1's pattern of a number, but none
     ],
 )
 def test_yaml_1_2_numbers(text: str, value: Any) -> None:
     read = parse_spec_text(f"x: {text}")["x"]
     assert read == value and type(read) is type(value)
+
+
+def test_any_number_like_scalar_reads_or_is_one_spec_error() -> None:
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice("0123456789_:.-+eExob") for _ in range(rng.randint(1, 6)))
+        for doc in (f"x: {text}", f"{text}: 1", f"x: [{text}]"):
+            try:
+                parse_spec_text(doc)
+            except SpecError as exc:
+                assert len(exc.errors) == 1 and "\n" not in exc.errors[0], (doc, exc.errors)
 
 
 def test_a_spec_with_yaml_1_2_numbers_validates(tmp_spec: Any) -> None:
