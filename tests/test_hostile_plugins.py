@@ -497,3 +497,27 @@ def test_the_docs_state_the_switches_and_the_import_limit() -> None:
     assert f"did not finish within {PLUGIN_IMPORT_TIMEOUT:g} s" in text
     for switch in ("PPOKIT_PLUGIN_IMPORT_TIMEOUT", "PPOKIT_NO_PLUGINS=1", "--no-plugins"):
         assert switch in text
+
+
+def test_a_runs_messages_are_printable() -> None:
+    import io
+
+    from ppokit.trainer.display import Display
+
+    stream = io.StringIO()
+    Display(total=1, start=0, live=False, stream=stream).message("reward said \x1b[2J\x07")
+    assert stream.getvalue() == "reward said \\x1b[2J\\x07\n"
+
+
+def test_errors_printed_by_the_cli_are_printable(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ppokit.cli import app
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text('"\\e[2Jseed": 1\nadvantage: "\\e]0;x\\a"\n')
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 1
+    assert "\x1b" not in result.stderr and "\\x1b[2Jseed" in result.stderr, result.stderr
+    result = CliRunner().invoke(app, ["explain", str(spec)])  # through fail()
+    assert result.exit_code == 1 and "\x1b" not in result.stderr and "\\x1b" in result.stderr
