@@ -25,10 +25,17 @@ from rich.table import Table
 from ppokit import __version__
 from ppokit.compare import compare_command
 from ppokit.docgen import param_rows, params_table, write_docs
-from ppokit.errors import UserError, error_lines, fail
+from ppokit.errors import UserError, error_lines, fail, printable
 from ppokit.evaluate import eval_command
 from ppokit.export import export_command
-from ppokit.registry import KINDS, RegistryError, get_registry
+from ppokit.registry import (
+    KINDS,
+    NO_PLUGINS,
+    RegistryError,
+    get_registry,
+    plugins_off,
+    reset_registry,
+)
 from ppokit.spec import Spec, SpecError, apply_overrides, load_spec, validate_spec
 
 __all__ = ["app", "main"]
@@ -51,6 +58,12 @@ JSON_HELP = "Print the result as JSON."
 
 
 # ---------------------------------------------------------------------- errors
+def _show(text: str) -> str:
+    """``text`` ready for a rich console: its control characters escaped (a plugin's summary
+    or error cannot send escape codes to the terminal) and its markup brackets too."""
+    return escape(printable(text))
+
+
 def user_errors(func: F) -> F:
     """Turn the errors a user can cause into red lines and exit status 1."""
 
@@ -68,11 +81,11 @@ def _warn_failed_plugins() -> None:
     registry = get_registry()
     for record in registry.failed:
         err.print(
-            f"[yellow]warning: plugin {escape(record.name)} failed to load "
-            f"({escape(record.error or '')}); see 'ppokit plugins'[/yellow]"
+            f"[yellow]warning: plugin {_show(record.name)} failed to load "
+            f"({_show(record.error or '')}); see 'ppokit plugins'[/yellow]"
         )
     for line in registry.conflict_errors():
-        err.print(f"[yellow]warning: {escape(line)}[/yellow]")
+        err.print(f"[yellow]warning: {_show(line)}[/yellow]")
 
 
 def _print_json(data: Any) -> None:
@@ -91,8 +104,16 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
     ),
+    no_plugins: bool = typer.Option(
+        False,
+        "--no-plugins",
+        help=f"Load no installed plugin, only the built-in components (as {NO_PLUGINS}=1).",
+    ),
 ) -> None:
     """PPO-style RL for language models, assembled from small named components."""
+    if no_plugins:  # in the environment: the processes of 'train --nproc' inherit it
+        os.environ[NO_PLUGINS] = "1"
+        reset_registry()
 
 
 # ---------------------------------------------------------------------- list / show
@@ -120,7 +141,7 @@ def list_components(
         return
     table = Table("kind", "name", "plugin", "summary", box=None, pad_edge=False)
     for row in rows:
-        table.add_row(*(escape(row[k]) for k in ("kind", "name", "plugin", "summary")))
+        table.add_row(*(_show(row[k]) for k in ("kind", "name", "plugin", "summary")))
     out.print(table)
 
 
@@ -148,15 +169,15 @@ def show(
     if as_json:
         _print_json(data)
         return
-    out.print(f"[bold]{escape(kind)} {escape(name)}[/bold]  {escape(info.summary)}")
-    out.print(f"plugin: {escape(info.plugin)} {escape(info.version or '')}".rstrip())
+    out.print(f"[bold]{_show(kind)} {_show(name)}[/bold]  {_show(info.summary)}")
+    out.print(f"plugin: {_show(info.plugin)} {_show(info.version or '')}".rstrip())
     if info.source:
-        out.print(f"source: {escape(info.source)}")
+        out.print(f"source: {_show(info.source)}")
     out.print("requires: " + (", ".join(info.requires) or "-"))
     if data["formula"]:
         out.print("formula:")
         for line in str(data["formula"]).splitlines():
-            out.print("  " + escape(line))
+            out.print("  " + _show(line))
     if not rows:
         out.print("parameters: none")
         return
@@ -189,10 +210,10 @@ def validate(
     else:
         for r in results:
             if r["valid"]:
-                out.print(f"{escape(r['spec'])}: [green]valid[/green]")
+                out.print(f"{_show(r['spec'])}: [green]valid[/green]")
             else:
                 for line in r["errors"]:
-                    err.print(f"[red]{escape(r['spec'])}: {escape(line)}[/red]")
+                    err.print(f"[red]{_show(r['spec'])}: {_show(line)}[/red]")
     if not all(r["valid"] for r in results):
         raise typer.Exit(1)
 
@@ -233,9 +254,9 @@ def docs(
     if check and stale:
         raise fail([f"{path}: out of date; run 'ppokit docs'" for path in stale])
     for path in stale:
-        out.print(f"wrote {escape(str(path))}")
+        out.print(f"wrote {_show(str(path))}")
     if not stale:
-        out.print(f"{escape(str(out_dir))}: up to date")
+        out.print(f"{_show(str(out_dir))}: up to date")
 
 
 @app.command()
@@ -258,22 +279,24 @@ def plugins(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> No
     if as_json:
         _print_json({"plugins": records, "conflicts": conflicts})
         return
+    if plugins_off():
+        err.print(f"installed plugins are off ({NO_PLUGINS}=1 or --no-plugins)")
     for r in records:
         head = f"{r['name']} {r['version'] or ''}".rstrip()
         if r["distribution"] and r["distribution"] != r["name"]:
             head += f" ({r['distribution']})"
         if r["ok"]:
-            out.print(f"[green]{escape(head)}[/green]: {len(r['components'])} component(s)")
+            out.print(f"[green]{_show(head)}[/green]: {len(r['components'])} component(s)")
             by_kind: dict[str, list[str]] = {}
             for comp in r["components"]:
                 kind, _, cname = comp.partition("/")
                 by_kind.setdefault(kind, []).append(cname)
             for kind, names in by_kind.items():
-                out.print(f"  {kind}: {escape(', '.join(names))}")
+                out.print(f"  {kind}: {_show(', '.join(names))}")
         else:
-            out.print(f"[red]{escape(head)}: failed: {escape(r['error'] or '')}[/red]")
+            out.print(f"[red]{_show(head)}: failed: {_show(r['error'] or '')}[/red]")
     for line in conflicts:
-        out.print(f"[red]conflict: {escape(line)}[/red]")
+        out.print(f"[red]conflict: {_show(line)}[/red]")
 
 
 @app.command("new-plugin")
@@ -286,8 +309,8 @@ def new_plugin(
     from ppokit.scaffold import new_plugin as scaffold
 
     root = scaffold(name, directory)
-    out.print(f"created {escape(str(root))}")
-    out.print(f"next: pip install -e {escape(str(root))} && pytest {escape(str(root))}/tests")
+    out.print(f"created {_show(str(root))}")
+    out.print(f"next: pip install -e {_show(str(root))} && pytest {_show(str(root))}/tests")
 
 
 def _demo_spec() -> dict[str, Any]:
@@ -369,7 +392,13 @@ def train(
             "--json": as_json,
         }
         argv += [flag for flag, on in flags.items() if on]
-        raise typer.Exit(launch(nproc, argv))
+        status, ended = launch(nproc, argv)
+        if any(" by signal " in line for line in ended) and not smoke:
+            command = ["ppokit", "train", *_train_args(spec_path, overrides, seed, threads)]
+            ended += _how_to_continue(Path(spec.output.dir), [*command, "--nproc", str(nproc)])
+        if ended:
+            raise fail(ended, status)
+        raise typer.Exit(status)
     from ppokit.trainer import train as run_training
 
     try:
@@ -391,7 +420,7 @@ def train(
         describe = getattr(exc, "describe", None)
         lines = describe(command) if callable(describe) else ["interrupted"]
         for line in lines:
-            err.print(f"[yellow]{escape(line)}[/yellow]")
+            err.print(f"[yellow]{_show(line)}[/yellow]")
         raise typer.Exit(130) from None
     if as_json and result.get("main", True):
         _print_json(result)
@@ -410,10 +439,12 @@ def _train_args(
     return args
 
 
-def launch(nproc: int, argv: list[str]) -> int:
+def launch(nproc: int, argv: list[str]) -> tuple[int, list[str]]:
     """Run ``python -m ppokit ARGV`` on ``nproc`` local processes through torch's launcher
-    (``torch.distributed.run``, the code behind ``torchrun``); the exit status of the run (a
-    failing process's, which printed its error; the launcher stops the others)."""
+    (``torch.distributed.run``, the code behind ``torchrun``). Returns the exit status of
+    the run and, when processes failed, one line for each saying how it ended
+    (:func:`ended_lines`; a process that raised has printed its error itself, one killed by
+    a signal could not); the launcher stops the others."""
     import logging
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # ppokit sets torch's threads itself
@@ -432,11 +463,76 @@ def launch(nproc: int, argv: list[str]) -> int:
     try:
         run(args)
     except (KeyboardInterrupt, SignalException):  # the processes got it too; the first one
-        return 130  # said what to do
+        return 130, []  # said what to do
     except ChildFailedError as exc:
-        codes = [f.exitcode for f in exc.failures.values() if f.exitcode and f.exitcode > 0]
-        return codes[0] if codes else 1
-    return 0
+        import signal
+
+        # the first to fail first; the launcher stops the others with SIGTERM
+        order = sorted(
+            exc.failures.items(),
+            key=lambda kv: (kv[1].timestamp, kv[1].exitcode == -signal.SIGTERM, kv[0]),
+        )
+        return ended_lines({rank: (f.pid, f.exitcode) for rank, f in order})
+    return 0, []
+
+
+#: What a signal that ends a process usually means.
+SIGNAL_CAUSES = {
+    "SIGKILL": "sent from outside the run (the kernel's out-of-memory killer, a job "
+    "scheduler's limit, kill -9), so it could say nothing",
+    "SIGSEGV": "a crash in native code (torch, a C extension)",
+    "SIGBUS": "a crash in native code (torch, a C extension), or a file it mapped changed",
+    "SIGABRT": "a crash in native code (torch, a C extension)",
+    "SIGTERM": "stopped by the launcher once another process failed, or from outside the "
+    "run (a job scheduler, kill)",
+}
+
+
+def ended_lines(ends: dict[int, tuple[int, int]]) -> tuple[int, list[str]]:
+    """The exit status of a run whose processes ``ends`` (rank -> (pid, exit code; minus
+    the signal's number for one killed by a signal)), the first to fail first, failed, and
+    one line per process: ``process 1 (pid 4242) was killed by signal SIGKILL: ...``. The
+    status is the first process's: 128 plus its signal's number (as a shell reports it),
+    or its exit status."""
+    import signal
+
+    lines, statuses = [], []
+    for rank, (pid, code) in ends.items():
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"number {-code}"
+            cause = SIGNAL_CAUSES.get(name)
+            lines.append(
+                f"error: process {rank} (pid {pid}) was killed by signal {name}"
+                + (f": {cause}" if cause else "")
+            )
+            statuses.append(128 - code)
+        else:
+            lines.append(f"error: process {rank} (pid {pid}) exited with status {code}")
+            statuses.append(code)
+    return next((c for c in statuses if c > 0), 1), lines
+
+
+def _how_to_continue(out: Path, command: list[str]) -> list[str]:
+    """Where the run's last checkpoint is and the command that resumes it (or starts it
+    again, before its first checkpoint)."""
+    import shlex
+
+    from ppokit.runfiles import CHECKPOINT
+    from ppokit.trainer.checkpoint import checkpoint_round
+
+    done = checkpoint_round(out)
+    if done is None:
+        return [
+            f"no checkpoint was written yet in {out}",
+            "start again with: " + shlex.join([*command, "--out", str(out), "--overwrite"]),
+        ]
+    return [
+        f"the last checkpoint is round {done} ({out / CHECKPOINT})",
+        "continue with: " + shlex.join([*command, "--out", str(out), "--resume"]),
+    ]
 
 
 app.command("compare")(compare_command)

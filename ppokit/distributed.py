@@ -120,7 +120,8 @@ def process_group(device_type: str, timeout_s: float) -> Iterator[World]:
         if _peer_failed(exc):  # the failing process shows its own error
             raise PeerFailure(
                 f"process {_WORLD.rank} stopped: another process failed or stopped answering "
-                f"(its error is shown above; parallel.timeout_s={timeout_s:g})"
+                f"(its error, or how it ended, is shown with this; "
+                f"parallel.timeout_s={timeout_s:g})"
             ) from None
         raise
     finally:

@@ -30,7 +30,7 @@ from pydantic_core import to_jsonable_python
 from rich.table import Table
 from rich.text import Text
 
-from ppokit.errors import UserError
+from ppokit.errors import UserError, printable
 from ppokit.registry import BUILTIN_PLUGIN, KINDS, ComponentInfo, Registry, build_registry
 from ppokit.slots import FIELDS, SLOTS, Slot
 from ppokit.spec import ComponentSpec, Spec, load_spec
@@ -139,7 +139,7 @@ def params_table(rows: list[ParamRow]) -> Table:
     """The rows as a rich table (``ppokit show``)."""
     out = Table("parameter", "type", "default", "bounds", "description", box=None)
     for r in rows:
-        out.add_row(*map(Text, r.cells()))
+        out.add_row(*(Text(printable(c)) for c in r.cells()))  # a plugin's descriptions
     return out
 
 
@@ -352,12 +352,19 @@ def spec_md(root: Path) -> str:
         [f"`{f.name}`", f"[{','.join(f.shape)}] {f.dtype}", f.provided_by, u or DASH]
         for f, u in zip(FIELDS, users, strict=True)
     ]
+    from ppokit import spec as limits
+
     return render(
         "spec.md",
         top_level=params_markdown(param_rows(Spec)),
         sections="\n".join(sections),
         slots=table(slots),
         requirements=table(fields),
+        max_weight=f"{int(limits.MAX_REWARD_WEIGHT):,}",
+        max_positions=f"2^{limits.MAX_ROUND_POSITIONS.bit_length() - 1}",
+        max_kib=str(limits.MAX_SPEC_BYTES // 1024),
+        max_nodes=f"{limits.MAX_SPEC_NODES:,}",
+        max_depth=str(limits.MAX_SPEC_DEPTH),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 
@@ -33,6 +34,18 @@ class NonFiniteError(UserError):
     reached the parameters; the message names the round and where it appeared."""
 
 
+def printable(text: str) -> str:
+    """``text`` with every control character but newline and tab (terminal escape codes,
+    carriage returns, bidirectional overrides, line separators) written as a Python escape
+    (``\\x1b``): text that plugins or data provide cannot drive the terminal it is shown on."""
+    return "".join(
+        c
+        if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp")
+        else ascii(c)[1:-1]
+        for c in text
+    )
+
+
 def error_lines(exc: BaseException) -> list[str]:
     """What a command prints for an error the user caused: a spec error's lines, each
     prefixed with the spec's path; else ``error: <message>``, its first line only."""
@@ -53,5 +66,5 @@ def fail(lines: str | list[str], code: int = 1) -> Any:
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in [lines] if isinstance(lines, str) else lines:
-        err.print(f"[red]{escape(line)}[/red]")
+        err.print(f"[red]{escape(printable(line))}[/red]")
     return typer.Exit(code)

@@ -18,19 +18,25 @@ import importlib
 import inspect
 import io
 import os
+import re
 import sys
+import threading
 import traceback
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from importlib.metadata import PackageNotFoundError, distribution, entry_points
-from typing import Any
+from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
+from typing import Any, NoReturn, TypeVar
 
 import pluggy
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ppokit import hookspecs
 from ppokit.catalogue import Component
+from ppokit.errors import printable
 from ppokit.slots import FIELDS, KINDS
 
 __all__ = [
@@ -39,8 +45,11 @@ __all__ = [
     "PluginRecord",
     "Registry",
     "RegistryError",
+    "TimedOut",
     "get_registry",
+    "name_problem",
     "reset_registry",
+    "run_bounded",
 ]
 
 
@@ -57,6 +66,15 @@ KNOWN_PLUGINS: dict[tuple[str, str], str] = {
     ("advantage", "lite_ppo"): "ppokit-example",
 }
 ENTRY_POINT_GROUP = "ppokit"
+
+#: A component's name: an ASCII identifier, so that no look-alike letter (Cyrillic,
+#: full-width) can pass for another component's name.
+COMPONENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: A plugin's (entry point's) name: ASCII letters, digits, '_', '-' and '.'.
+PLUGIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: Seconds an installed plugin may take to import and register (PPOKIT_PLUGIN_IMPORT_TIMEOUT
+#: changes it); one that takes longer is reported as failed and the command goes on.
+PLUGIN_IMPORT_TIMEOUT = 30.0
 
 
 class RegistryError(LookupError):
@@ -103,13 +121,38 @@ def _check_unique(infos: list[ComponentInfo]) -> None:
         seen.add(key)
 
 
+def name_problem(
+    name: Any, what: str = "component name", pattern: re.Pattern[str] = COMPONENT_NAME
+) -> str | None:
+    """Why ``name`` is not a valid name (``pattern``), in one line; None if it is. A
+    non-ASCII character is named with its code point, since it may look like an ASCII one."""
+    if isinstance(name, str) and pattern.fullmatch(name):
+        return None
+    if not isinstance(name, str):
+        return f"{what} must be a string, got {type(name).__name__}"
+    if pattern is COMPONENT_NAME:
+        rule = "an ASCII identifier (letters, digits and '_', not starting with a digit)"
+    else:
+        rule = "an ASCII name (letters, digits, '_', '-' and '.')"
+    problem = f"{what} {name!a} is not {rule}"
+    odd = next((c for c in name if not c.isascii()), None)
+    if odd is not None:
+        problem += f": {odd!a} is U+{ord(odd):04X} {unicodedata.name(odd, 'unnamed')}"
+    return problem
+
+
 def _one_line(exc: BaseException) -> str:
-    """``Type: message`` with the message's whitespace (newlines included) collapsed."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
+    """``Type: message`` with the message's whitespace (newlines included) collapsed and its
+    control characters escaped."""
+    return printable(" ".join(f"{type(exc).__name__}: {exc}".split()))
+
+
+class PluginExit(Exception):
+    """A plugin called ``os._exit`` while it loaded."""
 
 
 #: What a plugin may raise while it loads without taking the command line down with it
-#: (``sys.exit`` included); KeyboardInterrupt still stops the program.
+#: (``sys.exit`` and ``os._exit`` included); KeyboardInterrupt still stops the program.
 PLUGIN_ERRORS = (Exception, SystemExit)
 
 
@@ -117,18 +160,124 @@ class PluginPrinted(RuntimeError):
     """A plugin wrote to standard output while it loaded (which would corrupt JSON output)."""
 
 
+class TimedOut(Exception):
+    """A call run by :func:`run_bounded` did not finish in time (it goes on in the
+    background, on a daemon thread)."""
+
+
+T = TypeVar("T")
+
+
+def run_bounded(fn: Callable[[], T], timeout: float | None, name: str) -> T:
+    """``fn()`` on a daemon thread called ``name``, waited for at most ``timeout`` seconds
+    (``None``: called here, unbounded); :class:`TimedOut` when it runs over. Whatever ``fn``
+    raises (``SystemExit`` included) is raised here. A Python thread cannot be killed: an
+    overrunning call goes on in the background, and being a daemon thread it does not keep
+    the process from exiting."""
+    if timeout is None:
+        return fn()
+    future: Future[T] = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # handed to the waiting thread
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    try:
+        return future.result(timeout)
+    except FutureTimeout:
+        raise TimedOut(f"did not finish within {timeout:g} s") from None
+
+
 @contextlib.contextmanager
 def isolated_output() -> Iterator[None]:
     """Run plugin code with standard output captured: anything it prints raises
     :class:`PluginPrinted` (the text goes to standard error)."""
     buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        yield
-    text = buffer.getvalue()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield
+    finally:
+        text = buffer.getvalue()
+        if text:
+            sys.stderr.write(text)
     if text:
-        sys.stderr.write(text)
         first = text.strip().splitlines()[0][:80] if text.strip() else repr(text[:20])
         raise PluginPrinted(f"wrote to standard output while loading: {first!r}")
+
+
+@contextlib.contextmanager
+def _stdout_fd_to_stderr() -> Iterator[None]:
+    """File descriptor 1 points to standard error for the block (what code writes to it
+    directly, ``os.write(1, ...)`` or a C library's ``printf``, cannot corrupt a command's
+    JSON output); put back after."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no standard output to protect
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.dup2(2, 1)
+        yield
+    finally:
+        _flush_c_streams()  # what C code buffered for fd 1 goes where fd 1 pointed
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _flush_c_streams() -> None:
+    """The C library's ``fflush(NULL)``, where there is one (best effort)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+
+
+@contextlib.contextmanager
+def _exit_refused() -> Iterator[None]:
+    """``os._exit`` raises :class:`PluginExit` for the block instead of ending the process
+    (``sys.exit`` raises ``SystemExit``, which the callers catch)."""
+    real = os._exit
+
+    def refuse(status: int) -> NoReturn:
+        raise PluginExit(f"called os._exit({status}) while loading")
+
+    os._exit = refuse
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
+@contextlib.contextmanager
+def guarded() -> Iterator[None]:
+    """The guards around plugin code run while plugins load: standard output captured (a
+    print is an error), file descriptor 1 sent to standard error, ``os._exit`` refused."""
+    with _stdout_fd_to_stderr(), _exit_refused(), isolated_output():
+        yield
+
+
+def plugin_import_timeout() -> float:
+    """PPOKIT_PLUGIN_IMPORT_TIMEOUT (seconds, > 0), else PLUGIN_IMPORT_TIMEOUT."""
+    raw = os.environ.get("PPOKIT_PLUGIN_IMPORT_TIMEOUT", "").strip()
+    if not raw:
+        return PLUGIN_IMPORT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not (value > 0 and value < float("inf")):
+        raise RegistryError(
+            f"PPOKIT_PLUGIN_IMPORT_TIMEOUT={raw!r}: expected a positive number of seconds"
+        )
+    return value
 
 
 def _normalise(name: str) -> str:
@@ -164,7 +313,7 @@ class ComponentInfo:
         """The factory itself, importing a lazy ``"module:attr"`` string on first use."""
         if isinstance(self.factory, str):
             try:
-                with isolated_output():
+                with guarded():
                     self.factory = _import_string(self.factory)
             except RegistryError:
                 raise
@@ -192,8 +341,8 @@ class ComponentInfo:
             return ""
         formula = getattr(factory, "formula", "")
         if isinstance(formula, str) and formula:
-            return formula
-        return (inspect.getdoc(factory) or "").split("\n\n")[0].strip()
+            return printable(formula)
+        return printable((inspect.getdoc(factory) or "").split("\n\n")[0].strip())
 
     def defaults(self) -> dict[str, Any]:
         out = {}
@@ -261,18 +410,27 @@ class Registry:
         *,
         distribution: str | None = None,
         version: str | None = None,
+        timeout: float | None = None,
     ) -> PluginRecord:
-        """Register one plugin object (module) and run its ``ppokit_register`` hook.
+        """Register one plugin object (module) and run its ``ppokit_register`` hook (under
+        :func:`guarded`, on a worker thread for at most ``timeout`` seconds when given).
 
         Its registrations are committed only if the whole hook succeeds.
         """
         record = PluginRecord(name, distribution, version)
         self.plugins[name] = record
         try:
-            with isolated_output():
-                pending = self._run_hook(name, plugin, version)
+            with guarded():
+                pending = run_bounded(
+                    lambda: self._run_hook(name, plugin, version), timeout, f"ppokit-{name}"
+                )
         except PLUGIN_ERRORS as exc:  # one broken plugin never breaks the others
-            record.error = _one_line(exc)
+            record.error = (
+                f"its ppokit_register hook did not return within {timeout:g} s "
+                "(PPOKIT_PLUGIN_IMPORT_TIMEOUT)"
+                if isinstance(exc, TimedOut) and timeout is not None
+                else _one_line(exc)
+            )
             record.traceback = traceback.format_exc()
             if self.pm.get_plugin(name) is plugin:
                 self.pm.unregister(name=name)
@@ -314,8 +472,9 @@ class Registry:
         kind, name, factory, params = entry.kind, entry.name, entry.factory, entry.params
         if kind not in KINDS:
             raise RegistryError(f"unknown component kind {kind!r}{suggest(kind, KINDS)}")
-        if not isinstance(name, str) or not name.isidentifier():
-            raise RegistryError(f"component name {name!r} must be an identifier")
+        problem = name_problem(name)
+        if problem is not None:
+            raise RegistryError(problem)
         if not (callable(factory) or isinstance(factory, str)):
             raise RegistryError(f"{kind} {name!r}: factory must be callable or 'module:attr'")
         if params is not None and not (isinstance(params, type) and issubclass(params, BaseModel)):
@@ -332,17 +491,17 @@ class Registry:
         if not summary:
             doc = "" if isinstance(factory, str) else inspect.getdoc(factory) or ""
             summary = doc.split("\n")[0].strip()
-        return ComponentInfo(
+        return ComponentInfo(  # what a plugin wrote is shown on terminals: no control codes
             kind=kind,
             name=name,
             factory=factory,
             plugin=plugin,
             version=version,
-            summary=summary,
+            summary=printable(str(summary)),
             requires=requires,
-            source=entry.source,
+            source=printable(str(entry.source)),
             _params=params,
-            _formula=entry.formula,
+            _formula=printable(str(entry.formula)),
         )
 
     def _add(self, info: ComponentInfo, record: PluginRecord) -> None:
@@ -361,31 +520,33 @@ class Registry:
     def load_entry_points(self, only: set[str] | None = None) -> None:
         """Load installed plugins of the ``ppokit`` entry-point group (``only``: by name).
 
-        A name in ``only`` that matches no installed plugin is recorded as a failed plugin.
+        Each plugin is imported and its hook run on a worker thread, for at most
+        :func:`plugin_import_timeout` seconds, under :func:`guarded`: a plugin that hangs,
+        exits or prints is recorded as failed and the others load. A name in ``only`` that
+        matches no installed plugin is recorded as a failed plugin.
         """
+        timeout = plugin_import_timeout()
         wanted = None if only is None else {_normalise(o): o for o in only}
         matched: set[str] = set()
         for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             dist = getattr(ep, "dist", None)
-            dist_name = dist.metadata["Name"] if dist is not None else None
+            dist_name = printable(dist.metadata["Name"]) if dist is not None else None
             if wanted is not None:
                 names = {_normalise(ep.name), _normalise(dist_name or "")} & set(wanted)
                 if not names:
                     continue
                 matched |= names
-            version = dist.version if dist is not None else None
+            version = printable(dist.version) if dist is not None else None
             name = ep.name
+            problem = name_problem(name, "plugin name", PLUGIN_NAME)
+            if problem is not None:
+                name = ascii(name)[1:-1]
             if name in self.plugins:  # two distributions use the same entry-point name
-                name = f"{dist_name}:{ep.name}"
-            try:
-                with isolated_output():
-                    module = ep.load()
-            except PLUGIN_ERRORS as exc:
-                record = PluginRecord(name, dist_name, version, error=_one_line(exc))
-                record.traceback = traceback.format_exc()
-                self.plugins[name] = record
+                name = f"{dist_name}:{name}"
+            if problem is not None:
+                self.plugins[name] = PluginRecord(name, dist_name, version, error=problem)
                 continue
-            self.load_plugin(name, module, distribution=dist_name, version=version)
+            self._load_entry_point(ep, name, dist_name, version, timeout)
         for key, original in (wanted or {}).items():
             if key not in matched and key != _normalise(BUILTIN_PLUGIN):
                 installed = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
@@ -394,6 +555,25 @@ class Registry:
                     error="PPOKIT_LOAD_PLUGINS names no installed plugin "
                     f"{original!r}{suggest(original, installed)}",
                 )
+
+    def _load_entry_point(
+        self, ep: EntryPoint, name: str, dist_name: str | None, version: str | None, timeout: float
+    ) -> None:
+        """Import one installed plugin (bounded and guarded), then run its hook."""
+        try:
+            with guarded():
+                module = run_bounded(ep.load, timeout, f"ppokit-import-{name}")
+        except PLUGIN_ERRORS as exc:
+            error = (
+                f"its import did not finish within {timeout:g} s (PPOKIT_PLUGIN_IMPORT_TIMEOUT)"
+                if isinstance(exc, TimedOut)
+                else _one_line(exc)
+            )
+            record = PluginRecord(name, dist_name, version, error=error)
+            record.traceback = traceback.format_exc()
+            self.plugins[name] = record
+            return
+        self.load_plugin(name, module, distribution=dist_name, version=version, timeout=timeout)
 
     def conflict_errors(self) -> list[str]:
         return [
@@ -480,6 +660,16 @@ def env_flag(name: str) -> bool:
     )
 
 
+#: The environment switch that turns installed plugins off (``ppokit --no-plugins`` sets it,
+#: so that the processes ``ppokit train --nproc`` starts run without them too).
+NO_PLUGINS = "PPOKIT_NO_PLUGINS"
+
+
+def plugins_off() -> bool:
+    """Whether installed plugins are off (PPOKIT_NO_PLUGINS)."""
+    return env_flag(NO_PLUGINS)
+
+
 def _known_plugin_hint(dist: str) -> str:
     """What to do about a component of the published plugin ``dist`` that is not registered."""
     try:
@@ -504,6 +694,7 @@ def _plugin_filter() -> set[str] | None:
 def build_registry(strict: bool | None = None) -> Registry:
     """A fresh registry: the built-ins, then the installed plugins that the environment allows.
 
+    ``PPOKIT_NO_PLUGINS=1`` (``ppokit --no-plugins``) loads none, not even imports them;
     ``PPOKIT_LOAD_PLUGINS=a,b`` loads only those plugins ('' = built-ins only);
     ``PPOKIT_STRICT_PLUGINS=1`` turns a broken plugin or a conflicting name into an error.
     """
@@ -513,7 +704,8 @@ def build_registry(strict: bool | None = None) -> Registry:
     from ppokit import components
 
     registry.load_plugin(BUILTIN_PLUGIN, components, distribution="ppokit", version=_own_version())
-    registry.load_entry_points(_plugin_filter())
+    if not plugins_off():
+        registry.load_entry_points(_plugin_filter())
     if strict:
         problems = [f"plugin {p.name}: {p.error}" for p in registry.failed]
         problems += registry.conflict_errors()

@@ -18,9 +18,11 @@ from __future__ import annotations
 import copy
 import importlib.util
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -39,6 +41,7 @@ from ppokit.registry import (
     RegistryError,
     format_validation_error,
     get_registry,
+    name_problem,
     suggest,
 )
 from ppokit.slots import FIELDS, SLOTS, slot
@@ -119,10 +122,14 @@ def _slot_field(path: str) -> Any:
     return Field(ComponentSpec(name=s.default), description=s.description)
 
 
+#: The largest |weight| of a reward: a larger one overflows float32 scores (3.4e38) into inf.
+MAX_REWARD_WEIGHT = 1e6
+
+
 class RewardSpec(ComponentSpec):
     """A reward component with its ``weight`` in the combined reward."""
 
-    weight: float = 1.0
+    weight: float = Field(1.0, ge=-MAX_REWARD_WEIGHT, le=MAX_REWARD_WEIGHT)
 
     @classmethod
     def _reserved_keys(cls) -> tuple[str, ...]:
@@ -616,7 +623,9 @@ class Spec(_Strict):
 
 # ---------------------------------------------------------------------- checks
 #: Response positions a round may hold (B x max_new_tokens): each needs several float32
-#: [B, T] tensors and a row of hidden states, so beyond this no machine has the memory.
+#: [B, T] tensors and a row of hidden states, so beyond this no machine has the memory. An
+#: evaluation (eval.prompts x (eval.k + 1) responses, greedy and sampled) is bounded the
+#: same: generating more tokens than this takes days, during which it shows nothing.
 MAX_ROUND_POSITIONS = 1 << 31
 
 
@@ -670,6 +679,9 @@ def _optional_packages(spec: Spec) -> Iterator[tuple[str, str, str]]:
 def _check_slot(
     path: str, kind: str, comp: ComponentSpec, registry: Registry
 ) -> tuple[list[str], ComponentInfo | None]:
+    problem = name_problem(comp.name)
+    if problem is not None:
+        return [f"{path}: {problem}"], None
     try:
         info = registry.info(kind, comp.name)
     except RegistryError as exc:
@@ -679,6 +691,25 @@ def _check_slot(
     except ValidationError as err:
         return _messages(err, path, lambda _loc: info.params.model_fields), info
     return [], info
+
+
+#: The settings that size a round and an evaluation, named in the error when they are too large.
+_SIZES = {
+    "rollout": "prompts_per_round, n or max_new_tokens",
+    "eval": "eval.prompts, eval.k or eval.max_new_tokens (prompts x (k + 1) responses)",
+}
+
+
+def _too_large(section: str, what: str, responses: int, tokens: int) -> list[str]:
+    """The error of a round or an evaluation of more than MAX_ROUND_POSITIONS positions."""
+    positions = responses * tokens
+    if positions <= MAX_ROUND_POSITIONS:
+        return []
+    return [
+        f"{section}: {what} of {responses} responses x {tokens} tokens is {positions:.3g} "
+        f"positions, more than any memory holds or any run finishes (at most "
+        f"{MAX_ROUND_POSITIONS:.3g}): lower {_SIZES[section]}"
+    ]
 
 
 def _check_components(spec: Spec, registry: Registry) -> list[str]:
@@ -693,13 +724,11 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
                 errors.append(problem)
     t = spec.train
     batch = spec.rollout.prompts_per_round * spec.rollout.n
-    positions = batch * spec.rollout.max_new_tokens
-    if positions > MAX_ROUND_POSITIONS:
-        errors.append(
-            f"rollout: a round of {batch} responses x {spec.rollout.max_new_tokens} tokens is "
-            f"{positions:.3g} positions, more than any memory holds (at most "
-            f"{MAX_ROUND_POSITIONS:.3g}): lower prompts_per_round, n or max_new_tokens"
-        )
+    errors.extend(_too_large("rollout", "a round", batch, spec.rollout.max_new_tokens))
+    if spec.eval is not None:
+        e = spec.eval
+        tokens = e.max_new_tokens or spec.rollout.max_new_tokens
+        errors.extend(_too_large("eval", "an evaluation", e.prompts * (e.k + 1), tokens))
     try:
         spec.data.generator_options()
     except ValidationError as err:
@@ -788,6 +817,8 @@ def validate_spec(data: Any, registry: Registry | None = None) -> Spec:
         data = {}
     if not isinstance(data, dict):
         raise SpecError([f"the spec must be a mapping, got {type(data).__name__}"])
+    if _measure(data, MAX_SPEC_NODES)[1] > MAX_SPEC_DEPTH:
+        raise SpecError([f"the spec nests deeper than {MAX_SPEC_DEPTH} levels"])
     registry = registry or get_registry()
     bad = {path: value for path, value in _non_finite(data)}
     nan_errors = [f"{path}: {value} is not a finite number" for path, value in bad.items()]
@@ -815,17 +846,142 @@ def validate_spec(data: Any, registry: Registry | None = None) -> Spec:
 MAX_SPEC_BYTES = 1 << 20
 #: Nodes a spec may hold once its YAML aliases are expanded (bounds alias "bombs").
 MAX_SPEC_NODES = 100_000
+#: How deeply a spec's mappings and lists may nest: the nodes from the top mapping down to a
+#: value, both counted (a spec needs a handful; far deeper nesting would exhaust Python's
+#: recursion while it is read).
+MAX_SPEC_DEPTH = 64
+
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+_MERGE = "tag:yaml.org,2002:merge"
+#: A plain scalar that YAML 1.1 reads as a number and YAML 1.2 does not (or as another one).
+_AMBIGUOUS = "tag:ppokit,2025:ambiguous-number"
+
+#: The numbers of YAML 1.2's core schema: decimal, 0o octal and 0x hexadecimal integers;
+#: floats with an optional exponent (``1e-5``); ``.inf``, ``.nan``. No sexagesimal (``1:00``),
+#: no leading-zero octal (``010``), no ``0b`` binary, no ``_`` separators: YAML 1.1 forms.
+_YAML12_NUMBERS: tuple[tuple[str, str, str], ...] = (
+    (_INT, r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
+    (
+        _FLOAT,
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        "-+.0123456789",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class _Yaml11Number:
+    """A plain scalar read differently by YAML 1.1 and 1.2 (refused, naming its path)."""
+
+    text: str
+    yaml11: int | float
+    yaml12: int | float | str
+
+    def problem(self) -> str:
+        if isinstance(self.yaml12, str):
+            return (
+                f"{self.text} is the number {self.yaml11!r} in YAML 1.1 and text in YAML 1.2: "
+                f"write {self.yaml11!r} for the number, or quote '{self.text}' for text"
+            )
+        return (
+            f"{self.text} is ambiguous: YAML 1.1 reads it as {self.yaml11!r}, YAML 1.2 as "
+            f"{self.yaml12!r}: write {self.yaml12!r} or {self.yaml11!r}, whichever you mean"
+        )
+
+
+def _int12(text: str) -> int:
+    sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+    base = {"0x": 16, "0o": 8}.get(digits[:2])
+    return sign * (int(digits[2:], base) if base else int(digits))
 
 
 class _SpecLoader(yaml.SafeLoader):
-    """safe_load that refuses duplicate keys in a mapping."""
+    """safe_load with YAML 1.2's numbers (a YAML 1.1 number that 1.2 reads otherwise, such
+    as ``010`` or ``1:00``, is kept aside to be refused), no duplicate keys (keys merged
+    with ``<<`` may be overridden, as YAML specifies) and nesting bounded by MAX_SPEC_DEPTH."""
+
+    yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_SPEC_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"nested deeper than {MAX_SPEC_DEPTH} levels",
+                    self.peek_event().start_mark,
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
+        tag = super().resolve(kind, value, implicit)
+        if kind is yaml.ScalarNode and implicit[0] and self.yaml11_reading(value) is not None:
+            return _AMBIGUOUS
+        return tag
+
+    def yaml11_reading(self, text: str) -> _Yaml11Number | None:
+        """``text`` as a :class:`_Yaml11Number` when YAML 1.1 reads it as a number that
+        YAML 1.2 reads otherwise; else None."""
+        old_tag = next(
+            (
+                tag
+                for tag, pattern in yaml.SafeLoader.yaml_implicit_resolvers.get(text[:1], [])
+                if pattern.match(text)
+            ),
+            None,
+        )
+        if old_tag not in (_INT, _FLOAT):
+            return None
+        node = yaml.ScalarNode(old_tag, text)
+        try:
+            old = (
+                self.construct_yaml_int(node)
+                if old_tag == _INT
+                else self.construct_yaml_float(node)
+            )
+        except ValueError:  # '0x_': YAML 1.1's pattern, but no number
+            return None
+        new: int | float | str = text
+        for tag, pattern, _ in _YAML12_NUMBERS:
+            if re.match(pattern, text):
+                node = yaml.ScalarNode(tag, text)
+                new = _int12(text) if tag == _INT else self.construct_yaml_float(node)
+                break
+        same = type(new) is type(old) and (new == old or (new != new and old != old))
+        return None if same else _Yaml11Number(text, old, new)
+
+
+for _tag, _pattern, _first in _YAML12_NUMBERS:
+    _SpecLoader.add_implicit_resolver(_tag, re.compile(_pattern), list(_first))
+
+
+def _ambiguous_number(loader: _SpecLoader, node: yaml.ScalarNode) -> _Yaml11Number:
+    found = loader.yaml11_reading(node.value)
+    if found is None:  # an explicit tag: !<tag:ppokit,2025:ambiguous-number> 1
+        raise yaml.constructor.ConstructorError(
+            None, None, f"unknown tag {node.tag!r}", node.start_mark
+        )
+    return found
 
 
 def _mapping_without_duplicates(loader: _SpecLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
+    """A mapping whose keys, as written, are unique; keys merged in by ``<<`` may be
+    written again (the written key wins, as YAML's merge key specifies)."""
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
+        key = "<<" if key_node.tag == _MERGE else loader.construct_object(key_node, deep=True)
         try:
             hash(key)
         except TypeError:
@@ -840,42 +996,80 @@ def _mapping_without_duplicates(loader: _SpecLoader, node: yaml.MappingNode) -> 
                 key_node.start_mark,
             )
         seen[key] = key_node.start_mark.line
+    loader.flatten_mapping(node)
     return loader.construct_mapping(node, deep=True)
 
 
 _SpecLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
 )
+_SpecLoader.add_constructor(_INT, lambda loader, node: _int12(loader.construct_scalar(node)))
+_SpecLoader.add_constructor(_AMBIGUOUS, _ambiguous_number)
 
 
-def _count_nodes(node: Any, budget: int) -> int:
-    """Nodes of a loaded YAML value, shared (aliased) ones counted each time; stops past budget."""
-    stack, count = [node], 0
-    while stack and count <= budget:
-        item = stack.pop()
+def _measure(node: Any, budget: int) -> tuple[int, int]:
+    """(nodes, depth) of a loaded value, shared (aliased) nodes counted each time; stops
+    past ``budget`` nodes or MAX_SPEC_DEPTH levels."""
+    stack, count, depth = [(node, 1)], 0, 0
+    while stack and count <= budget and depth <= MAX_SPEC_DEPTH:
+        item, level = stack.pop()
         count += 1
+        depth = max(depth, level)
         if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
+            stack.extend((k, level + 1) for k in item)
+            stack.extend((v, level + 1) for v in item.values())
         elif isinstance(item, list):
-            stack.extend(item)
-    return count
+            stack.extend((v, level + 1) for v in item)
+    return count, depth
 
 
-def parse_spec_text(text: str, source: str | None = None) -> dict[str, Any]:
-    """A spec mapping from YAML text: safe YAML, no duplicate keys, aliases bounded."""
+def _ambiguous_numbers(node: Any, path: str) -> Iterator[str]:
+    """``path: problem`` for every YAML 1.1 number in a loaded value (keys included)."""
+    stack = [(node, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, _Yaml11Number):
+            yield f"{where}: {item.problem()}" if where else item.problem()
+        elif isinstance(item, dict):
+            for key, value in item.items():
+                here = f"{where}.{key}" if where else str(key)
+                if isinstance(key, _Yaml11Number):
+                    stack.append((key, where))
+                stack.append((value, here))
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}.{i}" if where else str(i)) for i, v in enumerate(item))
+
+
+def _load_yaml(text: str, path: str = "") -> Any:
+    """``text`` read by :class:`_SpecLoader`; SpecError (one line each) for invalid YAML, too
+    many nodes or levels, and YAML 1.1 numbers (named by their path below ``path``)."""
     try:
         data = yaml.load(text, Loader=_SpecLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
+        where = f"line {mark.line + 1}: " if mark is not None and not path else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([f"{where}invalid YAML: {problem}"], source=source) from None
-    if _count_nodes(data, MAX_SPEC_NODES) > MAX_SPEC_NODES:
-        raise SpecError(
-            [f"the spec expands to more than {MAX_SPEC_NODES} values (YAML aliases)"],
-            source=source,
-        )
+        raise SpecError([f"{where}invalid YAML: {problem}"]) from None
+    except RecursionError:  # aliases of deep nodes inside deep nodes
+        raise SpecError([f"invalid YAML: nested deeper than {MAX_SPEC_DEPTH} levels"]) from None
+    nodes, depth = _measure(data, MAX_SPEC_NODES)
+    if nodes > MAX_SPEC_NODES:
+        raise SpecError([f"the spec expands to more than {MAX_SPEC_NODES} values (YAML aliases)"])
+    if depth > MAX_SPEC_DEPTH:
+        raise SpecError([f"the spec nests deeper than {MAX_SPEC_DEPTH} levels"])
+    ambiguous = sorted(_ambiguous_numbers(data, path))
+    if ambiguous:
+        raise SpecError(ambiguous)
+    return data
+
+
+def parse_spec_text(text: str, source: str | None = None) -> dict[str, Any]:
+    """A spec mapping from YAML text: safe YAML with YAML 1.2's numbers, no duplicate keys,
+    aliases and nesting bounded."""
+    try:
+        data = _load_yaml(text)
+    except SpecError as exc:
+        raise SpecError(exc.errors, source=source) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -964,10 +1158,9 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             errors.append(f"--set {item!r}: expected path=value")
             continue
         try:
-            value = yaml.load(raw, Loader=_SpecLoader) if raw.strip() else None
-        except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", None) or str(exc)
-            errors.append(f"--set {item!r}: the value is not valid YAML ({problem})")
+            value = _load_yaml(raw, key) if raw.strip() else None
+        except SpecError as exc:
+            errors.extend(f"--set {item!r}: {line}" for line in exc.errors)
             continue
         parts = key.split(".")
         node: Any = data

@@ -177,6 +177,20 @@ def write_plugin_dist(root: Path, dist: str, module: str, code: str, ep_name: st
     return path
 
 
+def path_plugin(root: Path, dist: str, module: str, code: str, ep_name: str) -> Path:
+    """A folder that, on ``PYTHONPATH``, installs a one-module plugin: the module and a
+    ``.dist-info`` with its entry point in the ``ppokit`` group (found by
+    ``importlib.metadata`` like an installed one; nothing to build, nothing to pip install).
+    Returns the folder."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{module}.py").write_text(textwrap.dedent(code))
+    info = root / f"{dist.replace('-', '_')}-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text(f"[ppokit]\n{ep_name} = {module}\n")
+    return root
+
+
 BROKEN_IMPORT = """\
 import ppokit_no_such_module  # the plugin's dependency is missing
 """

@@ -210,7 +210,7 @@ def test_create_accepts_exactly_the_params_in_bounds(scale: float) -> None:
     ("args", "kwargs", "message"),
     [
         (("advantages", "x", Scaled), {}, "unknown component kind 'advantages'"),
-        (("advantage", "not a name", Scaled), {}, "must be an identifier"),
+        (("advantage", "not a name", Scaled), {}, "is not an ASCII identifier"),
         (("advantage", "x", 42), {}, "factory must be callable"),
         (("advantage", "x", Scaled), {"params": dict}, "params must be a pydantic model"),
         (("advantage", "x", Scaled), {"requires": ("valuez",)}, "unknown batch field 'valuez'"),

@@ -117,6 +117,17 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str) -> An
     return args[i] if len(args) > i else kwargs.get(name)
 
 
+def _unreadable(t: Tensor) -> str | None:
+    """Why the values of tensor ``t`` cannot be read as a dense tensor, or None."""
+    if t.device.type == "meta":
+        return "a tensor on the meta device, which holds no values"
+    if t.layout != torch.strided:
+        return f"a tensor of layout {str(t.layout).removeprefix('torch.')}, not a dense one"
+    if t.is_quantized:
+        return "a quantized tensor"
+    return None
+
+
 def _check_tensor(
     where: Where,
     out: Any,
@@ -131,6 +142,9 @@ def _check_tensor(
     ``grad`` False: it requires no grad (an estimate); True: it does (a loss)."""
     if not isinstance(out, Tensor):
         raise ComponentError(f"{where} returned {_describe(out)}: expected {expect}")
+    problem = _unreadable(out)
+    if problem is not None:
+        raise ComponentError(f"{where} returned {problem}: expected {expect}")
     if shape is not None and tuple(out.shape) != tuple(shape):
         raise ComponentError(f"{where} returned {_describe(out)}: expected {expect}")
     if not (out.is_floating_point() or (bool_ok and out.dtype == torch.bool)):
@@ -221,8 +235,20 @@ def _is_number(value: Any) -> bool:
 
 def as_scores(value: Any, n: int, where: Where | str = "reward") -> Tensor:
     """A reward's return value as float32 ``[n]``: exactly one real number per response,
-    as a tensor (any real dtype, any device), a numpy array or a list. Anything else
-    (one value for many responses, a [B, 1] tensor, strings, None) is a ComponentError."""
+    as a dense tensor (any real dtype, any device but ``meta``), a numpy array or a list.
+    Anything else (one value for many responses, a [B, 1] tensor, strings, None, a tensor
+    without values) is a ComponentError, and so is a value that fails to convert."""
+    try:
+        return _as_scores(value, n, where)
+    except ComponentError:
+        raise
+    except Exception as exc:  # a value whose conversion raises (its own __float__, ...)
+        raise ComponentError(
+            f"{where} returned {_describe(value)} that cannot be read as scores ({_one_line(exc)})"
+        ) from exc
+
+
+def _as_scores(value: Any, n: int, where: Where | str) -> Tensor:
     expect = f"one number per response: a tensor of shape [{n}] or a list of {n} numbers"
     if isinstance(value, Tensor):
         t = value.detach()
@@ -237,6 +263,12 @@ def as_scores(value: Any, n: int, where: Where | str = "reward") -> Tensor:
             raise ComponentError(
                 f"{where} returned {len(value)} scores for {n} responses: expected {expect}"
             )
+        unreadable = [u for v in value if isinstance(v, Tensor) and (u := _unreadable(v))]
+        if unreadable:
+            raise ComponentError(
+                f"{where} returned a {type(value).__name__} holding {unreadable[0]}: "
+                f"expected {expect}"
+            )
         t = torch.tensor([float(v) for v in value], dtype=torch.float32)
     elif type(value).__module__ == "numpy" and hasattr(value, "dtype"):
         if getattr(value.dtype, "kind", "") not in "biuf":
@@ -248,6 +280,9 @@ def as_scores(value: Any, n: int, where: Where | str = "reward") -> Tensor:
         raise ComponentError(f"{where} returned {_describe(value)}: expected {expect}")
     if t.is_complex():
         raise ComponentError(f"{where} returned {_describe(t)}: expected {expect}")
+    problem = _unreadable(t)
+    if problem is not None:
+        raise ComponentError(f"{where} returned {problem}: expected {expect}")
     if tuple(t.shape) != (n,):
         raise ComponentError(
             f"{where} returned {_describe(t)} for {n} responses: expected {expect}"

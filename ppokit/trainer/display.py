@@ -16,6 +16,8 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task
 from rich.table import Column, Table
 from rich.text import Text
 
+from ppokit.errors import printable
+
 __all__ = ["Display", "best_direction", "duration", "fmt", "plain_line"]
 
 #: The longest plain progress line (a metric is dropped, from the last, to stay under it).
@@ -218,7 +220,9 @@ class Display:
 
     # ------------------------------------------------------------------ events
     def message(self, text: str) -> None:
-        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+        """A line of the run (a warning, an error that a plugin's text may be part of), its
+        control characters escaped."""
+        self.console.print(printable(text), highlight=False, markup=False, soft_wrap=True)
 
     def start_round(self, round_no: int) -> None:
         """Round ``round_no`` (1-based) begins."""

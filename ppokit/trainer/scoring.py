@@ -59,6 +59,8 @@ class Scorer:
                 checks.add(str(where), s, "responses")
             parts[name] = s
             total = total + weight * s
+        if checks is not None:  # finite scores times their weights may still overflow
+            checks.add("the rewards' weighted sum R", total, "responses")
         return total, parts
 
     def rollout(

@@ -3,7 +3,8 @@ number per response, estimators [B, T] float tensors without grad, a position ma
 a prompt weight [B], a truncation rule a RolloutBatch, the elementwise losses [B, T] (the
 losses differentiable), an aggregation a scalar; a factory that raises and a reward that
 hangs are reported too. Each error is one line naming the slot, the component and its
-plugin."""
+plugin. A reward on the meta device, or one whose scores overflow once weighted, is named
+too (not blamed on the estimator that meets the NaN)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ppokit.batch import RolloutBatch
-from ppokit.errors import ComponentError, ComponentTimeout, UserError
+from ppokit.errors import ComponentError, ComponentTimeout, NonFiniteError, UserError
 from ppokit.trainer.assembly import Assembly, Where, as_scores, call_with_timeout
 from tests.helpers import Plugin
 
@@ -47,9 +48,21 @@ def bad_reward(mode: str = "ok") -> Callable[..., Any]:
             "none": None,
             "dict": {"score": [1.0] * n},
             "complex": torch.ones(n, dtype=torch.complex64),
+            "meta": torch.zeros(n, device="meta"),
+            "meta_scalars": [torch.zeros((), device="meta")] * n,
+            "sparse": torch.ones(n).to_sparse(),
+            "unreadable": [Unreadable(0.5)] * n,
+            "huge": [1e35] * n,  # finite in float32, not once weighted by 1e6
         }[mode]
 
     return reward
+
+
+class Unreadable(float):
+    """A number whose conversion to float raises."""
+
+    def __float__(self) -> float:
+        raise ValueError("this number cannot be read")
 
 
 def bad_estimate(mode: str = "ok") -> Callable[[RolloutBatch], Any]:
@@ -66,6 +79,8 @@ def bad_estimate(mode: str = "ok") -> Callable[[RolloutBatch], Any]:
             "long": torch.zeros(b, t, dtype=torch.long),
             "list": [[0.0] * t] * b,
             "batch": batch,
+            "meta": torch.zeros(b, t, device="meta"),
+            "sparse": torch.zeros(b, t).to_sparse(),
         }[mode]
 
     return estimate
@@ -206,6 +221,9 @@ def test_a_reward_may_return_a_tensor_an_array_or_a_list(assemble, mode: str) ->
         ("none", "None"),
         ("dict", "a dict"),
         ("complex", "a complex64 tensor of shape [4]"),
+        ("meta", "a tensor on the meta device, which holds no values"),
+        ("meta_scalars", "a list holding a tensor on the meta device, which holds no values"),
+        ("sparse", "a tensor of layout sparse_coo, not a dense one"),
     ],
 )
 def test_a_reward_returns_one_number_per_response(assemble, mode: str, returned: str) -> None:
@@ -215,6 +233,16 @@ def test_a_reward_returns_one_number_per_response(assemble, mode: str, returned:
         _call_reward(asm, 1)
     assert str(err.value) == (
         f"reward.1 (bad_reward, plugin test0) returned {returned}: {EXPECT_SCORES}"
+    )
+
+
+def test_a_reward_value_that_cannot_be_converted_is_named(assemble) -> None:
+    asm = assemble("reward.name=bad_reward", "reward.mode=unreadable")
+    with pytest.raises(ComponentError) as err:
+        _call_reward(asm)
+    assert str(err.value) == (
+        "reward (bad_reward, plugin test0) returned a list that cannot be read as scores "
+        "(ValueError: this number cannot be read)"
     )
 
 
@@ -237,6 +265,10 @@ ESTIMATOR_CASES = [
      f"expected a float tensor of shape {SHAPE} without grad"),
     ("advantage", "advantage", "bad_advantage", "grad", "a tensor that requires grad: an "
      "estimate is detached (docs/design.md, convention 3)"),
+    ("advantage", "advantage", "bad_advantage", "meta", "a tensor on the meta device, which "
+     f"holds no values: expected a float tensor of shape {SHAPE} without grad"),
+    ("critic.target", "critic_target", "bad_target", "sparse", "a tensor of layout sparse_coo, "
+     f"not a dense one: expected a float tensor of shape {SHAPE} without grad"),
     ("critic.target", "critic_target", "bad_target", "positions", None),
     ("critic.target", "critic_target", "bad_target", "batch", "a RolloutBatch of shape [4, 3]: "
      f"expected a float tensor of shape {SHAPE} without grad"),
@@ -390,3 +422,41 @@ def test_a_round_reports_a_broken_reward_and_a_broken_loss(use_registry) -> None
     with pytest.raises(ComponentError) as err:
         lrn.update(data, True, result)
     _one_line_error(err, "policy.loss (bad_policy_loss, plugin test0) returned a float32 tensor")
+
+
+def test_a_round_names_a_reward_on_the_meta_device(use_registry) -> None:
+    use_registry(plugin())
+    fast = ["rollout.prompts_per_round=2", "rollout.max_new_tokens=3"]
+    rows = demo_rows(2)
+    lrn = learner(small_spec(None, *fast, "reward.name=bad_reward", "reward.mode=meta"))
+    with pytest.raises(ComponentError) as err:
+        lrn.collect(rows, [r["prompt"] for r in rows])
+    assert str(err.value) == (
+        "reward (bad_reward, plugin test0) returned a tensor on the meta device, which holds "
+        f"no values: {EXPECT_SCORES}"
+    )
+
+
+def test_a_reward_weight_is_bounded_in_the_spec() -> None:
+    from ppokit.spec import MAX_REWARD_WEIGHT, SpecError
+
+    with pytest.raises(SpecError) as err:
+        small_spec(None, "reward.weight=1e308")
+    assert err.value.errors == ["reward.0.weight: Input should be less than or equal to 1000000"]
+    assert MAX_REWARD_WEIGHT == 1e6
+    assert small_spec(None, "reward.weight=-1e6").reward[0].weight == -1e6
+
+
+def test_an_overflowing_weighted_reward_is_blamed_on_the_rewards(use_registry) -> None:
+    """Finite scores times a weight within the bound overflow float32: the error names the
+    rewards' weighted sum, not the advantage estimator that would meet the inf first."""
+    use_registry(plugin())
+    fast = ["rollout.prompts_per_round=2", "rollout.max_new_tokens=3"]
+    rows = demo_rows(2)
+    huge = "reward=[demo, {name: bad_reward, mode: huge, weight: 1e6}]"
+    lrn = learner(small_spec(None, *fast, huge))
+    with pytest.raises(NonFiniteError) as err:
+        lrn.collect(rows, [r["prompt"] for r in rows])
+    text = str(err.value)
+    assert "the rewards' weighted sum R produced inf at 4 of 4 responses" in text, text
+    assert "gae" not in text and "\n" not in text
