@@ -49,7 +49,8 @@ EXAMPLES = frozenset(
     }
 )
 #: The order of the methods in variants.md; other method specs follow, sorted.
-METHOD_ORDER = ("ppo", "vc_ppo", "vapo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp")
+METHOD_ORDER = ("ppo", "vc_ppo", "vapo", "grpo", "grpo_tis", "dr_grpo", "dapo", "rloo")
+METHOD_ORDER += ("reinforce_pp",)
 METHOD_ORDER += ("reinforce_pp_baseline", "remax", "opo", "gspo", "cispo", "ppo_hlgauss")
 DASH, SECTION = "—", "(section defaults)"
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*(?:\|\s*(.*?)\s*)?\}\}")

@@ -13,6 +13,7 @@ import textwrap
 from typing import Any
 
 from ppokit.registry import ComponentInfo, Registry, get_registry
+from ppokit.slots import slot
 from ppokit.spec import ComponentSpec, Spec
 
 __all__ = ["describe_component", "explain"]
@@ -151,8 +152,19 @@ def _actor(w: _Writer, spec: Spec, kl_placement: str | None) -> None:
     w.component("policy loss", "policy_loss", p.loss)
     w.component("aggregation", "aggregation", p.aggregation)
     w.component("prompt weight ω", "prompt_weight", p.weight)
-    w.line("mask' = mask·[ω > 0]: rows of weight 0 leave every actor term and its denominator", 1)
-    terms = [f"{agg}({p.loss.name}(logp, logp_old, A, mask') · ω[:, None], mask')"]
+    w.component("rollout correction c", "rollout_correction", p.correction)
+    if p.correction.name == slot("policy.correction").default:
+        w.line(
+            "mask' = mask·[ω > 0]: rows of weight 0 leave every actor term and its denominator", 1
+        )
+        terms = [f"{agg}({p.loss.name}(logp, logp_old, A, mask') · ω[:, None], mask')"]
+    else:
+        w.line(
+            "mask' = mask·[ω > 0]·[c > 0]: rows of weight 0 and rejected tokens leave every "
+            "actor term and its denominator",
+            1,
+        )
+        terms = [f"{agg}({p.loss.name}(logp, logp_old, A, mask') · ω[:, None] · c, mask')"]
     if kl_placement == "loss" and spec.kl is not None:
         terms.append(f"+ {spec.kl.coef:g}·{agg}({spec.kl.estimator.name}(logp, logp_ref), mask')")
     if p.entropy_coef:

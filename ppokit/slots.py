@@ -112,6 +112,14 @@ SLOTS: tuple[Slot, ...] = (
         "prompt weight of the actor loss: rows of weight 0 leave the loss and its "
         "denominators (DAPO's dynamic sampling with informative_groups)",
     ),
+    Slot(
+        "policy.correction",
+        "rollout_correction",
+        "none",
+        "c",
+        "per-token weights of the actor's policy-gradient term for the mismatch between the "
+        "engine's μ and π_old: tokens of weight 0 leave the loss and its denominators",
+    ),
 )
 
 _BY_PATH = {s.path: s for s in SLOTS}

@@ -403,6 +403,7 @@ class PolicySpec(_Strict):
     loss: ComponentSpec = _slot_field("policy.loss")
     aggregation: ComponentSpec = _slot_field("policy.aggregation")
     weight: ComponentSpec = _slot_field("policy.weight")
+    correction: ComponentSpec = _slot_field("policy.correction")
     entropy_coef: float = Field(0.0, ge=0, le=100, description="weight of an entropy bonus")
     nll_coef: float = Field(
         0.0, ge=0, le=100, description="weight of an NLL term on positive examples (VAPO)"

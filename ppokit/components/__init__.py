@@ -22,6 +22,7 @@ from ppokit.components.position_mask import PositionMask
 from ppokit.components.prompt_weight import PromptWeight
 from ppokit.components.regression_loss import RegressionLoss
 from ppokit.components.reward import Reward
+from ppokit.components.rollout_correction import RolloutCorrection
 from ppokit.components.rollout_engine import RolloutEngine
 from ppokit.components.truncation import Truncation
 from ppokit.hookspecs import Register, hookimpl
@@ -38,6 +39,7 @@ __all__ = [
     "PromptWeight",
     "RegressionLoss",
     "Reward",
+    "RolloutCorrection",
     "RolloutEngine",
     "Truncation",
     "ppokit_register",

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         PromptWeight,
         RegressionLoss,
         Reward,
+        RolloutCorrection,
         RolloutEngine,
         Truncation,
     )
@@ -75,6 +76,7 @@ ATTRIBUTES: dict[str, str] = {
     "policy.loss": "policy_loss",
     "policy.aggregation": "policy_agg",
     "policy.weight": "policy_weight",
+    "policy.correction": "correction",
 }
 
 
@@ -172,7 +174,7 @@ def _shape_text(shape: tuple[int, ...], names: str) -> str:
 
 
 def _estimate(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """advantage, critic_target: float [B, T], detached."""
+    """advantage, critic_target, rollout_correction: float [B, T], detached."""
     mask = _arg(args, kwargs, 0, "batch").response_mask
     expect = f"a float tensor of shape {_shape_text(mask.shape, 'B, T')} without grad"
     return _check_tensor(where, out, expect, mask.shape, mask.device, grad=False)
@@ -299,6 +301,7 @@ CONTRACTS: dict[str, Callable[[Where, Any, tuple[Any, ...], dict[str, Any]], Any
     "reward": _reward,
     "truncation": _truncation,
     "advantage": _estimate,
+    "rollout_correction": _estimate,
     "critic_target": _estimate,
     "position_mask": _position_mask,
     "prompt_weight": _prompt_weight,
@@ -465,6 +468,7 @@ class Assembly:
     policy_loss: PolicyLoss
     policy_agg: Aggregation
     policy_weight: PromptWeight
+    correction: RolloutCorrection
     requires: frozenset[str]  # batch fields the components read
     kl: KLEstimator | None = None
     critic_target: CriticTarget | None = None

@@ -73,8 +73,9 @@ class UpdateData:
     rollout: Rollout
     batch: RolloutBatch
     advantages: Tensor
-    actor_mask: Tensor  # bool [B, T]: mask' = response mask · [ω > 0]
+    actor_mask: Tensor  # bool [B, T]: mask' = response mask · [ω > 0] · [c > 0]
     policy_weights: Tensor  # ω [B]
+    correction: Tensor  # c [B, T]: the rollout correction's weights
     nll_mask: Tensor | None  # bool [B, T]: mask' · [R > 0], when the NLL term is on
     targets: Tensor | None = None
     value_mask: Tensor | None = None  # bool [B, T]
@@ -105,6 +106,7 @@ class UpdateData:
             cut(self.advantages),  # type: ignore[arg-type]
             cut(self.actor_mask),  # type: ignore[arg-type]
             cut(self.policy_weights),  # type: ignore[arg-type]
+            cut(self.correction),  # type: ignore[arg-type]
             cut(self.nll_mask),
             cut(self.targets),
             cut(self.value_mask),
@@ -198,6 +200,39 @@ def kl_to_reference(
     return batch, kl_coef
 
 
+def mismatch_metrics(batch: RolloutBatch) -> dict[str, Tensor]:
+    """How far the engine's μ is from π_old on the sampled tokens, Δ_t = log π_old − log μ
+    over the response mask: ``rollout/mismatch_k1`` = mean(−Δ) and ``rollout/mismatch_k3``
+    = mean(e^Δ − 1 − Δ), two estimates of KL(μ ‖ π_old) per token, and
+    ``rollout/mismatch_max`` = max |Δ|. Empty without both log-probs."""
+    if batch.logp_old is None or batch.logp_rollout is None:
+        return {}
+    mask = batch.response_mask
+    delta = torch.where(mask, batch.logp_old.float() - batch.logp_rollout.float(), 0.0)
+    tokens = batch.lengths.sum().clamp_min(1)
+    k3 = delta.clamp(max=30.0).exp() - 1 - delta
+    return {
+        "rollout/mismatch_k1": (-delta).sum() / tokens,
+        "rollout/mismatch_k3": torch.where(mask, k3, 0.0).sum() / tokens,
+        "rollout/mismatch_max": delta.abs().max() if delta.numel() else delta.new_zeros(()),
+    }
+
+
+def correction_metrics(batch: RolloutBatch, weights: Tensor) -> dict[str, Tensor]:
+    """What the rollout correction did over the response positions: the mean weight, the
+    fraction of tokens it zeroed and the fraction of (non-empty) rows it zeroed whole."""
+    mask = batch.response_mask
+    tokens = batch.lengths.sum().clamp_min(1)
+    zeroed = mask & (weights <= 0)
+    rows = batch.nonempty
+    whole = rows & (zeroed.sum(1) == batch.lengths)
+    return {
+        "rollout/correction_weight_mean": torch.where(mask, weights, 0.0).sum() / tokens,
+        "rollout/correction_masked_frac": zeroed.sum() / tokens,
+        "rollout/correction_masked_rows": whole.sum() / rows.sum().clamp_min(1),
+    }
+
+
 def estimate(
     ro: Rollout,
     batch: RolloutBatch,
@@ -209,7 +244,8 @@ def estimate(
     checks: NonFinite | None = None,
 ) -> tuple[UpdateData, dict[str, Tensor], Tensor]:
     """Truncation rule → KL in the reward → what the updates read: advantages A, prompt
-    weights ω with the actor's masks mask' = mask·[ω > 0] and mask'·[R > 0]; critic
+    weights ω and rollout-correction weights c with the actor's masks
+    mask' = mask·[ω > 0]·[c > 0] and mask'·[R > 0]; critic
     targets Y, position mask m^V and weights. Returns them with their metrics and β after
     the adaptive controller's step; each estimate goes into ``checks`` under its slot."""
     parts, metrics = assembly, {}
@@ -222,14 +258,17 @@ def estimate(
     for values in (batch.values, batch.bootstrap_values):
         if values is not None:
             checks.add("the critic's forward pass", values, "values")
+    metrics.update(mismatch_metrics(batch))
     batch = parts.truncation(batch)
     if spec.kl is not None:
         batch, kl_coef = kl_to_reference(batch, spec, parts, kl_coef, metrics, checks)
     adv = check("advantage", parts.advantage(batch).float().detach())
     weights = check("policy.weight", parts.policy_weight(batch).float().detach(), "responses")
-    actor_mask = batch.response_mask & (weights > 0)[:, None]
+    correction = check("policy.correction", parts.correction(batch).float().detach())
+    actor_mask = batch.response_mask & (weights > 0)[:, None] & (correction > 0)
     nll_mask = actor_mask & (scores > 0)[:, None] if spec.policy.nll_coef > 0 else None
-    data = UpdateData(ro, batch, adv, actor_mask, weights, nll_mask)
+    data = UpdateData(ro, batch, adv, actor_mask, weights, correction, nll_mask)
+    metrics.update(correction_metrics(batch, correction))
     tokens = batch.lengths.sum().clamp_min(1)  # positions the estimators saw
     metrics["advantage_mean"] = (adv * batch.maskf).sum() / tokens
     if parts.critic_target is not None:

@@ -260,8 +260,8 @@ def _actor_loss(
     meter: Meter,
     checks: NonFinite,
 ) -> Tensor:
-    """L_π of the micro-batch (docs/design.md): with mask' = mask·[ω > 0],
-    agg(pl(logp, logp_old, A, mask')·ω, mask') + β·agg(kl(logp, logp_ref), mask')
+    """L_π of the micro-batch (docs/design.md): with mask' = mask·[ω > 0]·[c > 0],
+    agg(pl(logp, logp_old, A, mask')·ω·c, mask') + β·agg(kl(logp, logp_ref), mask')
     − c_H·agg(entropy, mask') + c_NLL·agg(−logp, mask'·[R > 0])."""
     policy = lrn.spec.policy
     parts = lrn.assembly
@@ -274,7 +274,8 @@ def _actor_loss(
 
     elementwise = parts.policy_loss(logp, logp_old, adv, mask)
     checks.add(str(parts.name("policy.loss")), elementwise)
-    pg = term(elementwise * data.policy_weights[j][:, None], mask, denoms["policy"])
+    weights = data.policy_weights[j][:, None] * data.correction[j]  # ω · c
+    pg = term(elementwise * weights, mask, denoms["policy"])
     checks.add(str(parts.name("policy.aggregation")), pg, "scalar")
     loss = pg
     kl = lrn.spec.kl

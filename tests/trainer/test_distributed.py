@@ -74,6 +74,18 @@ CONFIGS: dict[str, list[str]] = {
         "kl.coef=0.1",
         "kl.placement=loss",
     ],
+    "token_mean, token_tis on π_old's forward, micro-batches": [
+        "policy.correction={name: token_tis, cap: 1.03}",
+        "rollout.logp_old=forward",
+        "train.micro_batch_size=3",
+    ],
+    "seq_mean_token_mean, geo_mask rejects rows": [
+        "policy.aggregation=seq_mean_token_mean",
+        "policy.correction={name: geo_mask, low: 0.99, high: 1.01}",
+        "rollout.logp_old=forward",
+        "advantage=grpo",
+        "critic=null",
+    ],
     "seq_mean_token_sum_norm, shared critic, clipped grad norm": [
         "policy.aggregation=seq_mean_token_sum_norm",
         "model.critic=shared",
@@ -102,7 +114,9 @@ def _rollout(spec: Spec) -> tuple[list[dict[str, Any]], Rollout]:
     ro = Rollout(ids, attn, response, mask, truncated, None)
     with torch.no_grad():
         logp, _, _ = lrn.forwards.actor(lrn.models.actor, ro)
-    ro.logp_rollout = logp * mask
+    # an engine whose μ is off π_old by a little, as another kernel or dtype makes it
+    mismatch = 0.05 * torch.randn(logp.shape, generator=g)
+    ro.logp_rollout = (logp + mismatch) * mask
     return rows, ro
 
 

@@ -58,6 +58,14 @@ OBJECTIVE = [
     "train.vf_coef=0.7",
 ]
 
+#: Rollout corrections over an engine whose μ is off π_old (noise of this scale).
+CORRECTIONS = {
+    "token_tis": ["policy.correction={name: token_tis, cap: 1.05}"],
+    "token_mis": ["policy.correction={name: token_mis, low: 0.95, high: 1.05}"],
+    "seq_mis": ["policy.correction={name: seq_mis, low: 0.8, high: 1.25}"],
+}
+MISMATCH = 0.1
+
 AGGREGATIONS = {
     "token_mean": [],
     "seq_mean_token_mean": ["critic.aggregation=seq_mean_token_mean"],
@@ -122,6 +130,7 @@ def objective(
     pl = _create("policy_loss", pol.loss)
     k = _create("kl_estimator", kl.estimator)
     omega = _create("prompt_weight", pol.weight)(data.batch)[rows]
+    c = _create("rollout_correction", pol.correction)(data.batch)[rows]
     adv = _create("advantage", spec.advantage)(data.batch)[rows]
     y = _create("critic_target", crit.target)(data.batch)[rows]
     m_v = _create("position_mask", crit.mask)(data.batch)[rows]
@@ -131,9 +140,9 @@ def objective(
     logp_old, logp_ref = batch.logp_old, batch.logp_ref
 
     mask = batch.response_mask
-    mask_ = mask & (omega > 0)[:, None]  # mask'
+    mask_ = mask & (omega > 0)[:, None] & (c > 0)  # mask'
     positive = mask_ & (r > 0)[:, None]
-    policy = agg(pl(logp, logp_old, adv, mask_) * omega[:, None], mask_)
+    policy = agg(pl(logp, logp_old, adv, mask_) * omega[:, None] * c, mask_)
     actor = (
         policy
         + kl.coef * agg(k(logp, logp_ref), mask_)
@@ -167,11 +176,18 @@ def objective(
     }
 
 
-def _setup(tmp_path: Any, *extra: str) -> tuple[Spec, Learner, UpdateData, Tensor]:
-    """A learner, the round's estimates on the fixed rollout, then the models moved."""
+def _setup(
+    tmp_path: Any, *extra: str, mismatch: float = 0.0
+) -> tuple[Spec, Learner, UpdateData, Tensor]:
+    """A learner, the round's estimates on the fixed rollout, then the models moved;
+    ``mismatch``: the engine's log μ off π_old by noise of that scale (π_old recomputed)."""
     spec = small_spec(tmp_path, *OBJECTIVE, *extra)
     lrn = learner(spec)
     ro = _rollout(lrn)
+    if mismatch:
+        assert ro.logp_rollout is not None
+        noise = torch.randn(ro.logp_rollout.shape, generator=torch.Generator().manual_seed(5))
+        ro.logp_rollout = (ro.logp_rollout + mismatch * noise) * ro.response_mask
     scores = torch.tensor(REWARDS)
     batch = round_batch(
         ro,
@@ -180,7 +196,7 @@ def _setup(tmp_path: Any, *extra: str) -> tuple[Spec, Learner, UpdateData, Tenso
         n=spec.rollout.n,
         forwards=lrn.forwards,
         assembly=lrn.assembly,
-        recompute_logp_old=False,
+        recompute_logp_old=bool(mismatch),
     )
     data, _, _ = estimate(ro, batch, scores, spec=spec, assembly=lrn.assembly, kl_coef=lrn.kl_coef)
     _perturb(lrn)
@@ -211,6 +227,36 @@ def test_the_trainer_loss_is_the_explained_objective(tmp_path, aggregation: str)
     for micro in (5, 1):
         total = accumulate(lrn, data, perm, micro, train_actor=True)
         torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+@pytest.mark.parametrize("correction", sorted(CORRECTIONS))
+def test_a_correction_enters_the_objective_as_design_says(
+    tmp_path, aggregation: str, correction: str
+) -> None:
+    """L_π with c: agg(pl·ω·c, mask·[ω > 0]·[c > 0]) and the regularisers over that mask;
+    exact for the whole minibatch, its rows, and micro-batches of uneven sizes."""
+    spec, lrn, data, scores = _setup(
+        tmp_path,
+        f"policy.aggregation={aggregation}",
+        *AGGREGATIONS[aggregation],
+        *CORRECTIONS[correction],
+        mismatch=MISMATCH,
+    )
+    c = data.correction
+    mask = data.batch.response_mask
+    assert not torch.equal(c, data.batch.maskf), "the correction acts on this batch"
+    if correction != "token_tis":
+        assert (mask & (c == 0)).any(), "it rejects some tokens"
+    b = len(REWARDS)
+    perm = torch.randperm(b, generator=torch.Generator().manual_seed(1))
+    expected = objective(spec, lrn, data, scores, torch.arange(b))["objective"]
+    for micro in (b, 5, 1):
+        total = accumulate(lrn, data, perm, micro, train_actor=True)
+        torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-6)
+    rows = torch.tensor([0, 5, 9, 10, 6])
+    loss = accumulate(lrn, data, rows, 2, train_actor=True)
+    torch.testing.assert_close(loss, objective(spec, lrn, data, scores, rows)["objective"])
 
 
 def test_a_minibatch_loss_is_the_objective_of_its_rows(tmp_path) -> None:

@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from ppokit.catalogue import Component, NoParams
+from pydantic import Field
+
+from ppokit.catalogue import Component, Params
 
 if TYPE_CHECKING:
     import torch
@@ -172,11 +174,22 @@ class RolloutEngine(Protocol):
 
 MODULE = "ppokit.components.rollout_engine.impl"
 
+
+class HFParams(Params):
+    dtype: Literal["auto", "bfloat16", "float16"] = Field(
+        "auto",
+        description="the sampling passes' dtype: 'auto' the run's own (μ = π_old: the actor "
+        "itself samples); 'bfloat16' or 'float16' autocast to it while the trainer keeps its "
+        "own, so μ differs from π_old as a fast engine's does (the trainer then recomputes "
+        "log π_old)",
+    )
+
+
 HF = Component(
     "rollout_engine",
     "hf",
     f"{MODULE}:HFEngine",
-    params=NoParams,
+    params=HFParams,
     summary="Samples with the actor's own model.generate (KV cache), recording log μ of each token",
     formula=(
         "a_t ~ softmax(filter(z_t / temperature)), log μ(a_t) = log_softmax(z_t / temperature)[a_t];"

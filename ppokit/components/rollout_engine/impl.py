@@ -9,6 +9,8 @@ Unlike the other kinds' tensor modules this one imports ``transformers`` and
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -127,13 +129,22 @@ def generate(
 
 @HF.implementation
 class HFEngine:
-    """It samples from the trainer's actor module itself, so ``sync`` has nothing to do and
-    its log-probs are π_old's (``samples_from_policy``)."""
+    """It samples from the trainer's actor module itself, so ``sync`` has nothing to do, and
+    with ``dtype: auto`` its log-probs are π_old's (``samples_from_policy``)."""
 
-    samples_from_policy = True
-
-    def __init__(self) -> None:
+    def __init__(self, *, dtype: str) -> None:
+        self.dtype = dtype
         self.context: EngineContext | None = None
+
+    @property
+    def samples_from_policy(self) -> bool:
+        return self.dtype == "auto"
+
+    def _autocast(self, context: EngineContext) -> AbstractContextManager[Any]:
+        if self.dtype == "auto":
+            return context.autocast()
+        device = torch.device(context.device).type
+        return torch.autocast(device, dtype=getattr(torch, self.dtype))
 
     def start(self, context: EngineContext) -> None:
         self.context = context
@@ -142,7 +153,7 @@ class HFEngine:
         context = self.context
         if context is None:
             raise RuntimeError("the hf engine was not started")
-        with torch.no_grad(), context.autocast():
+        with torch.no_grad(), self._autocast(context):
             return generate(
                 context.model, prompt_ids, prompt_mask, sampling, context.eos_ids, context.pad_id
             )

@@ -1,0 +1,150 @@
+"""Rollout corrections: per-token weights for the mismatch between the behaviour policy μ
+that generated a batch (what the rollout engine recorded, ``batch.logp_rollout``) and π_old,
+the trainer's policy at the weights that sampled (``batch.logp_old``). A fast engine computes
+probabilities with other kernels and often another dtype, so its tokens are slightly
+off-policy; a correction reweights or rejects them.
+
+``corr(batch) -> weights [B, T]``: float32, no grad, 0 at masked positions and at rejected
+tokens or rows. With Δ_t = logp_old − logp_rollout and r_t = exp Δ_t, the actor's
+policy-gradient term becomes agg(pl(...)·ω·c, mask') with mask' = mask·[ω > 0]·[c > 0]
+(docs/design.md).
+
+This module is the torch-free catalogue; the tensor code is
+:mod:`ppokit.components.rollout_correction.impl`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import Field, model_validator
+
+from ppokit.catalogue import Component, NoParams, Params
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ppokit.batch import RolloutBatch
+
+
+class RolloutCorrection(Protocol):
+    """``corr(batch) -> [B, T]`` float32 weights, 0 where masked or rejected, no grad."""
+
+    def __call__(self, batch: RolloutBatch) -> Tensor: ...
+
+
+MODULE = "ppokit.components.rollout_correction.impl"
+REQUIRES = ("logp_old", "logp_rollout")
+YAO = (
+    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training (Yao et al., "
+    "2025), fengyao.notion.site/off-policy-rl; verl algorithm.rollout_correction"
+)
+ICEPOP = (
+    "IcePop: masked importance sampling of the training-inference mismatch, Every Step "
+    "Evolves: Scaling Reinforcement Learning for Trillion-Scale Thinking Model (Ling Team, "
+    "2025), arXiv:2510.18855"
+)
+VERL_RS = (
+    "Rejection sampling by the rollout/training ratio, as in verl "
+    "(algorithm.rollout_correction, rollout_rs); " + YAO
+)
+
+
+class CapParams(Params):
+    cap: float = Field(
+        2.0, ge=1.0, le=1e6, description="truncation C of the ratio: min(ratio, C); >= 1"
+    )
+
+
+class BoundsParams(Params):
+    low: float = Field(0.5, gt=0.0, le=1.0, description="the smallest ratio kept (<= 1)")
+    high: float = Field(2.0, ge=1.0, le=1e6, description="the largest ratio kept (>= 1)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BoundsParams:
+        if self.low > self.high:
+            raise ValueError(f"low must not exceed high, got low={self.low}, high={self.high}")
+        return self
+
+
+class TokenMISParams(BoundsParams):
+    low: float = Field(0.5, gt=0.0, le=1.0, description="the smallest ratio kept (<= 1)")
+    high: float = Field(5.0, ge=1.0, le=1e6, description="the largest ratio kept (>= 1)")
+
+
+class GeoParams(BoundsParams):
+    low: float = Field(
+        0.999, gt=0.0, le=1.0, description="the smallest geometric-mean ratio kept (<= 1)"
+    )
+    high: float = Field(
+        1.001, ge=1.0, le=1e6, description="the largest geometric-mean ratio kept (>= 1)"
+    )
+
+
+NONE = Component(
+    "rollout_correction",
+    "none",
+    f"{MODULE}:NoCorrection",
+    params=NoParams,
+    summary="No correction: the batch is taken as on-policy for π_old",
+    formula="c_t = 1 on response positions",
+    source="Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347",
+)
+
+TOKEN_TIS = Component(
+    "rollout_correction",
+    "token_tis",
+    f"{MODULE}:TokenTIS",
+    params=CapParams,
+    summary="Truncated importance sampling per token: min(π_old/μ, C)",
+    formula="c_t = min(r_t, cap), r_t = exp(logp_old_t - logp_rollout_t)",
+    requires=REQUIRES,
+    source=YAO,
+)
+
+TOKEN_MIS = Component(
+    "rollout_correction",
+    "token_mis",
+    f"{MODULE}:TokenMIS",
+    params=TokenMISParams,
+    summary="Masked importance sampling per token: tokens whose ratio leaves [low, high] are dropped",
+    formula="c_t = r_t · 1[low <= r_t <= high]",
+    requires=REQUIRES,
+    source=ICEPOP,
+)
+
+SEQ_TIS = Component(
+    "rollout_correction",
+    "seq_tis",
+    f"{MODULE}:SeqTIS",
+    params=CapParams,
+    summary="Truncated importance sampling per sequence, on every token of the row",
+    formula="c_t = min(exp(Σ_t Δ_t), cap), Δ_t = logp_old_t - logp_rollout_t",
+    requires=REQUIRES,
+    source=YAO,
+)
+
+SEQ_MIS = Component(
+    "rollout_correction",
+    "seq_mis",
+    f"{MODULE}:SeqMIS",
+    params=BoundsParams,
+    summary="Masked importance sampling per sequence: rows whose ratio leaves [low, high] are dropped",
+    formula="ρ = exp(Σ_t Δ_t); c_t = ρ · 1[low <= ρ <= high]",
+    requires=REQUIRES,
+    source=VERL_RS,
+)
+
+GEO_MASK = Component(
+    "rollout_correction",
+    "geo_mask",
+    f"{MODULE}:GeoMask",
+    params=GeoParams,
+    summary="Rejects rows by the geometric-mean ratio (which does not grow with length)",
+    formula="g = exp(mean_t Δ_t); c_t = 1[low <= g <= high]",
+    requires=REQUIRES,
+    source=VERL_RS,
+)
+
+#: Every built-in rollout correction, registered by the default plugin.
+ENTRIES: tuple[Component, ...] = (NONE, TOKEN_TIS, TOKEN_MIS, SEQ_TIS, SEQ_MIS, GEO_MASK)
