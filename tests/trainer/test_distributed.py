@@ -77,7 +77,7 @@ CONFIGS: dict[str, list[str]] = {
     "token_mean, token_tis on π_old's forward, micro-batches": [
         "policy.correction={name: token_tis, cap: 1.03}",
         "rollout.logp_old=forward",
-        "train.micro_batch_size=3",
+        "train.micro_batch_size=4",
     ],
     "seq_mean_token_mean, geo_mask rejects rows": [
         "policy.aggregation=seq_mean_token_mean",
@@ -229,6 +229,12 @@ def test_two_processes_update_like_one(two_processes: Path, index: int) -> None:
     assert metrics["grad_norm_actor"] is not None and metrics["policy_loss"] is not None
     different = {k: (metrics[k], other[k]) for k in metrics if not _close(metrics[k], other[k])}
     assert not different
+    if spec.rollout.logp_old == "forward":  # π_old from the trainer, μ off it by noise
+        assert metrics["rollout/mismatch_max"] > 0.01
+    if spec.policy.correction.name != "none":  # the correction acts on this round
+        assert metrics["rollout/correction_weight_mean"] != 1.0
+        if spec.policy.correction.name == "geo_mask":
+            assert 0 < metrics["rollout/correction_masked_rows"] < 1
 
 
 def test_shares_and_seeds() -> None:
