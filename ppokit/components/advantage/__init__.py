@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit.catalogue import Component, Gamma, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -34,22 +34,17 @@ class Advantage(Protocol):
 
 MODULE = "ppokit.components.advantage.impl"
 
-Gamma = Field(default=1.0, ge=0.0, le=1.0, description="discount factor gamma in [0, 1]")
 
-
-class GAEParams(Params):
-    gamma: float = Gamma
+class GAEParams(Gamma):
     lam: float = Field(default=0.95, ge=0.0, le=1.0, description="GAE lambda in [0, 1]")
     whiten: bool = Field(default=True, description="batch-whiten over all response tokens")
 
 
-class MonteCarloParams(Params):
-    gamma: float = Gamma
+class MonteCarloParams(Gamma):
     whiten: bool = Field(default=False, description="batch-whiten over all response tokens")
 
 
-class LengthAdaptiveGAEParams(Params):
-    gamma: float = Gamma
+class LengthAdaptiveGAEParams(Gamma):
     alpha: float = Field(default=0.05, gt=0.0, description="lam = 1 - 1/(alpha * length)")
     whiten: bool = Field(default=True, description="batch-whiten over all response tokens")
 
@@ -62,14 +57,10 @@ class GRPOParams(Params):
     )
 
 
-class GammaParams(Params):
-    gamma: float = Gamma
-
-
 GAE = Component(
     "advantage",
     "gae",
-    f"{MODULE}:GAE",
+    MODULE,
     params=GAEParams,
     summary="Generalized advantage estimation with a critic",
     formula="A_t = δ_t + γλ A_{t+1}, δ_t = r_t + γ V(s_{t+1}) − V(s_t); batch-whitened if whiten",
@@ -82,7 +73,7 @@ GAE = Component(
 MC = Component(
     "advantage",
     "mc",
-    f"{MODULE}:MonteCarlo",
+    MODULE,
     params=MonteCarloParams,
     summary="Monte-Carlo return-to-go minus the critic's value",
     formula="A_t = Σ_{s≥t} γ^{s−t} r_s + γ^{T−t} V_T − V(s_t); batch-whitened if whiten",
@@ -94,7 +85,7 @@ MC = Component(
 LENGTH_ADAPTIVE_GAE = Component(
     "advantage",
     "length_adaptive_gae",
-    f"{MODULE}:LengthAdaptiveGAE",
+    MODULE,
     params=LengthAdaptiveGAEParams,
     summary="GAE whose lambda grows with the response length (VAPO)",
     formula="GAE with λ_i = clamp(1 − 1/(α l_i), 0, 1), l_i = response length; batch-whitened if whiten",
@@ -107,7 +98,7 @@ LENGTH_ADAPTIVE_GAE = Component(
 GRPO = Component(
     "advantage",
     "grpo",
-    f"{MODULE}:GRPO",
+    MODULE,
     params=GRPOParams,
     summary="Group-normalised outcome reward (GRPO)",
     formula="A_i = (R_i − mean_g R) / (std_g R + ε), broadcast over the response; g: the group's non-empty responses",
@@ -120,7 +111,7 @@ GRPO = Component(
 DR_GRPO = Component(
     "advantage",
     "dr_grpo",
-    f"{MODULE}:DrGRPO",
+    MODULE,
     params=NoParams,
     summary="Group-centred outcome reward without std normalisation (Dr. GRPO)",
     formula="A_i = R_i − mean_g R, broadcast over the response; g: the group's non-empty responses",
@@ -133,7 +124,7 @@ DR_GRPO = Component(
 RLOO = Component(
     "advantage",
     "rloo",
-    f"{MODULE}:RLOO",
+    MODULE,
     params=NoParams,
     summary="REINFORCE leave-one-out baseline",
     formula="A_i = R_i − mean_{j≠i} R_j = n/(n−1) (R_i − mean_g R); n: the group's non-empty responses",
@@ -146,8 +137,8 @@ RLOO = Component(
 REINFORCE_PP = Component(
     "advantage",
     "reinforce_pp",
-    f"{MODULE}:ReinforcePP",
-    params=GammaParams,
+    MODULE,
+    params=Gamma,
     summary="Batch-whitened discounted reward-to-go (REINFORCE++)",
     formula="A_t = whiten(Σ_{s≥t} γ^{s−t} r_s) over all response tokens of the batch",
     source="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language "
@@ -158,7 +149,7 @@ REINFORCE_PP = Component(
 REINFORCE_PP_BASELINE = Component(
     "advantage",
     "reinforce_pp_baseline",
-    f"{MODULE}:ReinforcePPBaseline",
+    MODULE,
     params=NoParams,
     summary="Group-centred outcome reward, batch-whitened (REINFORCE++ with baseline)",
     formula="A_t = whiten(R_i − mean_g R) over all response tokens of the batch; g: non-empty responses",
@@ -171,7 +162,7 @@ REINFORCE_PP_BASELINE = Component(
 REMAX = Component(
     "advantage",
     "remax",
-    f"{MODULE}:ReMax",
+    MODULE,
     params=NoParams,
     summary="Reward-to-go minus the greedy baseline response's score (ReMax)",
     formula="A_t = Σ_{s≥t} r_s − R(greedy response)",
@@ -184,7 +175,7 @@ REMAX = Component(
 OPO = Component(
     "advantage",
     "opo",
-    f"{MODULE}:OPO",
+    MODULE,
     params=NoParams,
     summary="Outcome reward minus the length-weighted group mean (optimal baseline)",
     formula="A_i = R_i − Σ_j l_j R_j / Σ_j l_j over the group, l = response length (empty rows weigh 0)",

@@ -54,7 +54,7 @@ class SeqMeanTokenSumNormParams(Params):
 TOKEN_MEAN = Component(
     "aggregation",
     "token_mean",
-    f"{MODULE}:TokenMean",
+    MODULE,
     params=NoParams,
     summary="Mean over every unmasked token of the batch",
     formula="sum(m L) / max(sum(m), 1)",
@@ -66,7 +66,7 @@ TOKEN_MEAN = Component(
 SEQ_MEAN_TOKEN_MEAN = Component(
     "aggregation",
     "seq_mean_token_mean",
-    f"{MODULE}:SeqMeanTokenMean",
+    MODULE,
     params=NoParams,
     summary="Mean over non-empty rows of each row's token mean (GRPO)",
     formula="(1 / #rows) sum_i [sum_t m L / max(sum_t m, 1)]",
@@ -78,7 +78,7 @@ SEQ_MEAN_TOKEN_MEAN = Component(
 SEQ_MEAN_TOKEN_SUM = Component(
     "aggregation",
     "seq_mean_token_sum",
-    f"{MODULE}:SeqMeanTokenSum",
+    MODULE,
     params=NoParams,
     summary="Mean over non-empty rows of each row's token sum",
     formula="(1 / #rows) sum_i sum_t m L",
@@ -89,7 +89,7 @@ SEQ_MEAN_TOKEN_SUM = Component(
 SEQ_MEAN_TOKEN_SUM_NORM = Component(
     "aggregation",
     "seq_mean_token_sum_norm",
-    f"{MODULE}:SeqMeanTokenSumNorm",
+    MODULE,
     params=SeqMeanTokenSumNormParams,
     summary="Row token sums averaged, divided by a constant (Dr. GRPO)",
     formula="(1 / (#rows * norm)) sum_i sum_t m L, norm = T by default",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
-from ppokit.catalogue import Component, Params
+from ppokit.catalogue import Component, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -49,14 +49,10 @@ class CISPOParams(Params):
     clip_high: float = Field(..., gt=0, description="IS weight truncated at 1 + clip_high")
 
 
-class ReinforceParams(Params):
-    pass
-
-
 PPO_CLIP = Component(
     "policy_loss",
     "ppo_clip",
-    f"{MODULE}:PPOClip",
+    MODULE,
     params=PPOClipParams,
     summary="PPO clipped surrogate (asymmetric clip-higher bounds, optional dual clip)",
     formula=(
@@ -75,7 +71,7 @@ PPO_CLIP = Component(
 GSPO = Component(
     "policy_loss",
     "gspo",
-    f"{MODULE}:GSPO",
+    MODULE,
     params=GSPOParams,
     summary="Clipped surrogate on the sequence-level (length-normalised) ratio",
     formula=(
@@ -90,7 +86,7 @@ GSPO = Component(
 CISPO = Component(
     "policy_loss",
     "cispo",
-    f"{MODULE}:CISPO",
+    MODULE,
     params=CISPOParams,
     summary="Truncated, stop-gradient IS weight on a REINFORCE loss: no token loses its gradient",
     formula="l = -sg(min(rho, 1 + clip_high)) A logp",
@@ -103,8 +99,8 @@ CISPO = Component(
 REINFORCE = Component(
     "policy_loss",
     "reinforce",
-    f"{MODULE}:Reinforce",
-    params=ReinforceParams,
+    MODULE,
+    params=NoParams,
     summary="On-policy score-function loss (RLOO, ReMax, OPO)",
     formula="l = -A logp",
     source="Simple Statistical Gradient-Following Algorithms for Connectionist "

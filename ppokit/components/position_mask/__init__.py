@@ -28,7 +28,7 @@ MODULE = "ppokit.components.position_mask.impl"
 RESPONSE = Component(
     "position_mask",
     "response",
-    f"{MODULE}:ResponseMask",
+    MODULE,
     params=NoParams,
     summary="Every response token",
     formula="m_t = response_mask_t",
@@ -39,7 +39,7 @@ RESPONSE = Component(
 COMPLETED = Component(
     "position_mask",
     "completed",
-    f"{MODULE}:CompletedMask",
+    MODULE,
     params=NoParams,
     summary="Response tokens of rows that ended with EOS (truncated rows get 0)",
     formula="m_t = response_mask_t * (1 - truncated)",
@@ -51,7 +51,7 @@ COMPLETED = Component(
 LAST_TOKEN = Component(
     "position_mask",
     "last_token",
-    f"{MODULE}:LastTokenMask",
+    MODULE,
     params=NoParams,
     summary="Only each row's last response token",
     formula="m_t = 1 if t is the row's last response position else 0",

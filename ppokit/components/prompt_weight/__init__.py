@@ -41,7 +41,7 @@ class PassRateVarianceParams(Params):
 UNIFORM = Component(
     "prompt_weight",
     "uniform",
-    f"{MODULE}:Uniform",
+    MODULE,
     params=NoParams,
     summary="Every prompt weighs 1",
     formula="w = 1 (0 for a row without tokens)",
@@ -52,7 +52,7 @@ UNIFORM = Component(
 PASS_RATE_VARIANCE = Component(
     "prompt_weight",
     "pass_rate_variance",
-    f"{MODULE}:PassRateVariance",
+    MODULE,
     params=PassRateVarianceParams,
     summary="Bernoulli variance of the group's pass rate: prompts solved half the time weigh most",
     formula="p = clamp(group mean of R, 0, 1); w = p (1 - p), divided by mean(w) if normalize; over non-empty rows",
@@ -64,7 +64,7 @@ PASS_RATE_VARIANCE = Component(
 INFORMATIVE_GROUPS = Component(
     "prompt_weight",
     "informative_groups",
-    f"{MODULE}:InformativeGroups",
+    MODULE,
     params=NoParams,
     summary="1 for groups whose rewards are not all equal, else 0 (dynamic sampling as a weight)",
     formula="w = 1[max_group R > min_group R] over the group's non-empty rows",

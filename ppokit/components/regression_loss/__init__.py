@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
-from ppokit.catalogue import Component, Params
+from ppokit.catalogue import Component, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -36,10 +36,6 @@ MODULE = "ppokit.components.regression_loss.impl"
 PPO = "Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347"
 
 
-class MSEParams(Params):
-    pass
-
-
 class ClippedMSEParams(Params):
     clip: float = Field(0.2, gt=0, description="V stays within V_old +- clip in the clipped branch")
 
@@ -51,8 +47,8 @@ class HuberParams(Params):
 MSE = Component(
     "regression_loss",
     "mse",
-    f"{MODULE}:MSE",
-    params=MSEParams,
+    MODULE,
+    params=NoParams,
     summary="Squared error",
     formula="0.5 (V - Y)^2",
     source=PPO,
@@ -62,7 +58,7 @@ MSE = Component(
 CLIPPED_MSE = Component(
     "regression_loss",
     "clipped_mse",
-    f"{MODULE}:ClippedMSE",
+    MODULE,
     params=ClippedMSEParams,
     summary="PPO value clipping: the worse of the plain and the clipped squared error",
     formula="0.5 max((V - Y)^2, (V_old + clamp(V - V_old, -clip, clip) - Y)^2)",
@@ -74,7 +70,7 @@ CLIPPED_MSE = Component(
 HUBER = Component(
     "regression_loss",
     "huber",
-    f"{MODULE}:Huber",
+    MODULE,
     params=HuberParams,
     summary="Huber loss: quadratic near the target, linear far from it",
     formula="x = V - Y: 0.5 x^2 if |x| <= delta, else delta (|x| - 0.5 delta)",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field, field_validator, model_validator
 
-from ppokit.catalogue import Component, Params
+from ppokit.catalogue import Component, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -144,14 +144,10 @@ class HFClassifierParams(Params):
         return value
 
 
-class DemoParams(Params):
-    pass
-
-
 MATH_VERIFY = Component(
     "reward",
     "math_verify",
-    f"{MODULE}:MathVerifyReward",
+    MODULE,
     params=MathVerifyParams,
     summary="1 when the response's final answer is mathematically equal to the gold answer",
     formula="r = correct if verify(parse(answer), parse(response)) else incorrect",
@@ -162,7 +158,7 @@ MATH_VERIFY = Component(
 EXACT_MATCH = Component(
     "reward",
     "exact_match",
-    f"{MODULE}:ExactMatchReward",
+    MODULE,
     params=ExactMatchParams,
     summary="1 when the response equals the expected text (after normalisation)",
     formula="r = 1[norm(response) == norm(answer)], norm = strip and casefold by default",
@@ -173,7 +169,7 @@ EXACT_MATCH = Component(
 REGEX = Component(
     "reward",
     "regex",
-    f"{MODULE}:RegexReward",
+    MODULE,
     params=RegexParams,
     summary="1 when a regular expression matches (optionally capturing the answer)",
     formula="r = 1[pattern matches response] (and group(1) == field when field is set)",
@@ -184,7 +180,7 @@ REGEX = Component(
 LENGTH_PENALTY = Component(
     "reward",
     "length_penalty",
-    f"{MODULE}:LengthPenaltyReward",
+    MODULE,
     params=LengthPenaltyParams,
     summary="linear penalty on response tokens beyond a target length",
     formula="r = -scale * max(0, min(L, max_length) - target)",
@@ -195,7 +191,7 @@ LENGTH_PENALTY = Component(
 HF_CLASSIFIER = Component(
     "reward",
     "hf_classifier",
-    f"{MODULE}:HFClassifierReward",
+    MODULE,
     params=HFClassifierParams,
     summary="a local Hugging Face sequence classifier scoring (prompt, response) pairs",
     formula="r = p(label | prompt, response), or the logit of a single-logit head",
@@ -206,8 +202,8 @@ HF_CLASSIFIER = Component(
 DEMO = Component(
     "reward",
     "demo",
-    "ppokit.tasks.demo:DemoReward",
-    params=DemoParams,
+    "ppokit.tasks.demo",
+    params=NoParams,
     summary="Reward of the built-in demo task",
     formula="r = |{i < 4 : response[i] = s}| / 4 for the symbol s the prompt shows",
     source="ppokit's built-in demo task (echo the prompt's symbol)",

@@ -84,7 +84,7 @@ class GeoParams(BoundsParams):
 NONE = Component(
     "rollout_correction",
     "none",
-    f"{MODULE}:NoCorrection",
+    MODULE,
     params=NoParams,
     summary="No correction: the batch is taken as on-policy for π_old",
     formula="c_t = 1 on response positions",
@@ -94,7 +94,7 @@ NONE = Component(
 TOKEN_TIS = Component(
     "rollout_correction",
     "token_tis",
-    f"{MODULE}:TokenTIS",
+    MODULE,
     params=CapParams,
     summary="Truncated importance sampling per token: min(π_old/μ, C)",
     formula="c_t = min(r_t, cap), r_t = exp(logp_old_t - logp_rollout_t)",
@@ -105,7 +105,7 @@ TOKEN_TIS = Component(
 TOKEN_MIS = Component(
     "rollout_correction",
     "token_mis",
-    f"{MODULE}:TokenMIS",
+    MODULE,
     params=TokenMISParams,
     summary="Masked importance sampling per token: tokens whose ratio leaves [low, high] are dropped",
     formula="c_t = r_t · 1[low <= r_t <= high]",
@@ -116,7 +116,7 @@ TOKEN_MIS = Component(
 SEQ_TIS = Component(
     "rollout_correction",
     "seq_tis",
-    f"{MODULE}:SeqTIS",
+    MODULE,
     params=CapParams,
     summary="Truncated importance sampling per sequence, on every token of the row",
     formula="c_t = min(exp(Σ_t Δ_t), cap), Δ_t = logp_old_t - logp_rollout_t",
@@ -127,7 +127,7 @@ SEQ_TIS = Component(
 SEQ_MIS = Component(
     "rollout_correction",
     "seq_mis",
-    f"{MODULE}:SeqMIS",
+    MODULE,
     params=BoundsParams,
     summary="Masked importance sampling per sequence: rows whose ratio leaves [low, high] are dropped",
     formula="ρ = exp(Σ_t Δ_t); c_t = ρ · 1[low <= ρ <= high]",
@@ -138,7 +138,7 @@ SEQ_MIS = Component(
 GEO_MASK = Component(
     "rollout_correction",
     "geo_mask",
-    f"{MODULE}:GeoMask",
+    MODULE,
     params=GeoParams,
     summary="Rejects rows by the geometric-mean ratio (which does not grow with length)",
     formula="g = exp(mean_t Δ_t); c_t = 1[low <= g <= high]",

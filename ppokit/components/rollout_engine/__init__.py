@@ -188,7 +188,7 @@ class HFParams(Params):
 HF = Component(
     "rollout_engine",
     "hf",
-    f"{MODULE}:HFEngine",
+    MODULE,
     params=HFParams,
     summary="Samples with the actor's own model.generate (KV cache), recording log μ of each token",
     formula=(

@@ -53,7 +53,7 @@ class SoftOverlongParams(Params):
 TERMINAL = Component(
     "truncation",
     "terminal",
-    f"{MODULE}:Terminal",
+    MODULE,
     params=NoParams,
     summary="Truncated rows are treated as ended (value after the last token is 0)",
     formula="V(s_{L+1}) = 0 for every row, truncated or not",
@@ -64,7 +64,7 @@ TERMINAL = Component(
 BOOTSTRAP = Component(
     "truncation",
     "bootstrap",
-    f"{MODULE}:Bootstrap",
+    MODULE,
     params=NoParams,
     summary="Truncated rows bootstrap from the critic's value of the next state",
     formula="V(s_after_last) = bootstrap_value on truncated rows",
@@ -76,7 +76,7 @@ BOOTSTRAP = Component(
 EXCLUDE = Component(
     "truncation",
     "exclude",
-    f"{MODULE}:Exclude",
+    MODULE,
     params=NoParams,
     summary="Truncated rows are removed from the actor and critic losses (overlong filtering)",
     formula="response_mask[i, :] := False for truncated i",
@@ -88,7 +88,7 @@ EXCLUDE = Component(
 PENALTY = Component(
     "truncation",
     "penalty",
-    f"{MODULE}:Penalty",
+    MODULE,
     params=PenaltyParams,
     summary="A truncated row's outcome reward is replaced by a fixed value",
     formula="r_{i,t} := value at the row's last position, else 0, for truncated i",
@@ -100,7 +100,7 @@ PENALTY = Component(
 SOFT_OVERLONG = Component(
     "truncation",
     "soft_overlong",
-    f"{MODULE}:SoftOverlong",
+    MODULE,
     params=SoftOverlongParams,
     summary="DAPO's soft overlong punishment added to the outcome reward, by length",
     formula=(
