@@ -386,3 +386,17 @@ def test_requirements_are_the_optional_batch_fields() -> None:
     from ppokit.registry import REQUIREMENTS
 
     assert set(REQUIREMENTS) == set(FIELDS) - {"response_mask", "token_rewards"}
+
+
+def test_every_builtin_cites_its_papers_from_the_table(clean_registry: None) -> None:
+    """A paper a built-in names (its arXiv id or address) is cited in the table's words."""
+    from ppokit.papers import PAPERS
+
+    by_where = {p.where: p for p in PAPERS.values() if p.where}
+    assert len(by_where) == len([p for p in PAPERS.values() if p.where])  # each paper once
+    for info in get_registry().components():
+        if info.plugin != "ppokit":
+            continue
+        for where, paper in by_where.items():
+            if where in info.source:
+                assert str(paper) in info.source, (info.kind, info.name, where)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
+from ppokit import papers
 from ppokit.catalogue import Component, NoParams, Params
 
 if TYPE_CHECKING:
@@ -39,11 +40,6 @@ class Aggregation(Protocol):
 
 MODULE = "ppokit.components.aggregation.impl"
 
-DR_GRPO = (
-    "Understanding R1-Zero-Like Training: A Critical Perspective (Liu et al., 2025), "
-    "arXiv:2503.20783"
-)
-
 
 class SeqMeanTokenSumNormParams(Params):
     norm: float | None = Field(
@@ -58,8 +54,7 @@ TOKEN_MEAN = Component(
     params=NoParams,
     summary="Mean over every unmasked token of the batch",
     formula="sum(m L) / max(sum(m), 1)",
-    source="DAPO: An Open-Source LLM Reinforcement Learning System at Scale "
-    "(Yu et al., 2025), arXiv:2503.14476",
+    source=str(papers.DAPO),
 )
 
 
@@ -70,8 +65,7 @@ SEQ_MEAN_TOKEN_MEAN = Component(
     params=NoParams,
     summary="Mean over non-empty rows of each row's token mean (GRPO)",
     formula="(1 / #rows) sum_i [sum_t m L / max(sum_t m, 1)]",
-    source="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language "
-    "Models (Shao et al., 2024), arXiv:2402.03300",
+    source=str(papers.GRPO),
 )
 
 
@@ -82,7 +76,7 @@ SEQ_MEAN_TOKEN_SUM = Component(
     params=NoParams,
     summary="Mean over non-empty rows of each row's token sum",
     formula="(1 / #rows) sum_i sum_t m L",
-    source=DR_GRPO,
+    source=str(papers.DR_GRPO),
 )
 
 
@@ -93,7 +87,7 @@ SEQ_MEAN_TOKEN_SUM_NORM = Component(
     params=SeqMeanTokenSumNormParams,
     summary="Row token sums averaged, divided by a constant (Dr. GRPO)",
     formula="(1 / (#rows * norm)) sum_i sum_t m L, norm = T by default",
-    source=DR_GRPO,
+    source=str(papers.DR_GRPO),
 )
 
 #: Every built-in aggregation component, registered by the default plugin.

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
+from ppokit import papers
 from ppokit.catalogue import Component, Gamma
 
 if TYPE_CHECKING:
@@ -44,8 +45,7 @@ LAMBDA_RETURN = Component(
     summary="Lambda-return: old value plus unwhitened GAE",
     formula="Y_t = V_old(s_t) + GAE_t(γ, λ)",
     requires=("values",),
-    source="What's Behind PPO's Collapse in Long-CoT? Value Optimization Holds the Secret "
-    "(Yuan et al., 2025), arXiv:2503.01491",
+    source=str(papers.VC_PPO),
 )
 
 
@@ -56,7 +56,7 @@ MC_RETURN = Component(
     params=Gamma,
     summary="Discounted return-to-go, bootstrapped on truncated rows",
     formula="Y_t = Σ_{s≥t} γ^{s−t} r_s + γ^{T−t} V_T",
-    source="Reinforcement Learning: An Introduction (Sutton and Barto, 2018)",
+    source=str(papers.SUTTON_BARTO),
 )
 
 
@@ -68,7 +68,7 @@ TD0 = Component(
     summary="One-step temporal-difference target",
     formula="Y_t = r_t + γ V_old(s_{t+1}), V after the last token = terminal value",
     requires=("values",),
-    source="Learning to Predict by the Methods of Temporal Differences (Sutton, 1988)",
+    source=str(papers.TD),
 )
 
 #: Every built-in critic_target component, registered by the default plugin.

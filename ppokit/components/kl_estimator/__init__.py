@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
+from ppokit import papers
 from ppokit.catalogue import Component, Params
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ class KLEstimator(Protocol):
 
 
 MODULE = "ppokit.components.kl_estimator.impl"
-SOURCE = "Approximating KL Divergence (J. Schulman, 2020), http://joschu.net/blog/kl-approx.html"
 
 
 class KLParams(Params):
@@ -49,7 +49,7 @@ def _estimator(name: str, summary: str, formula: str) -> Component:
         summary=summary,
         formula=formula + _STRAIGHT_THROUGH,
         requires=("logp_ref",),
-        source=SOURCE,
+        source=str(papers.KL_APPROX),
     )
 
 

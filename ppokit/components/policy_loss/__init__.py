@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
+from ppokit import papers
 from ppokit.catalogue import Component, NoParams, Params
 
 if TYPE_CHECKING:
@@ -61,10 +62,7 @@ PPO_CLIP = Component(
         "dual clip c: l = min(l, -c A) where A < 0"
     ),
     requires=("logp_old",),
-    source="Proximal Policy Optimization Algorithms (Schulman et al., 2017), "
-    "arXiv:1707.06347; clip-higher: DAPO (Yu et al., 2025), arXiv:2503.14476; "
-    "dual clip: Mastering Complex Control in MOBA Games with Deep Reinforcement Learning "
-    "(Ye et al., 2020), arXiv:1912.09729",
+    source=papers.cite(papers.PPO, ("clip-higher", papers.DAPO), ("dual clip", papers.DUAL_CLIP)),
 )
 
 
@@ -79,7 +77,7 @@ GSPO = Component(
         "l = max(-A s_{i,t}, -A clip(s_{i,t}, 1 - clip_low, 1 + clip_high))"
     ),
     requires=("logp_old",),
-    source="Group Sequence Policy Optimization (Zheng et al., 2025), arXiv:2507.18071",
+    source=str(papers.GSPO),
 )
 
 
@@ -91,8 +89,7 @@ CISPO = Component(
     summary="Truncated, stop-gradient IS weight on a REINFORCE loss: no token loses its gradient",
     formula="l = -sg(min(rho, 1 + clip_high)) A logp",
     requires=("logp_old",),
-    source="MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention "
-    "(MiniMax, 2025), arXiv:2506.13585",
+    source=str(papers.CISPO),
 )
 
 
@@ -103,8 +100,7 @@ REINFORCE = Component(
     params=NoParams,
     summary="On-policy score-function loss (RLOO, ReMax, OPO)",
     formula="l = -A logp",
-    source="Simple Statistical Gradient-Following Algorithms for Connectionist "
-    "Reinforcement Learning (Williams, 1992)",
+    source=str(papers.REINFORCE),
 )
 
 #: Every built-in policy_loss component, registered by the default plugin.

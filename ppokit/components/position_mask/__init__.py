@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from ppokit import papers
 from ppokit.catalogue import Component, NoParams
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ RESPONSE = Component(
     params=NoParams,
     summary="Every response token",
     formula="m_t = response_mask_t",
-    source="the general critic loss of ppokit's docs/concepts.md; PPO (Schulman et al., 2017), arXiv:1707.06347",
+    source=papers.cite("the general critic loss of ppokit's docs/concepts.md", papers.PPO),
 )
 
 
@@ -44,7 +45,7 @@ COMPLETED = Component(
     summary="Response tokens of rows that ended with EOS (truncated rows get 0)",
     formula="m_t = response_mask_t * (1 - truncated)",
     requires=("truncated",),
-    source="Time Limits in Reinforcement Learning (Pardo et al., 2018), arXiv:1712.00378: no value regression on cut-off returns",
+    source=papers.cite(papers.TIME_LIMITS, "no value regression on cut-off returns"),
 )
 
 

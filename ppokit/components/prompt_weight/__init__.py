@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
+from ppokit import papers
 from ppokit.catalogue import Component, NoParams, Params
 
 if TYPE_CHECKING:
@@ -28,10 +29,6 @@ class PromptWeight(Protocol):
 
 
 MODULE = "ppokit.components.prompt_weight.impl"
-DAPO = (
-    "DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al., 2025), "
-    "arXiv:2503.14476"
-)
 
 
 class PassRateVarianceParams(Params):
@@ -69,7 +66,7 @@ INFORMATIVE_GROUPS = Component(
     summary="1 for groups whose rewards are not all equal, else 0 (dynamic sampling as a weight)",
     formula="w = 1[max_group R > min_group R] over the group's non-empty rows",
     requires=("group_ids",),
-    source=DAPO,
+    source=str(papers.DAPO),
 )
 
 #: Every built-in prompt_weight component, registered by the default plugin.

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
+from ppokit import papers
 from ppokit.catalogue import Component, NoParams, Params
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ class RegressionLoss(Protocol):
 
 
 MODULE = "ppokit.components.regression_loss.impl"
-PPO = "Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347"
 
 
 class ClippedMSEParams(Params):
@@ -51,7 +51,7 @@ MSE = Component(
     params=NoParams,
     summary="Squared error",
     formula="0.5 (V - Y)^2",
-    source=PPO,
+    source=str(papers.PPO),
 )
 
 
@@ -63,7 +63,7 @@ CLIPPED_MSE = Component(
     summary="PPO value clipping: the worse of the plain and the clipped squared error",
     formula="0.5 max((V - Y)^2, (V_old + clamp(V - V_old, -clip, clip) - Y)^2)",
     requires=("values",),
-    source=PPO,
+    source=str(papers.PPO),
 )
 
 
@@ -74,7 +74,7 @@ HUBER = Component(
     params=HuberParams,
     summary="Huber loss: quadratic near the target, linear far from it",
     formula="x = V - Y: 0.5 x^2 if |x| <= delta, else delta (|x| - 0.5 delta)",
-    source="Robust Estimation of a Location Parameter (P. J. Huber, 1964)",
+    source=str(papers.HUBER),
 )
 
 #: Every built-in regression_loss component, registered by the default plugin.

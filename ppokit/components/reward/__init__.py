@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field, field_validator, model_validator
 
+from ppokit import papers
 from ppokit.catalogue import Component, NoParams, Params
 
 if TYPE_CHECKING:
@@ -43,23 +44,6 @@ __all__ = [
     "RegexParams",
     "register_components",
 ]
-
-_TULU3 = (
-    "Tulu 3: Pushing Frontiers in Open Language Model Post-Training "
-    "(Lambert et al., 2024), arXiv:2411.15124"
-)
-_R1 = (
-    "DeepSeek-R1: Incentivizing Reasoning Capability in LLMs via Reinforcement Learning "
-    "(DeepSeek-AI, 2025), arXiv:2501.12948"
-)
-_DAPO = (
-    "DAPO: An Open-Source LLM Reinforcement Learning System at Scale "
-    "(Yu et al., 2025), arXiv:2503.14476"
-)
-_INSTRUCTGPT = (
-    "Training language models to follow instructions with human feedback "
-    "(Ouyang et al., 2022), arXiv:2203.02155"
-)
 
 
 class MathVerifyParams(Params):
@@ -151,7 +135,7 @@ MATH_VERIFY = Component(
     params=MathVerifyParams,
     summary="1 when the response's final answer is mathematically equal to the gold answer",
     formula="r = correct if verify(parse(answer), parse(response)) else incorrect",
-    source=_TULU3,
+    source=str(papers.TULU3),
 )
 
 
@@ -162,7 +146,7 @@ EXACT_MATCH = Component(
     params=ExactMatchParams,
     summary="1 when the response equals the expected text (after normalisation)",
     formula="r = 1[norm(response) == norm(answer)], norm = strip and casefold by default",
-    source=_TULU3,
+    source=str(papers.TULU3),
 )
 
 
@@ -173,7 +157,7 @@ REGEX = Component(
     params=RegexParams,
     summary="1 when a regular expression matches (optionally capturing the answer)",
     formula="r = 1[pattern matches response] (and group(1) == field when field is set)",
-    source=_R1,
+    source=str(papers.R1),
 )
 
 
@@ -184,7 +168,7 @@ LENGTH_PENALTY = Component(
     params=LengthPenaltyParams,
     summary="linear penalty on response tokens beyond a target length",
     formula="r = -scale * max(0, min(L, max_length) - target)",
-    source=_DAPO,
+    source=str(papers.DAPO),
 )
 
 
@@ -195,7 +179,7 @@ HF_CLASSIFIER = Component(
     params=HFClassifierParams,
     summary="a local Hugging Face sequence classifier scoring (prompt, response) pairs",
     formula="r = p(label | prompt, response), or the logit of a single-logit head",
-    source=_INSTRUCTGPT,
+    source=str(papers.INSTRUCTGPT),
 )
 
 

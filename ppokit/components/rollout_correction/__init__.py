@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field, model_validator
 
+from ppokit import papers
 from ppokit.catalogue import Component, NoParams, Params
 
 if TYPE_CHECKING:
@@ -35,18 +36,15 @@ class RolloutCorrection(Protocol):
 
 MODULE = "ppokit.components.rollout_correction.impl"
 REQUIRES = ("logp_old", "logp_rollout")
-YAO = (
-    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training (Yao et al., "
-    "2025), fengyao.notion.site/off-policy-rl; verl algorithm.rollout_correction"
+YAO = papers.cite(papers.OFF_POLICY, "verl algorithm.rollout_correction")
+ICEPOP = papers.cite(
+    ("IcePop: masked importance sampling of the training-inference mismatch", papers.ICEPOP)
 )
-ICEPOP = (
-    "IcePop: masked importance sampling of the training-inference mismatch, Every Step "
-    "Evolves: Scaling Reinforcement Learning for Trillion-Scale Thinking Model (Ling Team, "
-    "2025), arXiv:2510.18855"
-)
-VERL_RS = (
+VERL_RS = papers.cite(
     "Rejection sampling by the rollout/training ratio, as in verl "
-    "(algorithm.rollout_correction, rollout_rs); " + YAO
+    "(algorithm.rollout_correction, rollout_rs)",
+    papers.OFF_POLICY,
+    "verl algorithm.rollout_correction",
 )
 
 
@@ -88,7 +86,7 @@ NONE = Component(
     params=NoParams,
     summary="No correction: the batch is taken as on-policy for π_old",
     formula="c_t = 1 on response positions",
-    source="Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347",
+    source=str(papers.PPO),
 )
 
 TOKEN_TIS = Component(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field
 
+from ppokit import papers
 from ppokit.catalogue import Component, Params
 
 if TYPE_CHECKING:
@@ -195,9 +196,8 @@ HF = Component(
         "a_t ~ softmax(filter(z_t / temperature)), log μ(a_t) = log_softmax(z_t / temperature)[a_t];"
         " μ = π_old: the actor itself samples"
     ),
-    source=(
-        "Hugging Face transformers generation (GenerationMixin.generate); "
-        "Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347"
+    source=papers.cite(
+        "Hugging Face transformers generation (GenerationMixin.generate)", papers.PPO
     ),
 )
 
