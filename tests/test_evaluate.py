@@ -18,12 +18,13 @@ from typer.testing import CliRunner
 
 from ppokit.errors import UserError
 from ppokit.evaluate import eval_command, load_models, load_target
+from ppokit.export import export_run
 from ppokit.spec import Spec
 from ppokit.stats import pass_at_k, wilson_half_width, wilson_interval
 from ppokit.trainer import loop
 from ppokit.trainer.evaluation import Evaluator, eval_rows, eval_seed, isolated_rng
 from ppokit.trainer.metrics import TIMING, read_metrics
-from tests.trainer.helpers import learner, small_spec
+from tests.helpers.trainer import learner, small_spec
 
 #: A combined reward the untrained tiny model scores on about half the time (any lowercase
 #: letter: +0.5), so the metrics compared below are not all 0.
@@ -303,8 +304,7 @@ def test_ppokit_eval_of_a_run_matches_its_evaluation_at_that_round(
     if lora:  # merged adapters compute the same function, not the same floats
         return
     # the run's policy exported as a model directory evaluates the same
-    export = pytest.importorskip("ppokit.export")
-    export.export_run(run, tmp_path / "exported")
+    export_run(run, tmp_path / "exported")
     exported = _invoke(str(tmp_path / "exported"), "--spec", str(spec_file), "--json")
     assert exported.exit_code == 0, exported.stderr
     assert json.loads(exported.stdout)["kind"] == "model"
@@ -365,7 +365,6 @@ def test_load_target_refuses_an_unknown_name() -> None:
         load_target("no-such-model")
 
 
-@pytest.mark.skipif(not hasattr(loop, "Evaluator"), reason="the loop does not evaluate yet")
 def test_the_loop_evaluates_at_the_start_and_every_n_rounds(tmp_path) -> None:
     out = tmp_path / "run"
     loop.train(_spec(out, "train.rounds=3", "eval.every=2", "eval.at_start=true"))

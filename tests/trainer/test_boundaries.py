@@ -21,8 +21,7 @@ from ppokit.batch import RolloutBatch
 from ppokit.errors import ComponentError, ComponentTimeout, NonFiniteError, UserError
 from ppokit.trainer.assembly import Assembly, Where, as_scores, call_with_timeout
 from tests.helpers import Plugin
-
-from .helpers import demo_rows, learner, small_spec
+from tests.helpers.trainer import demo_rows, learner, small_spec
 
 B, T = 4, 3
 EXPECT_SCORES = "expected one number per response: a tensor of shape [4] or a list of 4 numbers"

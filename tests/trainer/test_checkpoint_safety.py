@@ -34,8 +34,7 @@ from ppokit.trainer.checkpoint import (
     restore_rng,
 )
 from ppokit.trainer.metrics import TIMING, read_metrics
-
-from .helpers import learner, small_spec
+from tests.helpers.trainer import learner, small_spec
 
 RNG0 = "rng/process-00000.json"
 RUN = ["train.rounds=2", "output.save_every=1", "kl.coef=0.05"]

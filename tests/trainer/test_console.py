@@ -31,8 +31,7 @@ from ppokit.trainer.display import (
 )
 from ppokit.trainer.loop import choose_threads
 from ppokit.trainer.metrics import Meter, plot_curves, read_metrics, read_once
-
-from .helpers import DEMO, SMALL, small_spec
+from tests.helpers.trainer import DEMO, SMALL, small_spec
 
 FULL = {
     "round": 3,

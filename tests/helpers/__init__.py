@@ -1,4 +1,8 @@
-"""Test plugins, spec fixtures and throwaway virtualenvs shared by the core's tests."""
+"""The tests' helpers, in one place: here the test plugins, spec fixtures and throwaway
+virtualenvs shared by the core's tests; ``tests.helpers.trainer`` small specs and learners on
+the tiny model, ``tests.helpers.components`` components built through the registry,
+``tests.helpers.strategies`` hypothesis strategies of batches, ``tests.helpers.reference``
+the components' reference loops."""
 
 from __future__ import annotations
 
@@ -17,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ppokit.catalogue import Component
 from ppokit.hookspecs import Register, hookimpl
 
-ROOT = Path(__file__).resolve().parents[1]
-SPECS = Path(__file__).resolve().parent / "specs"
+ROOT = Path(__file__).resolve().parents[2]
+SPECS = ROOT / "tests" / "specs"
 EXAMPLE_PLUGIN = ROOT / "plugins" / "ppokit-example"
 
 

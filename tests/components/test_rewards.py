@@ -21,7 +21,7 @@ from ppokit.components.reward.impl import (
 from ppokit.errors import MissingDependency, UserError
 from ppokit.registry import RegistryError, build_registry, get_registry
 from ppokit.spec import Spec, SpecError, validate_spec
-from tests.components import builtin_names, make
+from tests.helpers.components import builtin_names, make
 
 #: The built-in rewards, as registered.
 REWARDS = builtin_names("reward")
