@@ -2,7 +2,7 @@
 
 One :class:`Component` states each fact once: kind, name, the module its implementation lives
 in (imported only when the component is created), the params model (defaults and bounds),
-``requires``, summary, formula and paper. The registry, ``ppokit show``, ``explain``, the JSON
+``requires``, summary, formula, paper and the metrics it reports. The registry, ``ppokit show``, ``explain``, the JSON
 Schema and the generated docs read them from here. The implementation names its entry, not
 the other way round: ``@ENTRY.implementation`` on the class or function records it as the
 entry's implementation (:func:`implementation_of`) and writes its docstring from the entry.
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ppokit.metrics_table import Metric
 
 __all__ = ["Component", "Gamma", "NoParams", "Params", "implementation_of"]
 
@@ -72,6 +74,8 @@ class Component:
     formula: str = ""
     source: str = ""
     requires: tuple[str, ...] = field(default=())
+    #: the diagnostics its optional ``metrics(batch, out)`` member reports each round
+    metrics: tuple[Metric, ...] = field(default=())
 
     def implementation(self, obj: T) -> T:
         """Decorator of the implementation: records ``obj`` as this entry's implementation

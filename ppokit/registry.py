@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from ppokit import hookspecs
 from ppokit.catalogue import Component, implementation_of
 from ppokit.errors import printable
+from ppokit.metrics_table import declare
 from ppokit.slots import FIELDS, KINDS
 
 __all__ = [
@@ -508,6 +509,7 @@ class Registry:
                 raise RegistryError(
                     f"{kind} {name!r} requires unknown batch field {r!r}{suggest(r, REQUIREMENTS)}"
                 )
+        declare(entry.metrics)
         summary = entry.summary
         if not summary:
             doc = "" if isinstance(factory, str) else inspect.getdoc(factory) or ""

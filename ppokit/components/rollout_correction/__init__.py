@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 
 from ppokit import papers
 from ppokit.catalogue import Component, NoParams, Params
+from ppokit.metrics_table import Metric
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -36,6 +37,12 @@ class RolloutCorrection(Protocol):
 
 MODULE = "ppokit.components.rollout_correction.impl"
 REQUIRES = ("logp_old", "logp_rollout")
+#: What every correction reports each round (its ``metrics(batch, weights)``).
+METRICS = (
+    Metric("rollout/correction_weight_mean", "mean weight c over the response tokens"),
+    Metric("rollout/correction_masked_frac", "fraction of response tokens of weight 0"),
+    Metric("rollout/correction_masked_rows", "fraction of responses of weight 0 throughout"),
+)
 YAO = papers.cite(papers.OFF_POLICY, "verl algorithm.rollout_correction")
 ICEPOP = papers.cite(
     ("IcePop: masked importance sampling of the training-inference mismatch", papers.ICEPOP)
@@ -84,6 +91,7 @@ NONE = Component(
     "none",
     MODULE,
     params=NoParams,
+    metrics=METRICS,
     summary="No correction: the batch is taken as on-policy for π_old",
     formula="c_t = 1 on response positions",
     source=str(papers.PPO),
@@ -97,6 +105,7 @@ TOKEN_TIS = Component(
     summary="Truncated importance sampling per token: min(π_old/μ, C)",
     formula="c_t = min(r_t, cap), r_t = exp(logp_old_t - logp_rollout_t)",
     requires=REQUIRES,
+    metrics=METRICS,
     source=YAO,
 )
 
@@ -108,6 +117,7 @@ TOKEN_MIS = Component(
     summary="Masked importance sampling per token: tokens whose ratio leaves [low, high] are dropped",
     formula="c_t = r_t · 1[low <= r_t <= high]",
     requires=REQUIRES,
+    metrics=METRICS,
     source=ICEPOP,
 )
 
@@ -119,6 +129,7 @@ SEQ_TIS = Component(
     summary="Truncated importance sampling per sequence, on every token of the row",
     formula="c_t = min(exp(Σ_t Δ_t), cap), Δ_t = logp_old_t - logp_rollout_t",
     requires=REQUIRES,
+    metrics=METRICS,
     source=YAO,
 )
 
@@ -130,6 +141,7 @@ SEQ_MIS = Component(
     summary="Masked importance sampling per sequence: rows whose ratio leaves [low, high] are dropped",
     formula="ρ = exp(Σ_t Δ_t); c_t = ρ · 1[low <= ρ <= high]",
     requires=REQUIRES,
+    metrics=METRICS,
     source=VERL_RS,
 )
 
@@ -141,6 +153,7 @@ GEO_MASK = Component(
     summary="Rejects rows by the geometric-mean ratio (which does not grow with length)",
     formula="g = exp(mean_t Δ_t); c_t = 1[low <= g <= high]",
     requires=REQUIRES,
+    metrics=METRICS,
     source=VERL_RS,
 )
 
