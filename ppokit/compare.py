@@ -97,8 +97,8 @@ MAX_SEEDS = 1000
 #: folder holding anything else is not replaced.
 RUN_WRITES = frozenset({*RUN_FILES, *TEMP_FILES, LOCK, ERROR_FILE})
 #: Sections of the spec whose presence is itself a difference (absent: "critic=none"), and
-#: the slot that names the section in a label when it is present.
-SECTION_NAME_SLOT = {"critic": "critic.loss", "kl": "kl.estimator"}
+#: the slot that names the section in a label when it is present (the slot table's).
+SECTION_NAME_SLOT = {s.section: s.path for s in SLOTS if s.names_section and s.section}
 #: Seconds a restarted sweep waits for a run another process still holds (an interrupted
 #: sweep's run finishing) before it reports it.
 WAIT_BUSY = 60.0

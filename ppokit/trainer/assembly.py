@@ -29,6 +29,7 @@ from torch import Tensor
 from ppokit.batch import RolloutBatch
 from ppokit.errors import ComponentError, ComponentTimeout, UserError
 from ppokit.registry import RegistryError, get_registry
+from ppokit.slots import SLOTS
 from ppokit.spec import RewardSpec, Spec
 
 if TYPE_CHECKING:
@@ -61,23 +62,10 @@ __all__ = [
     "denominator",
 ]
 
-#: The attribute of :class:`Assembly` each slot path of ``Spec.slots()`` fills. Rewards
-#: (``reward``, or ``reward.0``, ``reward.1``, ... for a list) go to ``Assembly.rewards``.
-ATTRIBUTES: dict[str, str] = {
-    "rollout.engine": "engine",
-    "truncation": "truncation",
-    "kl.estimator": "kl",
-    "advantage": "advantage",
-    "critic.target": "critic_target",
-    "critic.mask": "critic_mask",
-    "critic.weight": "critic_weight",
-    "critic.loss": "critic_loss",
-    "critic.aggregation": "critic_agg",
-    "policy.loss": "policy_loss",
-    "policy.aggregation": "policy_agg",
-    "policy.weight": "policy_weight",
-    "policy.correction": "correction",
-}
+#: The attribute of :class:`Assembly` each slot path of ``Spec.slots()`` fills (the slot
+#: table's ``attribute``). Rewards (``reward``, or ``reward.0``, ``reward.1``, ... for a
+#: list) go to ``Assembly.rewards``.
+ATTRIBUTES: dict[str, str] = {s.path: s.attribute for s in SLOTS if s.kind != "reward"}
 
 
 @dataclass(frozen=True)
