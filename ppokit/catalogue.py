@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ppokit.metrics_table import Metric
 
-__all__ = ["Component", "Gamma", "NoParams", "Params", "implementation_of"]
+__all__ = ["Component", "Contract", "Gamma", "NoParams", "Params", "implementation_of"]
 
 T = TypeVar("T")
 
@@ -53,6 +53,25 @@ class Gamma(Params):
     """The discount factor γ, shared by every params model that discounts (subclass it)."""
 
     gamma: float = Field(default=1.0, ge=0.0, le=1.0, description="discount factor gamma in [0, 1]")
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A kind's contract, stated beside its Protocol (``CONTRACT`` of each kind package).
+
+    ``returns`` names the check the trainer applies to the return value where it crosses
+    into the trainer (``ppokit/trainer/assembly.py`` holds the tensor code of each check):
+    ``scores`` (one number per response), ``batch`` (a RolloutBatch), ``estimate`` (float
+    [B, T] without grad), ``position_mask`` (float or bool [B, T]), ``prompt_weight`` (float
+    [B]), ``elementwise`` (float, shaped like the argument ``like`` and differentiable in
+    ``differentiable``), ``scalar`` (a 0-d float). ``optional`` lists the members the trainer
+    reads when a component has them, and what each gives; the trainer reads no other.
+    """
+
+    returns: str
+    like: tuple[int, str] | None = None
+    differentiable: str = ""
+    optional: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

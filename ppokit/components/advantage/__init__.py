@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import Field
 
 from ppokit import papers
-from ppokit.catalogue import Component, Gamma, NoParams, Params
+from ppokit.catalogue import Component, Contract, Gamma, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -33,6 +33,7 @@ class Advantage(Protocol):
     def __call__(self, batch: RolloutBatch) -> Tensor: ...
 
 
+CONTRACT = Contract("estimate")
 MODULE = "ppokit.components.advantage.impl"
 
 

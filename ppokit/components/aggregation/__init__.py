@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import Field
 
 from ppokit import papers
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -38,6 +38,11 @@ class Aggregation(Protocol):
     ) -> Tensor: ...
 
 
+CONTRACT = Contract(
+    "scalar",
+    differentiable="values",
+    optional={"denominator": "the scalar denominator of a mask: agg(L, mask, denom=d)"},
+)
 MODULE = "ppokit.components.aggregation.impl"
 
 

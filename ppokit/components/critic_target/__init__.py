@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import Field
 
 from ppokit import papers
-from ppokit.catalogue import Component, Gamma
+from ppokit.catalogue import Component, Contract, Gamma
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -28,6 +28,7 @@ class CriticTarget(Protocol):
     def __call__(self, batch: RolloutBatch) -> Tensor: ...
 
 
+CONTRACT = Contract("estimate")
 MODULE = "ppokit.components.critic_target.impl"
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import Field
 
 from ppokit import papers
-from ppokit.catalogue import Component, Params
+from ppokit.catalogue import Component, Contract, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -28,6 +28,7 @@ class KLEstimator(Protocol):
     def __call__(self, logp: Tensor, logp_ref: Tensor) -> Tensor: ...
 
 
+CONTRACT = Contract("elementwise", like=(0, "logp"), differentiable="logp")
 MODULE = "ppokit.components.kl_estimator.impl"
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import Field
 
 from ppokit import papers
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -30,6 +30,12 @@ class PolicyLoss(Protocol):
     def __call__(self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> Tensor: ...
 
 
+CONTRACT = Contract(
+    "elementwise",
+    like=(0, "logp"),
+    differentiable="logp",
+    optional={"clipped": "bool [B, T]: where the clip is active (the clipfrac metric)"},
+)
 MODULE = "ppokit.components.policy_loss.impl"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from ppokit import papers
-from ppokit.catalogue import Component, NoParams
+from ppokit.catalogue import Component, Contract, NoParams
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -23,6 +23,7 @@ class PositionMask(Protocol):
     def __call__(self, batch: RolloutBatch) -> Tensor: ...
 
 
+CONTRACT = Contract("position_mask")
 MODULE = "ppokit.components.position_mask.impl"
 
 

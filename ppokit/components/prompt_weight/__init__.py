@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import Field
 
 from ppokit import papers
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -28,6 +28,7 @@ class PromptWeight(Protocol):
     def __call__(self, batch: RolloutBatch) -> Tensor: ...
 
 
+CONTRACT = Contract("prompt_weight")
 MODULE = "ppokit.components.prompt_weight.impl"
 
 

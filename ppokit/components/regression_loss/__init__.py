@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import Field
 
 from ppokit import papers
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -33,6 +33,17 @@ class RegressionLoss(Protocol):
     def __call__(self, pred: Tensor, target: Tensor, old: Tensor) -> Tensor: ...
 
 
+CONTRACT = Contract(
+    "elementwise",
+    like=(1, "target"),
+    differentiable="pred",
+    optional={
+        "head_size": "int, the width of the value head (default 1)",
+        "value": "V [B, T] from the head's output (default head_out[..., 0])",
+        "prediction": "what the loss takes as pred (default value(head_out))",
+        "clipped": "bool [B, T]: where the value clip is active (the vf_clipfrac metric)",
+    },
+)
 MODULE = "ppokit.components.regression_loss.impl"
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import Field, field_validator, model_validator
 
 from ppokit import papers
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -33,6 +33,7 @@ class Reward(Protocol):
     ) -> Tensor | Sequence[float]: ...
 
 
+CONTRACT = Contract("scores")
 MODULE = "ppokit.components.reward.impl"
 
 __all__ = [

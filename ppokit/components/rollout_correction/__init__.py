@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import Field, model_validator
 
 from ppokit import papers
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit.catalogue import Component, Contract, NoParams, Params
 from ppokit.metrics_table import Metric
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class RolloutCorrection(Protocol):
     def __call__(self, batch: RolloutBatch) -> Tensor: ...
 
 
+CONTRACT = Contract("estimate")
 MODULE = "ppokit.components.rollout_correction.impl"
 REQUIRES = ("logp_old", "logp_rollout")
 #: What every correction reports each round (its ``metrics(batch, weights)``).

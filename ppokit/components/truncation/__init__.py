@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import Field, model_validator
 
 from ppokit import papers
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from ppokit.batch import RolloutBatch
@@ -25,6 +25,7 @@ class Truncation(Protocol):
     def __call__(self, batch: RolloutBatch) -> RolloutBatch: ...
 
 
+CONTRACT = Contract("batch")
 MODULE = "ppokit.components.truncation.impl"
 
 
