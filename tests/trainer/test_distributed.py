@@ -76,7 +76,7 @@ CONFIGS: dict[str, list[str]] = {
     "token_mean, token_tis on π_old's forward, micro-batches": [
         "policy.correction={name: token_tis, cap: 1.03}",
         "rollout.logp_old=forward",
-        "train.micro_batch_size=3",
+        "train.micro_batch_size=4",
     ],
     "seq_mean_token_mean, geo_mask rejects rows": [
         "policy.aggregation=seq_mean_token_mean",
