@@ -1,10 +1,11 @@
 """A component's catalogue entry: everything known about it before its tensor code is imported.
 
-One :class:`Component` states each fact once: kind, name, where the implementation lives
-(``"module:attr"``, imported only when the component is created), the params model (defaults
-and bounds), ``requires``, summary, formula and paper. The registry, ``ppokit show``,
-``explain``, the JSON Schema and the generated docs read them from here; the implementation's
-docstring is written from them too (:meth:`Component.implementation`).
+One :class:`Component` states each fact once: kind, name, the module its implementation lives
+in (imported only when the component is created), the params model (defaults and bounds),
+``requires``, summary, formula, paper and the metrics it reports. The registry, ``ppokit show``, ``explain``, the JSON
+Schema and the generated docs read them from here. The implementation names its entry, not
+the other way round: ``@ENTRY.implementation`` on the class or function records it as the
+entry's implementation (:func:`implementation_of`) and writes its docstring from the entry.
 
 Built-ins and plugins use the same shape: a torch-free module of entries, registered in
 ``ppokit_register`` with ``register(entry)``, and a tensor module whose classes take the
@@ -19,11 +20,23 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Component", "NoParams", "Params"]
+from ppokit.metrics_table import Metric
+
+__all__ = ["Component", "Contract", "Gamma", "NoParams", "Params", "implementation_of"]
 
 T = TypeVar("T")
+
+#: The implementation each entry's decorator recorded, by the entry's id (with the entry,
+#: which keeps the id from being reused).
+_IMPLEMENTED: dict[int, tuple[Component, Any]] = {}
+
+
+def implementation_of(entry: Component) -> Any:
+    """What ``@entry.implementation`` decorated (None while its module is not imported)."""
+    found = _IMPLEMENTED.get(id(entry))
+    return found[1] if found is not None and found[0] is entry else None
 
 
 class Params(BaseModel):
@@ -36,13 +49,40 @@ class NoParams(Params):
     """A component without parameters."""
 
 
+class Gamma(Params):
+    """The discount factor γ, shared by every params model that discounts (subclass it)."""
+
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0, description="discount factor gamma in [0, 1]")
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A kind's contract, stated beside its Protocol (``CONTRACT`` of each kind package).
+
+    ``returns`` names the check the trainer applies to the return value where it crosses
+    into the trainer (``ppokit/trainer/assembly.py`` holds the tensor code of each check):
+    ``scores`` (one number per response), ``batch`` (a RolloutBatch), ``estimate`` (float
+    [B, T] without grad), ``position_mask`` (float or bool [B, T]), ``prompt_weight`` (float
+    [B]), ``elementwise`` (float, shaped like the argument ``like`` and differentiable in
+    ``differentiable``), ``scalar`` (a 0-d float). ``optional`` lists the members the trainer
+    reads when a component has them, and what each gives; the trainer reads no other.
+    """
+
+    returns: str
+    like: tuple[int, str] | None = None
+    differentiable: str = ""
+    optional: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Component:
     """The catalogue entry of one component.
 
     ``factory`` is the implementation (a class or function called with the validated
-    parameters as keywords) or a lazy ``"module:attr"`` string. ``params`` is its pydantic
-    model; without one, the factory's signature defines the parameters.
+    parameters as keywords) or, lazily, the name of the module that holds it: the module is
+    imported when the component is created, and the implementation is the object in it
+    decorated with ``@entry.implementation``. ``params`` is its pydantic model; without one,
+    the factory's signature defines the parameters.
     """
 
     kind: str
@@ -53,13 +93,18 @@ class Component:
     formula: str = ""
     source: str = ""
     requires: tuple[str, ...] = field(default=())
+    #: the diagnostics its optional ``metrics(batch, out)`` member reports each round
+    metrics: tuple[Metric, ...] = field(default=())
 
     def implementation(self, obj: T) -> T:
-        """Decorator of the implementation: its docstring becomes the entry's summary, formula
-        and source, followed by the implementation's own notes (which state neither)."""
+        """Decorator of the implementation: records ``obj`` as this entry's implementation
+        (what the registry creates when ``factory`` names ``obj``'s module); its docstring
+        becomes the entry's summary, formula and source, followed by the implementation's own
+        notes (which state neither)."""
         notes = inspect.cleandoc(obj.__doc__ or "")
         obj.__doc__ = self.docstring() + (f"\n\n{notes}" if notes else "")
         obj.component = self  # type: ignore[attr-defined]
+        _IMPLEMENTED[id(self)] = (self, obj)
         return obj
 
     def docstring(self) -> str:

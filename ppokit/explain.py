@@ -54,10 +54,12 @@ class _Writer:
         self.line()
         self.line(f"{number}. {title}")
 
-    def component(self, role: str, kind: str, comp: ComponentSpec, level: int = 1) -> str:
-        """Write ``role: name(params)`` with its formula and source; return the short form."""
-        info = self.registry.info(kind, comp.name)
-        self.line(f"{role}: {describe_component(comp, info)}", level)
+    def component(self, path: str, comp: ComponentSpec, level: int = 1) -> str:
+        """Write ``label: name(params)`` of the component in slot ``path`` (the slot table's
+        label) with its formula and source; return the short form."""
+        s = slot(path)
+        info = self.registry.info(s.kind, comp.name)
+        self.line(f"{s.label}: {describe_component(comp, info)}", level)
         if info.formula:
             for part in info.formula.strip().splitlines():
                 self.line(part.strip(), level + 1)
@@ -84,7 +86,7 @@ def _rollout(w: _Writer, spec: Spec, source: str | None) -> None:
         + (f", top_k {r.top_k}" if r.top_k else "")
         + ")"
     )
-    w.component("rollout engine (behaviour policy μ)", "rollout_engine", r.engine)
+    w.component("rollout.engine", r.engine)
     w.line(f"log π_old: {_LOGP_OLD[r.logp_old]} (rollout.logp_old: {r.logp_old})", 1)
 
 
@@ -93,12 +95,12 @@ def _reward(w: _Writer, spec: Spec) -> None:
     terms = [f"{r.weight:g}·{r.name}" for r in spec.reward]
     w.line("R = " + " + ".join(terms), 1)
     for r in spec.reward:
-        w.component("reward", "reward", r)
+        w.component("reward", r)
 
 
 def _truncation(w: _Writer, spec: Spec) -> None:
     w.section(2, "Truncation (responses that hit max_new_tokens without EOS)")
-    w.component("rule", "truncation", spec.truncation)
+    w.component("truncation", spec.truncation)
 
 
 def _kl(w: _Writer, spec: Spec) -> str | None:
@@ -117,13 +119,13 @@ def _kl(w: _Writer, spec: Spec) -> str | None:
     else:
         w.section(3, "KL in the loss (the β term of the actor loss below)")
         w.line(beta, 1)
-    w.component("estimator", "kl_estimator", kl.estimator)
+    w.component("kl.estimator", kl.estimator)
     return kl.placement
 
 
 def _advantage(w: _Writer, spec: Spec) -> None:
     w.section(4, "Advantage A")
-    w.component("estimator", "advantage", spec.advantage)
+    w.component("advantage", spec.advantage)
 
 
 def _critic(w: _Writer, spec: Spec) -> None:
@@ -132,11 +134,11 @@ def _critic(w: _Writer, spec: Spec) -> None:
         w.section(5, "Critic: none (actor only, no value model)")
         return
     w.section(5, f"Critic ({spec.model.critic} value model)")
-    w.component("target Y", "critic_target", c.target)
-    w.component("position mask m^V", "position_mask", c.mask)
-    w.component("prompt weight ω", "prompt_weight", c.weight)
-    w.component("regression loss ℓ", "regression_loss", c.loss)
-    w.component("aggregation", "aggregation", c.aggregation)
+    w.component("critic.target", c.target)
+    w.component("critic.mask", c.mask)
+    w.component("critic.weight", c.weight)
+    w.component("critic.loss", c.loss)
+    w.component("critic.aggregation", c.aggregation)
     w.line(
         f"L_V = {spec.train.vf_coef:g} · {c.aggregation.name}("
         f"{c.loss.name}(V_φ(s_t), Y_t, V_old(s_t)) · ω[:, None], m^V)",
@@ -149,10 +151,10 @@ def _actor(w: _Writer, spec: Spec, kl_placement: str | None) -> None:
     p = spec.policy
     agg = p.aggregation.name
     w.section(6, "Actor")
-    w.component("policy loss", "policy_loss", p.loss)
-    w.component("aggregation", "aggregation", p.aggregation)
-    w.component("prompt weight ω", "prompt_weight", p.weight)
-    w.component("rollout correction c", "rollout_correction", p.correction)
+    w.component("policy.loss", p.loss)
+    w.component("policy.aggregation", p.aggregation)
+    w.component("policy.weight", p.weight)
+    w.component("policy.correction", p.correction)
     if p.correction.name == slot("policy.correction").default:
         w.line(
             "mask' = mask·[ω > 0]: rows of weight 0 leave every actor term and its denominator", 1

@@ -3,9 +3,12 @@ plugins, the built-in components included (``ppokit.components``)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pluggy
+
+if TYPE_CHECKING:
+    from ppokit.catalogue import Component
 
 hookspec = pluggy.HookspecMarker("ppokit")
 hookimpl = pluggy.HookimplMarker("ppokit")
@@ -15,13 +18,12 @@ class Register(Protocol):
     """The callable handed to :func:`ppokit_register`.
 
     ``register(entry)`` adds one component, an :class:`ppokit.catalogue.Component` (kind,
-    name, factory, params, summary, formula, source, requires). ``register(kind, name,
-    factory, **facts)`` builds the same entry from its fields.
+    name, factory, params, summary, formula, source, requires): the one registration form.
     """
 
-    def __call__(self, entry: object, *args: object, **facts: object) -> None: ...
+    def __call__(self, entry: Component) -> None: ...
 
 
 @hookspec
 def ppokit_register(register: Register) -> None:
-    """Register components: call ``register(kind, name, factory, ...)`` once per component."""
+    """Register components: call ``register(entry)`` once per component entry."""

@@ -35,8 +35,9 @@ import pluggy
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ppokit import hookspecs
-from ppokit.catalogue import Component
+from ppokit.catalogue import Component, implementation_of
 from ppokit.errors import printable
+from ppokit.metrics_table import declare
 from ppokit.slots import FIELDS, KINDS
 
 __all__ = [
@@ -284,12 +285,24 @@ def _normalise(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def _import_string(path: str) -> Any:
-    module, _, attr = path.partition(":")
-    if not module or not attr:
-        raise RegistryError(f"lazy factory {path!r} must be written 'module:attr'")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
+#: A lazy factory: the dotted name of the module that holds the implementation. Plugins
+#: written for ppokit 0.x may still add ``:attr``, the implementation's name in it (read
+#: when the module marks no implementation of the entry).
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+LAZY_FACTORY = re.compile(rf"(?P<module>{_DOTTED})(:(?P<attr>{_DOTTED}))?")
+
+
+def _implementation(entry: Component | None, factory: str) -> Any:
+    """Import a lazy factory's module; the object ``@entry.implementation`` recorded, else
+    (the older ``"module:attr"`` spelling) the attribute; None when neither is there."""
+    match = LAZY_FACTORY.fullmatch(factory)
+    if match is None:
+        raise RegistryError(f"factory {factory!r} is not a module name")
+    obj: Any = importlib.import_module(match["module"])
+    found = None if entry is None else implementation_of(entry)
+    if found is not None or match["attr"] is None:
+        return found
+    for part in match["attr"].split("."):
         obj = getattr(obj, part)
     return obj
 
@@ -302,6 +315,7 @@ class ComponentInfo:
     name: str
     factory: Any
     plugin: str
+    entry: Component | None = None
     version: str | None = None
     summary: str = ""
     requires: tuple[str, ...] = ()
@@ -310,18 +324,23 @@ class ComponentInfo:
     _formula: str = ""
 
     def load(self) -> Callable[..., Any]:
-        """The factory itself, importing a lazy ``"module:attr"`` string on first use."""
+        """The factory itself: on first use, a lazy factory's module is imported and the
+        object its ``@entry.implementation`` decorator recorded is taken."""
         if isinstance(self.factory, str):
+            who = f"{self.kind} {self.name!r} (plugin {self.plugin})"
             try:
                 with guarded():
-                    self.factory = _import_string(self.factory)
+                    found = _implementation(self.entry, self.factory)
             except RegistryError:
                 raise
             except PLUGIN_ERRORS as exc:
+                raise RegistryError(f"{who} cannot be imported: {_one_line(exc)}") from exc
+            if found is None:
                 raise RegistryError(
-                    f"{self.kind} {self.name!r} (plugin {self.plugin}) cannot be imported: "
-                    f"{_one_line(exc)}"
-                ) from exc
+                    f"{who} cannot be imported: module {self.factory!r} marks no "
+                    "implementation of it (decorate it with @ENTRY.implementation)"
+                )
+            self.factory = found
         return self.factory
 
     @cached_property
@@ -342,6 +361,8 @@ class ComponentInfo:
         formula = getattr(factory, "formula", "")
         if isinstance(formula, str) and formula:
             return printable(formula)
+        if getattr(factory, "component", None) is not None:  # its docstring is the entry's
+            return ""
         return printable((inspect.getdoc(factory) or "").split("\n\n")[0].strip())
 
     def defaults(self) -> dict[str, Any]:
@@ -454,13 +475,12 @@ class Registry:
         ]
         pending: list[ComponentInfo] = []
 
-        def register(entry: Component | str, *args: Any, **facts: Any) -> None:
-            if not isinstance(entry, Component):  # register(kind, name, factory, ...)
-                if "requires" in facts:
-                    facts["requires"] = tuple(facts["requires"])
-                entry = Component(entry, *args, **facts)
-            elif args or facts:
-                raise RegistryError("register(entry) takes a Component and nothing else")
+        def register(entry: Component, *args: Any, **facts: Any) -> None:
+            if not isinstance(entry, Component) or args or facts:
+                raise RegistryError(
+                    "register(entry) takes one ppokit.Component (kind, name, factory, ...), "
+                    f"got {type(entry).__name__}" + (" and more arguments" if args or facts else "")
+                )
             pending.append(self._make_info(entry, name, version))
 
         for impl in impls:
@@ -476,7 +496,9 @@ class Registry:
         if problem is not None:
             raise RegistryError(problem)
         if not (callable(factory) or isinstance(factory, str)):
-            raise RegistryError(f"{kind} {name!r}: factory must be callable or 'module:attr'")
+            raise RegistryError(f"{kind} {name!r}: factory must be callable or a module name")
+        if isinstance(factory, str) and not LAZY_FACTORY.fullmatch(factory):
+            raise RegistryError(f"{kind} {name!r}: factory {factory!r} is not a module name")
         if params is not None and not (isinstance(params, type) and issubclass(params, BaseModel)):
             raise RegistryError(f"{kind} {name!r}: params must be a pydantic model class")
         requires = tuple(entry.requires)
@@ -487,6 +509,7 @@ class Registry:
                 raise RegistryError(
                     f"{kind} {name!r} requires unknown batch field {r!r}{suggest(r, REQUIREMENTS)}"
                 )
+        declare(entry.metrics)
         summary = entry.summary
         if not summary:
             doc = "" if isinstance(factory, str) else inspect.getdoc(factory) or ""
@@ -496,6 +519,7 @@ class Registry:
             name=name,
             factory=factory,
             plugin=plugin,
+            entry=entry,
             version=version,
             summary=printable(str(summary)),
             requires=requires,

@@ -35,6 +35,13 @@ class Slot:
     #: the symbol of the objective it fills (``A``, ``Y``, ``ω`` ...)
     symbol: str
     description: str
+    #: its role in ``explain``'s account of a round (``prompt weight ω``)
+    label: str = ""
+    #: the attribute of the trainer's ``Assembly`` that holds its component
+    attribute: str = ""
+    #: whether its component names its optional section where runs are compared
+    #: (``critic=mse``: the critic's loss; ``kl=k3``: the KL estimator)
+    names_section: bool = False
 
     @property
     def section(self) -> str | None:
@@ -56,6 +63,8 @@ SLOTS: tuple[Slot, ...] = (
         "hf",
         "μ",
         "what samples the responses (the behaviour policy μ) and records their log-probs",
+        label="rollout engine (behaviour policy μ)",
+        attribute="engine",
     ),
     Slot(
         "reward",
@@ -63,6 +72,8 @@ SLOTS: tuple[Slot, ...] = (
         "demo",
         "R",
         "the outcome reward: one component or a list, summed with their `weight`",
+        label="reward",
+        attribute="rewards",
     ),
     Slot(
         "truncation",
@@ -70,17 +81,54 @@ SLOTS: tuple[Slot, ...] = (
         "terminal",
         "rule",
         "what happens to responses that hit max_new_tokens without EOS",
-    ),
-    Slot("kl.estimator", "kl_estimator", "k1", "kl", "the per-token KL estimator"),
-    Slot("advantage", "advantage", "grpo", "A", "the advantage estimator"),
-    Slot(
-        "critic.target", "critic_target", "lambda_return", "Y", "the critic's regression target Y"
+        label="rule",
+        attribute="truncation",
     ),
     Slot(
-        "critic.mask", "position_mask", "response", "m^V", "positions the critic loss counts (m^V)"
+        "kl.estimator",
+        "kl_estimator",
+        "k1",
+        "kl",
+        "the per-token KL estimator",
+        label="estimator",
+        attribute="kl",
+        names_section=True,
     ),
     Slot(
-        "critic.weight", "prompt_weight", "uniform", "ω", "per-prompt weight ω of the critic loss"
+        "advantage",
+        "advantage",
+        "grpo",
+        "A",
+        "the advantage estimator",
+        label="estimator",
+        attribute="advantage",
+    ),
+    Slot(
+        "critic.target",
+        "critic_target",
+        "lambda_return",
+        "Y",
+        "the critic's regression target Y",
+        label="target Y",
+        attribute="critic_target",
+    ),
+    Slot(
+        "critic.mask",
+        "position_mask",
+        "response",
+        "m^V",
+        "positions the critic loss counts (m^V)",
+        label="position mask m^V",
+        attribute="critic_mask",
+    ),
+    Slot(
+        "critic.weight",
+        "prompt_weight",
+        "uniform",
+        "ω",
+        "per-prompt weight ω of the critic loss",
+        label="prompt weight ω",
+        attribute="critic_weight",
     ),
     Slot(
         "critic.loss",
@@ -88,6 +136,9 @@ SLOTS: tuple[Slot, ...] = (
         "mse",
         "ℓ",
         "the regression loss ℓ(V_φ(s_t), Y_t, V_old(s_t))",
+        label="regression loss ℓ",
+        attribute="critic_loss",
+        names_section=True,
     ),
     Slot(
         "critic.aggregation",
@@ -95,14 +146,26 @@ SLOTS: tuple[Slot, ...] = (
         "token_mean",
         "agg_V",
         "how the elementwise critic loss is reduced",
+        label="aggregation",
+        attribute="critic_agg",
     ),
-    Slot("policy.loss", "policy_loss", "ppo_clip", "pl", "the actor's surrogate loss"),
+    Slot(
+        "policy.loss",
+        "policy_loss",
+        "ppo_clip",
+        "pl",
+        "the actor's surrogate loss",
+        label="policy loss",
+        attribute="policy_loss",
+    ),
     Slot(
         "policy.aggregation",
         "aggregation",
         "token_mean",
         "agg",
         "how the elementwise actor loss is reduced",
+        label="aggregation",
+        attribute="policy_agg",
     ),
     Slot(
         "policy.weight",
@@ -111,6 +174,8 @@ SLOTS: tuple[Slot, ...] = (
         "ω",
         "prompt weight of the actor loss: rows of weight 0 leave the loss and its "
         "denominators (DAPO's dynamic sampling with informative_groups)",
+        label="prompt weight ω",
+        attribute="policy_weight",
     ),
     Slot(
         "policy.correction",
@@ -119,6 +184,8 @@ SLOTS: tuple[Slot, ...] = (
         "c",
         "per-token weights of the actor's policy-gradient term for the mismatch between the "
         "engine's μ and π_old: tokens of weight 0 leave the loss and its denominators",
+        label="rollout correction c",
+        attribute="correction",
     ),
 )
 

@@ -1,9 +1,8 @@
 """Small statistics for comparing runs: a Student-t confidence interval of a mean, and the
 unbiased pass@k estimator.
 
-Torch-free and SciPy-free: the Student-t quantile is computed exactly (to about 1e-12) by
-inverting the t distribution's CDF, itself written with the regularised incomplete beta
-function (a continued fraction, as in Numerical Recipes, 3rd ed., section 6.4).
+Torch-free; the distributions are SciPy's (``scipy.stats``), imported when a function is
+called, so that importing this module stays light.
 
 - :func:`mean_ci95` ``(values) -> (mean, half_width)``: the two-sided 95% Student-t interval
   ``mean ± t_{0.975, n-1} · s / sqrt(n)`` (``s`` the sample standard deviation).
@@ -29,90 +28,25 @@ __all__ = [
 ]
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz's method)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 10_000):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b), for a, b > 0 and x in [0, 1]."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    front = math.exp(log_front)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
 def student_t_cdf(t: float, df: float) -> float:
     """P(T <= t) for Student's t distribution with ``df > 0`` degrees of freedom."""
     if not df > 0:
         raise ValueError(f"degrees of freedom must be > 0, got {df}")
-    if math.isnan(t):
-        return math.nan
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))  # P(T > |t|)
-    return 1.0 - tail if t >= 0 else tail
+    from scipy.stats import t as student_t
+
+    return float(student_t.cdf(t, df))
 
 
 def student_t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t distribution (``0 < p < 1``, ``df > 0``).
-
-    Exact up to about 1e-12: the CDF is inverted by bisection (df = 1 and df = 2 have closed
-    forms and use them). ``student_t_quantile(0.975, 2) = 4.302653``.
-    """
+    """The ``p`` quantile of Student's t distribution (``0 < p < 1``, ``df > 0``):
+    ``student_t_quantile(0.975, 2) = 4.302653``."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must be in (0, 1), got {p}")
     if not df > 0:
         raise ValueError(f"degrees of freedom must be > 0, got {df}")
-    if p == 0.5:
-        return 0.0
-    if p < 0.5:
-        return -student_t_quantile(1.0 - p, df)
-    if df == 1:
-        return math.tan(math.pi * (p - 0.5))
-    if df == 2:
-        return (2.0 * p - 1.0) / math.sqrt(2.0 * p * (1.0 - p))
-    lo, hi = 0.0, 1.0
-    while student_t_cdf(hi, df) < p:
-        lo, hi = hi, hi * 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if student_t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-13 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(p, df))
 
 
 def mean_ci95(values: Iterable[float]) -> tuple[float, float]:
@@ -161,6 +95,25 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 Z95 = 1.959963984540054
 
 
+def _confidence(z: float) -> float:
+    """The two-sided confidence level of the standard normal quantile ``z``."""
+    from scipy.stats import norm
+
+    return float(2.0 * norm.cdf(z) - 1.0)
+
+
+def wilson_interval_of(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval ``(low, high)`` of ``successes`` out of ``n`` at the normal
+    quantile ``z`` (scipy's ``binomtest(...).proportion_ci(method="wilson")``); ``nan`` for
+    ``n = 0``."""
+    if n <= 0:
+        return math.nan, math.nan
+    from scipy.stats import binomtest
+
+    ci = binomtest(successes, n).proportion_ci(confidence_level=_confidence(z), method="wilson")
+    return float(ci.low), float(ci.high)
+
+
 def wilson_half_width(successes: int, n: int, z: float = Z95) -> float:
     """Half the width of the Wilson score interval of a proportion ``successes / n``.
 
@@ -168,19 +121,11 @@ def wilson_half_width(successes: int, n: int, z: float = Z95) -> float:
     not 0 when every prompt (or none) is correct. The interval is centred on
     ``(p̂ + z²/(2n)) / (1 + z²/n)``, which is p̂ shrunk towards 1/2. ``nan`` for ``n = 0``.
     """
-    if n <= 0:
-        return math.nan
-    p = successes / n
-    zz = z * z
-    return z / (1 + zz / n) * math.sqrt(p * (1 - p) / n + zz / (4 * n * n))
+    low, high = wilson_interval_of(successes, n, z)
+    return (high - low) / 2
 
 
 def wilson_interval(accuracy: float, n: int, z: float = Z95) -> tuple[float, float]:
     """The 95% Wilson score interval ``(low, high)`` of a proportion ``accuracy`` over ``n``
     prompts (what ``eval/accuracy`` and ``eval/accuracy_ci95`` describe, e.g. to plot it)."""
-    if n <= 0:
-        return math.nan, math.nan
-    zz = z * z
-    centre = (accuracy + zz / (2 * n)) / (1 + zz / n)
-    half = wilson_half_width(round(accuracy * n), n, z)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return wilson_interval_of(round(accuracy * n), n, z)

@@ -24,7 +24,7 @@ from ppokit.errors import UserError
 from ppokit.runfolder import CHECKPOINT, MAX_DEPTH, check_metrics, load_json, read_metrics
 from ppokit.trainer import train
 from ppokit.trainer.checkpoint import load_checkpoint
-from tests.trainer.helpers import learner, reseal_manifest, small_spec
+from tests.helpers.trainer import learner, reseal_manifest, small_spec
 
 RUN = ["train.rounds=2", "output.save_every=1"]
 DEEP = 100_000

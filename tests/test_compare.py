@@ -23,7 +23,6 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from ppokit import compare as cmp
 from ppokit.compare import (
     RunRecord,
     SweepRun,
@@ -40,6 +39,9 @@ from ppokit.compare import (
     threads_per_job,
     train_command,
 )
+from ppokit.compare import progress as cmp_progress
+from ppokit.compare import render as cmp_render
+from ppokit.compare import runs as cmp_runs
 from ppokit.errors import UserError
 from ppokit.spec import load_spec
 from tests.helpers import ROOT
@@ -218,7 +220,7 @@ def test_run_writes_cover_the_trainers_files() -> None:
         for n in ast.walk(tree)
     )  # no second copy
     names = {*runfiles.RUN_FILES, *runfiles.TEMP_FILES, runfiles.LOCK}
-    assert {"metrics.jsonl", "checkpoint", runfiles.MARKER} <= names <= cmp.RUN_WRITES
+    assert {"metrics.jsonl", "checkpoint", runfiles.MARKER} <= names <= cmp_runs.RUN_WRITES
     assert runfiles.CHECKPOINT == "checkpoint"
     code = "import sys, ppokit.runfolder, ppokit.compare; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
@@ -310,7 +312,7 @@ def test_report_statistics_labels_and_plot(tmp_path: Path) -> None:
 
     summary = report(out, threshold=0.5)
     saved = json.loads((out / "summary.json").read_text())
-    assert saved == json.loads(json.dumps(cmp._json_safe(summary)))
+    assert saved == json.loads(json.dumps(cmp_render._json_safe(summary)))
     s1, s2 = saved["specs"]
     assert (s1["name"], s2["name"]) == ("g1", "g2")
     assert s1["label"] == "g1 (advantage=grpo, critic=none)"
@@ -575,22 +577,22 @@ def test_live_view_and_time_left(tmp_path: Path) -> None:
         run(5, "pending"),
     ]
     write_run(runs[3].dir, [0.1, 0.2], rounds=3)
-    progress = cmp._Progress(runs, jobs=2)
+    progress = cmp_progress._Progress(runs, jobs=2)
     # mean wall 15 s: 2 pending runs (30 s) and ~10 s left of the running one, over 2 jobs
     assert progress.eta(now) == pytest.approx(20.0, abs=0.1)
     assert progress.line().startswith(
         "3/6 done: 2 finished, 1 failed, 1 running, 2 pending; about 2"
     )
     buffer = io.StringIO()
-    view = cmp.LiveView(progress, Console(file=buffer, force_terminal=True, width=120))
+    view = cmp_progress.LiveView(progress, Console(file=buffer, force_terminal=True, width=120))
     view.start()
     view.event(runs[2], "failed")
     view.refresh()
     view.stop()
-    text = cmp._ANSI.sub("", buffer.getvalue())
+    text = cmp_runs._ANSI.sub("", buffer.getvalue())
     assert "ppokit compare" in text and "round 2/3" in text
     assert "failed: a seed 2: error: it broke" in text
-    assert cmp._Progress([run(0, "pending")], jobs=1).eta() is None
+    assert cmp_progress._Progress([run(0, "pending")], jobs=1).eta() is None
 
 
 # ---------------------------------------------------------------------- real tiny runs

@@ -34,7 +34,7 @@ from ppokit.trainer import train
 from ppokit.trainer.checkpoint import load_weights
 from ppokit.trainer.models import SMOLLM2, build_models, tiny_model, trunk_of
 from ppokit.trainer.tokenizer import char_tokenizer
-from tests.trainer.helpers import small_spec
+from tests.helpers.trainer import small_spec
 
 #: A reward that differs between responses of a random tiny model.
 VARIED_REWARD = ["reward.name=regex", "reward.pattern='[a-m]'"]

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from ppokit.cli import app
 from ppokit.runfolder import CHECKPOINT
 from ppokit.trainer import train
-from tests.trainer.helpers import reseal_manifest, small_spec
+from tests.helpers.trainer import reseal_manifest, small_spec
 from tests.trainer.test_checkpoint_safety import (  # the crafted headers resume refuses
     _dtype,
     _edit_header,

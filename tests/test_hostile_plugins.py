@@ -44,8 +44,8 @@ import ppokit
 
 @ppokit.hookimpl
 def ppokit_register(register):
-    # no params model: the schema must import the factory, and the attribute is missing
-    register(ppokit.Component("advantage", "ghost", "ppokit_missing_attr:NoSuchClass"))
+    # no params model: the schema must import the factory, and its module marks none
+    register(ppokit.Component("advantage", "ghost", "ppokit_missing_attr"))
 """
 
 PRINTS = """\
@@ -56,7 +56,7 @@ print("hello from a plugin")
 
 @ppokit.hookimpl
 def ppokit_register(register):
-    register(ppokit.Component("advantage", "chatty", "ppokit_prints:X"))
+    register(ppokit.Component("advantage", "chatty", "ppokit_prints"))
 """
 
 
@@ -85,28 +85,29 @@ ctypes.CDLL(None).printf(b"printed by C code\\n")  # into the C library's stdout
 @ppokit.hookimpl
 def ppokit_register(register):
     os.write(1, b"written to fd 1 by a hook\\n")
-    register(ppokit.Component("advantage", "fd_writer", "ppokit_writes_fd1:X", summary="fd"))
+    register(ppokit.Component("advantage", "fd_writer", "ppokit_writes_fd1", summary="fd"))
 """
 
 ESCAPES = """\
 import ppokit
 
+ESCAPES = ppokit.Component(
+    "advantage",
+    "escapes",
+    "ppokit_escapes",
+    summary="clears \\x1b[2J\\x1b]0;title\\x07 the screen\\r",
+    formula="A = \\x1b[31m red",
+)
 
+
+@ESCAPES.implementation
 def make():
     return None
 
 
 @ppokit.hookimpl
 def ppokit_register(register):
-    register(
-        ppokit.Component(
-            "advantage",
-            "escapes",
-            "ppokit_escapes:make",
-            summary="clears \\x1b[2J\\x1b]0;title\\x07 the screen\\r",
-            formula="A = \\x1b[31m red",
-        )
-    )
+    register(ESCAPES)
 """
 
 FAILS_LOUDLY = """\
@@ -155,7 +156,7 @@ def test_list_json_and_schema_survive(hostile_venv: Venv) -> None:
         assert text in listed.stderr  # sent to standard error instead
     assert "Traceback" not in listed.stderr
     show = hostile_venv.ppokit("show", "advantage", "ghost")  # listing imports no factory
-    assert show.returncode != 0 and "NoSuchClass" in show.stderr
+    assert show.returncode != 0 and "marks no implementation" in show.stderr
     assert "Traceback" not in show.stderr
     schema = hostile_venv.ppokit("schema")
     assert schema.returncode == 0, schema.stderr
@@ -220,7 +221,7 @@ def test_the_hostile_plugins_are_reported(hostile_venv: Venv, tmp_path: Path) ->
     spec = tmp_path / "ghost.yaml"
     spec.write_text("advantage: ghost\nrollout: {n: 2}\n")
     validate = hostile_venv.ppokit("validate", str(spec))
-    assert validate.returncode != 0 and "NoSuchClass" in validate.stderr
+    assert validate.returncode != 0 and "marks no implementation" in validate.stderr
     assert "Traceback" not in validate.stderr
 
 
@@ -273,7 +274,7 @@ def test_writes_to_fd_1_go_to_stderr(capfd: pytest.CaptureFixture[str]) -> None:
     @ppokit.hookimpl
     def ppokit_register(register: object) -> None:
         os.write(1, b"below sys.stdout\n")
-        register(Component("advantage", "quiet", "os:path"))
+        register(Component("advantage", "quiet", "os"))
 
     record = Registry().load_plugin("writes", _module(ppokit_register), timeout=5.0)
     sys.stdout.write("after\n")  # standard output is back
@@ -282,19 +283,25 @@ def test_writes_to_fd_1_go_to_stderr(capfd: pytest.CaptureFixture[str]) -> None:
     assert record.ok and out.out == "after\n" and "below sys.stdout" in out.err
 
 
+#: The entry ppokit_lazy_writes (written by the test below) marks its implementation of.
+LAZY_WRITES = Component("advantage", "writes", "ppokit_lazy_writes")
+
+
 def test_a_lazy_factory_is_imported_under_the_guards(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "ppokit_lazy_writes.py").write_text(
-        "import os\nos.write(1, b'fd 1 at import\\n')\n\ndef make():\n    return 1\n"
+        "import os\nfrom tests.test_hostile_plugins import LAZY_WRITES\n"
+        "os.write(1, b'fd 1 at import\\n')\n\n"
+        "@LAZY_WRITES.implementation\ndef make():\n    return 1\n"
     )
     (tmp_path / "ppokit_lazy_exits.py").write_text("import os\nos._exit(0)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
 
     @ppokit.hookimpl
     def ppokit_register(register: object) -> None:
-        register(Component("advantage", "writes", "ppokit_lazy_writes:make"))  # type: ignore[operator]
-        register(Component("advantage", "exits", "ppokit_lazy_exits:make"))  # type: ignore[operator]
+        register(LAZY_WRITES)  # type: ignore[operator]
+        register(Component("advantage", "exits", "ppokit_lazy_exits"))  # type: ignore[operator]
 
     registry = Registry()
     assert registry.load_plugin("lazy", _module(ppokit_register)).ok
@@ -351,7 +358,7 @@ def test_no_plugins_loads_the_builtins_only(monkeypatch: pytest.MonkeyPatch) -> 
 def test_look_alike_component_names_are_refused(name: str, message: str) -> None:
     @ppokit.hookimpl
     def ppokit_register(register: object) -> None:
-        register(Component("advantage", name, "os:path"))  # type: ignore[operator]
+        register(Component("advantage", name, "os"))  # type: ignore[operator]
 
     record = Registry().load_plugin("lookalike", _module(ppokit_register))
     assert record.error is not None and message in record.error
@@ -375,7 +382,7 @@ def test_printable_escapes_control_characters() -> None:
 def test_a_plugins_summary_and_formula_are_stored_printable() -> None:
     @ppokit.hookimpl
     def ppokit_register(register: object) -> None:
-        register(Component("advantage", "loud", "os:path", summary="\x1b[2J", formula="\x9b1m"))
+        register(Component("advantage", "loud", "os", summary="\x1b[2J", formula="\x9b1m"))
 
     registry = Registry()
     assert registry.load_plugin("loud", _module(ppokit_register)).ok
@@ -437,18 +444,18 @@ def test_printing_in_the_hook_is_isolated(capsys: pytest.CaptureFixture[str]) ->
     assert out.out == "" and "noise" in out.err
 
 
-def test_a_lazy_factory_naming_a_missing_attribute(tmp_path: Path) -> None:
+def test_a_lazy_factory_whose_module_marks_no_implementation(tmp_path: Path) -> None:
     registry = Registry()
 
     @ppokit.hookimpl
     def ppokit_register(register: object) -> None:
-        register(Component("advantage", "ghost", "os:no_such_thing"))  # type: ignore[operator]
+        register(Component("advantage", "ghost", "os"))  # type: ignore[operator]
 
     assert registry.load_plugin("ghosts", _module(ppokit_register)).ok
     info = registry.info("advantage", "ghost")
-    with pytest.raises(RegistryError, match="cannot be imported: AttributeError"):
+    with pytest.raises(RegistryError, match="module 'os' marks no implementation"):
         info.load()
-    assert "no_such_thing" in info.as_dict()["error"]
+    assert "decorate it with @ENTRY.implementation" in info.as_dict()["error"]
 
 
 def test_a_component_of_a_known_plugin_names_the_plugin() -> None:

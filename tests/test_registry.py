@@ -8,6 +8,7 @@ import sys
 import textwrap
 from importlib.metadata import EntryPoint
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import ppokit.registry as registry_module
+from ppokit.catalogue import Component
 from ppokit.registry import (
     KINDS,
     Registry,
@@ -138,27 +140,37 @@ def test_same_name_twice_in_one_plugin_fails_that_plugin() -> None:
 
 
 # ---------------------------------------------------------------------- factories and params
+LAZY = Component("advantage", "lazy", "lazy_component_mod", params=ScaleParams, formula="f")
+LAZY_SIG = Component("advantage", "lazy_sig", "lazy_component_mod")
+
+
 def test_lazy_factory_is_imported_only_on_create(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "lazy_component_mod.py").write_text(
         textwrap.dedent(
             '''
+            from tests.test_registry import LAZY, LAZY_SIG
+
+
+            @LAZY_SIG.implementation
             class Lazy:
                 """y = k x"""
 
                 def __init__(self, k: int = 3) -> None:
                     self.k = k
+
+
+            @LAZY.implementation
+            class Scaled(Lazy):
+                def __init__(self, scale: float) -> None:
+                    self.scale = scale
             '''
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "lazy_component_mod", raising=False)
-    registry = registry_with(
-        Plugin()
-        .add("advantage", "lazy", "lazy_component_mod:Lazy", params=ScaleParams, formula="f")
-        .add("advantage", "lazy_sig", "lazy_component_mod:Lazy")
-    )
+    registry = registry_with(Plugin().add(LAZY).add(LAZY_SIG))
     info = registry.info("advantage", "lazy")
     assert info.defaults() == {"scale": 1.0}
     assert info.as_dict()["formula"] == "f"
@@ -167,16 +179,40 @@ def test_lazy_factory_is_imported_only_on_create(
     assert registry.info("advantage", "lazy_sig").defaults() == {"k": 3}
     assert "lazy_component_mod" in sys.modules
     assert registry.create("advantage", "lazy_sig", k=5).k == 5
-    assert registry.info("advantage", "lazy_sig").formula == "y = k x"
+    # the docstring @LAZY_SIG.implementation wrote is the entry's, which states no formula
+    assert registry.info("advantage", "lazy_sig").formula == ""
+    assert registry.create("advantage", "lazy", scale=2.0).scale == 2.0  # each its own
 
 
 def test_lazy_factory_that_cannot_be_imported() -> None:
-    registry = registry_with(Plugin().add("advantage", "ghost", "ppokit_no_such_mod:Thing"))
+    registry = registry_with(Plugin().add("advantage", "ghost", "ppokit_no_such_mod"))
     with pytest.raises(RegistryError, match="advantage 'ghost' \\(plugin p0\\) cannot be imported"):
         registry.create("advantage", "ghost")
-    bad = registry_with(Plugin().add("advantage", "ghost", "no_colon_here"))
-    with pytest.raises(RegistryError, match="must be written 'module:attr'"):
-        bad.create("advantage", "ghost")
+    unmarked = registry_with(Plugin().add("advantage", "ghost", "textwrap"))
+    with pytest.raises(RegistryError, match="module 'textwrap' marks no implementation"):
+        unmarked.create("advantage", "ghost")
+    bad = registry_with(Plugin().add("advantage", "ghost", "not a module"))
+    assert "'not a module' is not a module name" in (bad.plugins["p0"].error or "")
+    # the older spelling of plugins written for ppokit 0.x: the attribute is read
+    older = registry_with(Plugin().add("advantage", "older", "textwrap:dedent"))
+    assert older.info("advantage", "older").load() is textwrap.dedent
+
+
+def test_register_takes_one_entry() -> None:
+    registry = registry_with(Plugin().add("advantage", "early", Scaled))
+    assert registry.names("advantage") == ["early"]
+
+    class Old:
+        def __init__(self, *args: Any) -> None:
+            self.args = args
+
+        @registry_module.hookspecs.hookimpl
+        def ppokit_register(self, register: Any) -> None:
+            register(*self.args)
+
+    for args in [("advantage", "late", Scaled), (Component("advantage", "x", Scaled), "more")]:
+        record = Registry().load_plugin("old", Old(*args))
+        assert "register(entry) takes one ppokit.Component" in (record.error or ""), args
 
 
 def test_params_from_the_signature() -> None:
@@ -350,3 +386,17 @@ def test_requirements_are_the_optional_batch_fields() -> None:
     from ppokit.registry import REQUIREMENTS
 
     assert set(REQUIREMENTS) == set(FIELDS) - {"response_mask", "token_rewards"}
+
+
+def test_every_builtin_cites_its_papers_from_the_table(clean_registry: None) -> None:
+    """A paper a built-in names (its arXiv id or address) is cited in the table's words."""
+    from ppokit.papers import PAPERS
+
+    by_where = {p.where: p for p in PAPERS.values() if p.where}
+    assert len(by_where) == len([p for p in PAPERS.values() if p.where])  # each paper once
+    for info in get_registry().components():
+        if info.plugin != "ppokit":
+            continue
+        for where, paper in by_where.items():
+            if where in info.source:
+                assert str(paper) in info.source, (info.kind, info.name, where)

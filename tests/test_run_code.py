@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from ppokit.cli import app
 from ppokit.runfolder import CHECKPOINT
 from ppokit.trainer import train
-from tests.trainer.helpers import reseal_manifest, small_spec
+from tests.helpers.trainer import reseal_manifest, small_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 PROOF_CODE = """

@@ -27,7 +27,7 @@ from ppokit.runfolder import (
 from ppokit.trainer import train
 from ppokit.trainer.checkpoint import read_state
 from ppokit.trainer.metrics import plot_curves
-from tests.trainer.helpers import small_spec
+from tests.helpers.trainer import small_spec
 
 RUN = ["train.rounds=2", "output.save_every=1", "output.sample_every=1"]
 MORE = ["train.rounds=3", "output.save_every=1", "output.sample_every=1"]

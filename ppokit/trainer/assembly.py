@@ -3,7 +3,10 @@ the trainer's boundary.
 
 The trainer never special-cases a component by name: what it needs (``requires``) and the
 optional members of the contract (aggregation ``denominator``, policy loss ``clipped``,
-regression loss ``head_size``/``value``/``prediction``/``clipped``) are read here.
+regression loss ``head_size``/``value``/``prediction``/``clipped``) are read here, each as
+its kind declares it: the ``CONTRACT`` beside the kind's Protocol
+(``ppokit.components.<kind>``) names the check of its return value and its optional
+members; this module holds the checks' tensor code.
 
 Every component is wrapped by :func:`checked`: its return value is checked against its
 kind's contract (docs/design.md) where it crosses into the trainer, so a plugin that breaks
@@ -27,8 +30,11 @@ import torch
 from torch import Tensor
 
 from ppokit.batch import RolloutBatch
+from ppokit.catalogue import Contract
+from ppokit.components import KIND_PACKAGES
 from ppokit.errors import ComponentError, ComponentTimeout, UserError
 from ppokit.registry import RegistryError, get_registry
+from ppokit.slots import KINDS, SLOTS
 from ppokit.spec import RewardSpec, Spec
 
 if TYPE_CHECKING:
@@ -59,25 +65,13 @@ __all__ = [
     "call_with_timeout",
     "checked",
     "denominator",
+    "optional",
 ]
 
-#: The attribute of :class:`Assembly` each slot path of ``Spec.slots()`` fills. Rewards
-#: (``reward``, or ``reward.0``, ``reward.1``, ... for a list) go to ``Assembly.rewards``.
-ATTRIBUTES: dict[str, str] = {
-    "rollout.engine": "engine",
-    "truncation": "truncation",
-    "kl.estimator": "kl",
-    "advantage": "advantage",
-    "critic.target": "critic_target",
-    "critic.mask": "critic_mask",
-    "critic.weight": "critic_weight",
-    "critic.loss": "critic_loss",
-    "critic.aggregation": "critic_agg",
-    "policy.loss": "policy_loss",
-    "policy.aggregation": "policy_agg",
-    "policy.weight": "policy_weight",
-    "policy.correction": "correction",
-}
+#: The attribute of :class:`Assembly` each slot path of ``Spec.slots()`` fills (the slot
+#: table's ``attribute``). Rewards (``reward``, or ``reward.0``, ``reward.1``, ... for a
+#: list) go to ``Assembly.rewards``.
+ATTRIBUTES: dict[str, str] = {s.path: s.attribute for s in SLOTS if s.kind != "reward"}
 
 
 @dataclass(frozen=True)
@@ -296,20 +290,42 @@ def _reward(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     return as_scores(out, len(_arg(args, kwargs, 1, "responses")), where)
 
 
-#: The contract of each kind's return value (docs/design.md, "Component kinds").
-CONTRACTS: dict[str, Callable[[Where, Any, tuple[Any, ...], dict[str, Any]], Any]] = {
-    "reward": _reward,
-    "truncation": _truncation,
-    "advantage": _estimate,
-    "rollout_correction": _estimate,
-    "critic_target": _estimate,
+Check = Callable[[Where, Any, tuple[Any, ...], dict[str, Any]], Any]
+
+#: The tensor code of each check a kind's ``CONTRACT.returns`` names.
+CHECKS: dict[str, Check] = {
+    "scores": _reward,
+    "batch": _truncation,
+    "estimate": _estimate,
     "position_mask": _position_mask,
     "prompt_weight": _prompt_weight,
-    "policy_loss": _elementwise("logp", 0, "logp"),
-    "kl_estimator": _elementwise("logp", 0, "logp"),
-    "regression_loss": _elementwise("pred", 1, "target"),
-    "aggregation": _aggregation,
+    "scalar": _aggregation,
 }
+
+
+def _check_of(contract: Contract) -> Check:
+    if contract.returns == "elementwise":
+        assert contract.like is not None
+        return _elementwise(contract.differentiable, *contract.like)
+    return CHECKS[contract.returns]
+
+
+#: The check of each kind's return value, from the ``CONTRACT`` beside its Protocol
+#: (docs/design.md, "Component kinds"); the rollout engine has its own (CheckedEngine).
+CONTRACTS: dict[str, Check] = {
+    kind: _check_of(package.CONTRACT)
+    for kind, package in zip(KINDS, KIND_PACKAGES, strict=True)
+    if hasattr(package, "CONTRACT")
+}
+
+
+def optional(component: Any, kind: str, member: str) -> Any:
+    """The optional ``member`` of a component of ``kind`` (None when it has none): only a
+    member its kind's ``CONTRACT.optional`` declares is read."""
+    declared = getattr(KIND_PACKAGES[KINDS.index(kind)], "CONTRACT", None)
+    if declared is None or member not in declared.optional:
+        raise KeyError(f"{kind} declares no optional member {member!r}")
+    return getattr(component, member, None)
 
 
 def call_with_timeout(
@@ -516,22 +532,23 @@ class Assembly:
     # ------------------------------------------------------------ optional members
     @property
     def head_size(self) -> int:
-        return int(getattr(self.critic_loss, "head_size", 1))
+        size = optional(self.critic_loss, "regression_loss", "head_size")
+        return 1 if size is None else int(size)
 
     def value(self, head_out: Tensor) -> Tensor:
         """V from the value head's output ``[.., head_size]``."""
-        read = getattr(self.critic_loss, "value", None)
+        read = optional(self.critic_loss, "regression_loss", "value")
         return (read(head_out) if read is not None else head_out[..., 0]).float()
 
     def prediction(self, head_out: Tensor) -> Tensor:
         """What the regression loss takes as ``pred``."""
-        read = getattr(self.critic_loss, "prediction", None)
+        read = optional(self.critic_loss, "regression_loss", "prediction")
         return read(head_out) if read is not None else self.value(head_out)
 
 
 def denominator(agg: Aggregation, mask: Tensor) -> Tensor | None:
     """The aggregation's denominator over a whole minibatch, or None if it declares none."""
-    fn = getattr(agg, "denominator", None)
+    fn = optional(agg, "aggregation", "denominator")
     return None if fn is None else fn(mask)
 
 

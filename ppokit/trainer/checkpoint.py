@@ -40,8 +40,7 @@ old one is removed. A crash between the two renames leaves no ``checkpoint``; re
 reads the complete copy (the newer ``.checkpoint.tmp`` when its manifest verifies, else
 ``.checkpoint.old``) and moves it back into place.
 
-Formats 2 and 3 (whole ``actor.safetensors``, ``critic.safetensors``, ``optim.safetensors``,
-``rng.json``/``rng.safetensors`` files) are still read.
+A checkpoint of an older format is not read: one line says so.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, load_model, save_file
+from safetensors.torch import load_file, save_file
 
 from ppokit import distributed
 from ppokit.errors import UserError
@@ -93,9 +92,6 @@ __all__ = [
 TMP = CHECKPOINT_TMP
 OLD = CHECKPOINT_OLD
 FORMAT = 4
-#: Formats this version reads (2: optimizer states keyed by parameter index; 2 and 3: whole
-#: weight, optimizer and RNG files instead of DCP folders).
-READABLE = (2, 3, 4)
 MANIFEST = "manifest.json"
 #: The folders DCP writes (one safetensors file per process each) and the RNG folder.
 DCP_FOLDERS = ("actor", "critic", "optim")
@@ -114,17 +110,6 @@ _NAME = re.compile(
     rf"|({'|'.join(DCP_FOLDERS)})/[A-Za-z0-9_-][A-Za-z0-9_.-]*\.safetensors"
     rf"|{RNG}/process-\d{{5}}\.(json|safetensors))"
 )
-#: Files of the formats 2 and 3.
-LEGACY_REQUIRED = (
-    "state.json",
-    "spec.yaml",
-    "actor.safetensors",
-    "optim.json",
-    "optim.safetensors",
-    "rng.json",
-    "rng.safetensors",
-)
-LEGACY_OPTIONAL = ("critic.safetensors",)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -367,24 +352,15 @@ def _optimizer_states(learner: Any) -> dict[str, Any]:
     return optim
 
 
-def _load_optimizers(learner: Any, optim: dict[str, Any], form: int) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def _load_optimizers(learner: Any, optim: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     for name, module, opt in _optimizers(learner):
-        if form == 2:  # keyed by parameter index: one process only
-            if distributed.world().distributed:
-                raise UserError(
-                    "this checkpoint (format 2) resumes on one process only: resume it "
-                    "without a launcher, then continue on several"
-                )
-            opt.load_state_dict(optim[name])
-        else:  # whole states (format 3) or this process's shards (format 4)
-            options = StateDictOptions(full_state_dict=form == 3)
-            set_optimizer_state_dict(module, opt, optim[name], options=options)
-            for group in opt.param_groups:  # it gives tuples (AdamW's betas) back as lists
-                for key, default in opt.defaults.items():
-                    if isinstance(default, tuple) and isinstance(group.get(key), list):
-                        group[key] = tuple(group[key])
+        set_optimizer_state_dict(module, opt, optim[name])  # this process's shards
+        for group in opt.param_groups:  # it gives tuples (AdamW's betas) back as lists
+            for key, default in opt.defaults.items():
+                if isinstance(default, tuple) and isinstance(group.get(key), list):
+                    group[key] = tuple(group[key])
         sched = learner.actor_sched if name == "actor" else learner.critic_sched
         sched.load_state_dict(optim[f"{name}_sched"])
 
@@ -444,25 +420,18 @@ def _dcp_load(tensors: dict[str, torch.Tensor], folder: Path) -> None:
 def load_weights(path: Path, stem: str, module: torch.nn.Module, models: Any) -> None:
     """Read the weights ``stem`` (``actor``, ``critic``) of the verified checkpoint folder
     ``path`` into ``module`` (the actor, the critic or a shared critic's head), whatever
-    the checkpoint's format and the number of processes that wrote it.
+    the number of processes that wrote it.
 
     Every load (resume, export, eval) goes through here: a file that does not match the
     spec's model is a one-line ``UserError``, and so is a weight that is not finite (it
     names the tensor)."""
     saved = _state_of(path)
     try:
-        if int(saved["format"]) >= 4:
-            if models.lora and stem == "actor":
-                _check_base(path, saved.get("lora_base"), base_fingerprint(models))
-            state = _model_state(stem, module, models)
-            _dcp_load(state, path / stem)
-            _set_model_state(stem, module, models, state)
-        elif distributed.world().distributed:
-            _load_whole_weights(stem, module, models, path / f"{stem}.safetensors")
-            state = module.state_dict()
-        else:
-            _load_weights(module, path / f"{stem}.safetensors")
-            state = module.state_dict()
+        if models.lora and stem == "actor":
+            _check_base(path, saved.get("lora_base"), base_fingerprint(models))
+        state = _model_state(stem, module, models)
+        _dcp_load(state, path / stem)
+        _set_model_state(stem, module, models, state)
     except UserError:
         raise
     except Exception as exc:
@@ -508,33 +477,6 @@ def _check_base(path: Path, saved: Any, current: list[float] | None) -> None:
             "its LoRA adapters were trained on other base weights than those of the spec's "
             "model.actor (a checkpoint stores the adapters, not the base model)",
         )
-
-
-def _load_whole_weights(stem: str, module: torch.nn.Module, models: Any, file: Path) -> None:
-    """Every process reads the whole weights (formats 2 and 3) and keeps its shards."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    state = load_file(str(file))
-    owner = module
-    if stem == "critic" and models.shared_critic:
-        owner = models.critic
-        state = {f"head.{k}": v for k, v in state.items()}
-    options = StateDictOptions(full_state_dict=True, strict=False)
-    missing, unexpected = set_model_state_dict(owner, state, options=options)
-    missing = [k for k in missing if k not in _tied(owner)]
-    if missing or unexpected:
-        names = ", ".join([*missing, *unexpected][:3])
-        raise UserError(f"{file}: does not match the spec's model ({names} ...)")
-
-
-def _load_weights(module: torch.nn.Module, file: Path) -> None:
-    """One process reads whole weights (formats 2 and 3)."""
-    missing, unexpected = load_model(
-        module, str(file), strict=False, device=str(next(module.parameters()).device)
-    )
-    if missing or unexpected:
-        names = ", ".join([*missing, *unexpected][:3])
-        raise UserError(f"{file}: does not match the spec's model ({names} ...)")
 
 
 # -------------------------------------------------------------------------- write
@@ -789,6 +731,9 @@ def _verify(path: Path) -> None:
                 "it was written by an older ppokit (format 1, which stored Python pickles) and "
                 "is not read, as it could run code; start a new run",
             )
+        problem = None if old_format is None else _format_problem(old_format)
+        if problem is not None:
+            raise _fail(path, problem)
         raise UserError(f"{manifest_file}: missing (an incomplete checkpoint?)")
     try:
         manifest = read_json(manifest_file)
@@ -799,9 +744,10 @@ def _verify(path: Path) -> None:
             raise ValueError("'files' is not an object")
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{manifest_file}: unreadable ({_one_line(exc)})") from None
-    if manifest.get("format") not in READABLE:
-        raise _fail(path, f"unknown checkpoint format {manifest.get('format')!r}")
-    _check_names(path, manifest_file, files, int(manifest["format"]))
+    problem = _format_problem(manifest.get("format"))
+    if problem is not None:
+        raise _fail(path, problem)
+    _check_names(path, manifest_file, files)
     for name, entry in files.items():
         if (
             not isinstance(entry, dict)
@@ -821,8 +767,7 @@ def _verify(path: Path) -> None:
             )
         if _sha256(file) != entry["sha256"]:
             raise UserError(f"{file}: checksum mismatch (file corrupted?)")
-    if int(manifest["format"]) >= 4:
-        _check_shards(path, _state_of(path))
+    _check_shards(path, _state_of(path))
 
 
 #: A DCP shard file: the process (1-based) that wrote it.
@@ -901,20 +846,26 @@ def _check_cover(path: Path, folder: str) -> None:
             )
 
 
-def _check_names(path: Path, manifest_file: Path, files: dict[str, Any], form: int) -> None:
-    """The manifest lists the files its format has, and nothing else; no file in the
+def _format_problem(form: Any) -> str | None:
+    """Why a checkpoint of format ``form`` is not read (None: it is :data:`FORMAT`)."""
+    if form == FORMAT and not isinstance(form, bool):
+        return None
+    if isinstance(form, int) and not isinstance(form, bool) and 1 < form < FORMAT:
+        return (
+            f"it was written by an older ppokit (format {form}), which is not read; start a new run"
+        )
+    return f"unknown checkpoint format {json.dumps(form)[:20]}"
+
+
+def _check_names(path: Path, manifest_file: Path, files: dict[str, Any]) -> None:
+    """The manifest lists the files a checkpoint has, and nothing else; no file in the
     checkpoint's folders is left unlisted (DCP reads every file of its folder)."""
-    legacy = form < 4
-    required = LEGACY_REQUIRED if legacy else REQUIRED
-    for name in required:
+    for name in REQUIRED:
         if name not in files:
             raise UserError(f"{manifest_file}: {name} is not listed (malformed manifest)")
     for name in files:
-        known = name in (*LEGACY_REQUIRED, *LEGACY_OPTIONAL) if legacy else _NAME.fullmatch(name)
-        if not known:
+        if not _NAME.fullmatch(name):
             raise UserError(f"{manifest_file}: unknown file {name!r} (malformed manifest)")
-    if legacy:
-        return
     for folder in ("actor", "optim"):
         if not any(name.startswith(f"{folder}/") for name in files):
             raise UserError(f"{manifest_file}: no {folder}/ file is listed (malformed manifest)")
@@ -975,14 +926,14 @@ def _state_problem(state: Any) -> str | None:
     """What is wrong with a ``state.json`` object (explicit types and ranges), or None."""
     if not isinstance(state, dict):
         return "not a JSON object"
-    if state.get("format") not in READABLE or isinstance(state.get("format"), bool):
-        return f"unknown checkpoint format {state.get('format')!r}"
+    problem = _format_problem(state.get("format"))
+    if problem is not None:
+        return problem
     checks = {
         "round": _whole(state.get("round"), 0, MAX_ROUND),
         "kl_coef": _number(state.get("kl_coef")) and state["kl_coef"] >= 0,
         "critic": state.get("critic") is None or isinstance(state.get("critic"), str),
-        "processes": ("processes" not in state and state["format"] < 4)
-        or _whole(state.get("processes"), 1, MAX_PROCESSES),
+        "processes": _whole(state.get("processes"), 1, MAX_PROCESSES),
         "lora_base": state.get("lora_base") is None
         or (
             isinstance(state["lora_base"], list)
@@ -1030,21 +981,16 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
     """
     path = _locate_once(out)
     state = _state_of(path)
-    form = int(state["format"])
     models = learner.models
     check_critic(path, state, models)
     try:
         for stem, module in _weights_module(models):
             load_weights(path, stem, module, models)
-        if form >= 4:
-            optim = _read_sharded_optimizers(learner, path)
-            rng_stem = path / _rng_stem(distributed.world().rank)
-            if not Path(f"{rng_stem}.json").is_file():  # more processes than saved it
-                rng_stem = path / _rng_stem(0)
-        else:
-            optim = _decode(read_json(path / "optim.json"), load_file(path / "optim.safetensors"))
-            rng_stem = path / "rng"
-        _load_optimizers(learner, optim, form)
+        optim = _read_sharded_optimizers(learner, path)
+        rng_stem = path / _rng_stem(distributed.world().rank)
+        if not Path(f"{rng_stem}.json").is_file():  # more processes than saved it
+            rng_stem = path / _rng_stem(0)
+        _load_optimizers(learner, optim)
         rng, source_state = _rng_from_files(
             read_json(Path(f"{rng_stem}.json")), load_file(f"{rng_stem}.safetensors")
         )
@@ -1074,7 +1020,7 @@ def check_critic(path: Path, state: dict[str, Any], models: Any) -> None:
 
 
 def _read_sharded_optimizers(learner: Any, path: Path) -> dict[str, Any]:
-    """The optimizer and scheduler states of a format-4 checkpoint, this process's shards
+    """The optimizer and scheduler states of a checkpoint, this process's shards
     read by DCP into the shapes of the learner's own (zero-initialised) states."""
     template: dict[str, torch.Tensor] = {}
     _encode(_optimizer_states(learner), template, "optim", keep=True)

@@ -9,7 +9,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task
@@ -17,41 +17,17 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from ppokit.errors import printable
+from ppokit.metrics_table import SHOWN, SUMMARY, best_direction
 
 __all__ = ["Display", "best_direction", "duration", "fmt", "plain_line"]
 
 #: The longest plain progress line (a metric is dropped, from the last, to stay under it).
 PLAIN_WIDTH = 100
-#: (record key, short name, priority) of the metrics of a plain line, in order; when the line
-#: is too long the one of the highest priority number goes first.
-SHOWN = (
-    ("reward_mean", "reward", 0),
-    ("eval/accuracy", "eval acc", 1),  # on the rounds that evaluate
-    ("response_length_mean", "len", 3),
-    ("kl", "kl", 2),
-    ("entropy", "ent", 5),
-    ("value_loss", "vloss", 4),
-    ("clipfrac", "clip", 6),
-)
+#: SHOWN: (record key, short name, priority) of the metrics of a plain line, in order; when
+#: the line is too long the one of the highest priority number goes first. SUMMARY: rows of
+#: the summary table. Both, and best_direction, from the table of metrics.
 #: Priority of the throughput (``812 tok/s``), last on the line.
 TOKENS_PRIORITY = 1
-#: Rows of the summary table, in order (eval metrics follow the reward).
-SUMMARY = (
-    "reward_mean",
-    "response_length_mean",
-    "kl",
-    "kl_coef",
-    "entropy",
-    "policy_loss",
-    "value_loss",
-    "value_error",
-    "explained_variance",
-    "clipfrac",
-    "grad_norm_actor",
-    "grad_norm_critic",
-    "tokens_per_s",
-    "time_round",
-)
 MISSING = "\u2013"  # an en dash: no value
 
 
@@ -77,23 +53,6 @@ def duration(seconds: float | None) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
-def best_direction(key: str) -> Literal["max", "min"] | None:
-    """Which way ``key`` is better: reward, evaluation accuracy and explained variance
-    higher, losses and value error lower; None for the diagnostics that have no better
-    direction (entropy, KL, kl_coef, gradient norms, clip fractions, lengths, times)."""
-    if key in ("reward_mean", "explained_variance") or key.startswith("reward/"):
-        return "max"
-    if key.endswith("_ci95") or key == "eval/prompts":  # an interval's width, a count
-        return None
-    if key.startswith("eval") and any(
-        word in key for word in ("acc", "pass", "correct", "reward_mean", "score")
-    ):
-        return "max"
-    if key.endswith("_loss") or key == "value_error":
-        return "min"
-    return None
 
 
 def _metric_parts(record: dict[str, Any]) -> list[tuple[int, str]]:

@@ -20,6 +20,7 @@ from torch import Tensor
 from ppokit import distributed
 from ppokit.batch import FIELDS as BATCH_FIELDS
 from ppokit.batch import RolloutBatch
+from ppokit.errors import ComponentError
 from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.checks import NonFinite
@@ -218,19 +219,20 @@ def mismatch_metrics(batch: RolloutBatch) -> dict[str, Tensor]:
     }
 
 
-def correction_metrics(batch: RolloutBatch, weights: Tensor) -> dict[str, Tensor]:
-    """What the rollout correction did over the response positions: the mean weight, the
-    fraction of tokens it zeroed and the fraction of (non-empty) rows it zeroed whole."""
-    mask = batch.response_mask
-    tokens = batch.lengths.sum().clamp_min(1)
-    zeroed = mask & (weights <= 0)
-    rows = batch.nonempty
-    whole = rows & (zeroed.sum(1) == batch.lengths)
-    return {
-        "rollout/correction_weight_mean": torch.where(mask, weights, 0.0).sum() / tokens,
-        "rollout/correction_masked_frac": zeroed.sum() / tokens,
-        "rollout/correction_masked_rows": whole.sum() / rows.sum().clamp_min(1),
-    }
+def reported(slot: str, component: Any, batch: RolloutBatch, out: Tensor) -> dict[str, Tensor]:
+    """The diagnostics a component reports on the round (its optional ``metrics(batch,
+    out)`` member, declared in its catalogue entry): each a one-element tensor."""
+    report = getattr(component, "metrics", None)
+    if not callable(report):
+        return {}
+    values = report(batch, out)
+    for name, value in dict(values).items():
+        if not isinstance(name, str) or not isinstance(value, Tensor) or value.numel() != 1:
+            raise ComponentError(
+                f"{slot} reported metric {name!r} as {type(value).__name__}: expected a "
+                "one-element tensor per metric name"
+            )
+    return dict(values)
 
 
 def estimate(
@@ -268,7 +270,12 @@ def estimate(
     actor_mask = batch.response_mask & (weights > 0)[:, None] & (correction > 0)
     nll_mask = actor_mask & (scores > 0)[:, None] if spec.policy.nll_coef > 0 else None
     data = UpdateData(ro, batch, adv, actor_mask, weights, correction, nll_mask)
-    metrics.update(correction_metrics(batch, correction))
+    for slot, component, out in (
+        ("advantage", parts.advantage, adv),
+        ("policy.weight", parts.policy_weight, weights),
+        ("policy.correction", parts.correction, correction),
+    ):
+        metrics.update(reported(str(parts.name(slot)), component, batch, out))
     tokens = batch.lengths.sum().clamp_min(1)  # positions the estimators saw
     metrics["advantage_mean"] = (adv * batch.maskf).sum() / tokens
     if parts.critic_target is not None:
@@ -278,6 +285,12 @@ def estimate(
         data.value_weights = check(
             "critic.weight", parts.critic_weight(batch).float().detach(), "responses"
         )
+        for slot, component, out in (
+            ("critic.target", parts.critic_target, data.targets),
+            ("critic.mask", parts.critic_mask, data.value_mask),
+            ("critic.weight", parts.critic_weight, data.value_weights),
+        ):
+            metrics.update(reported(str(parts.name(slot)), component, batch, out))
         metrics["explained_variance"] = explained_variance(
             data.targets, batch.values, batch.response_mask
         )

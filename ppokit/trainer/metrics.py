@@ -1,5 +1,6 @@
 """Per-round metrics: one host read per round, ``metrics.jsonl``, ``samples.jsonl`` and the
-final ``curves.png``."""
+final ``curves.png``; which metrics, their labels and panels come from the table of metrics
+(:mod:`ppokit.metrics_table`)."""
 
 from __future__ import annotations
 
@@ -13,61 +14,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ppokit.metrics_table import CURVES, EVAL_CURVES, REQUIRED, TIMING, metric
 from ppokit.runfolder import METRICS, SAMPLES, append_line, read_metrics, write_atomic
 
-__all__ = ["CURVES", "Meter", "MetricsLog", "curves_title", "plot_curves", "read_metrics"]
-
-#: Keys every metrics line carries (None when a run has no such quantity).
-REQUIRED = (
-    "round",
-    "reward_mean",
-    "reward_std",
-    "response_length_mean",
-    "truncated_frac",
-    "kl",
-    "entropy",
-    "policy_loss",
-    "clipfrac",
-    "approx_kl",
-    "value_loss",
-    "vf_clipfrac",
-    "explained_variance",
-    "value_error",
-    "grad_norm_actor",
-    "grad_norm_critic",
-    "tokens_per_s",
-    "kl_coef",
-    "time_generate",
-    "time_score",
-    "time_logprob",
-    "time_update",
-    "time_round",
-)
-#: Timing and memory measurements (excluded when comparing runs).
-TIMING = (
-    "peak_memory_gb",
-    "tokens_per_s",
-    "time_generate",
-    "time_score",
-    "time_logprob",
-    "time_update",
-    "time_round",
-    "time_eval",
-)
-#: Panels of curves.png.
-CURVES = (
-    "reward_mean",
-    "response_length_mean",
-    "kl",
-    "entropy",
-    "value_loss",
-    "value_error",
-    "clipfrac",
-    "grad_norm_actor",
-)
-#: Panels of curves.png for the held-out evaluation, when the run logs them (``eval/pass@``:
-#: every ``eval/pass@k``); drawn at the rounds that have them (round 0: before training).
-EVAL_CURVES = ("eval/accuracy", "eval/pass@", "eval/reward_mean")
+__all__ = ["CURVES", "TIMING", "Meter", "MetricsLog", "curves_title", "plot_curves", "read_metrics"]
 
 
 def curve_keys(history: Sequence[dict[str, Any]]) -> list[str]:
@@ -159,21 +109,6 @@ class MetricsLog:
             append_line(self.samples_path, "\n".join(lines))
 
 
-#: Y-axis labels of the panels of curves.png.
-LABELS = {
-    "reward_mean": "mean reward",
-    "response_length_mean": "tokens",
-    "kl": "KL to the reference",
-    "entropy": "nats per token",
-    "value_loss": "critic loss",
-    "value_error": "mean |V - target|",
-    "clipfrac": "fraction of tokens",
-    "grad_norm_actor": "gradient norm",
-    "eval/accuracy": "greedy accuracy (95% CI)",
-    "eval/reward_mean": "mean reward (sampled)",
-}
-
-
 def _accuracy_band(ax: Any, history: Sequence[dict[str, Any]]) -> None:
     """The 95% Wilson interval of ``eval/accuracy`` over its ``eval/prompts`` prompts."""
     from ppokit.stats import wilson_interval
@@ -216,8 +151,7 @@ def plot_curves(history: Sequence[dict[str, Any]], path: Path, title: str | None
             _accuracy_band(ax, history)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("round", fontsize=8)
-        ylabel = "fraction of prompts" if key.startswith("eval/pass@") else key
-        ax.set_ylabel(LABELS.get(key, ylabel), fontsize=8)
+        ax.set_ylabel(metric(key).label, fontsize=8)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")

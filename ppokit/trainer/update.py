@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ppokit import distributed
 from ppokit.spec import Spec
-from ppokit.trainer.assembly import aggregate, denominator
+from ppokit.trainer.assembly import aggregate, denominator, optional
 from ppokit.trainer.checks import NonFinite
 from ppokit.trainer.estimation import UpdateData
 from ppokit.trainer.metrics import Meter
@@ -300,7 +300,7 @@ def _actor_loss(
         # (ρ − 1) − log ρ, an estimate of KL(π_old ‖ π) from the sampled tokens
         meter.add("approx_kl", (log_ratio.exp() - 1 - log_ratio).sum(), tokens)
         meter.add("entropy", torch.where(mask, ent, 0.0).sum(), tokens)
-        clipped = getattr(parts.policy_loss, "clipped", None)
+        clipped = optional(parts.policy_loss, "policy_loss", "clipped")
         if clipped is not None:
             active = clipped(logp, logp_old, adv, mask) & mask
             meter.add("clipfrac", active.float().sum(), tokens)
@@ -335,7 +335,7 @@ def _critic_loss(
     checks.add(str(parts.name("critic.aggregation")), value, "scalar")
 
     meter.add("value_loss", value, share)
-    clipped = getattr(parts.critic_loss, "clipped", None)
+    clipped = optional(parts.critic_loss, "regression_loss", "clipped")
     if clipped is not None:
         with torch.no_grad():
             active = clipped(pred, target, old) & vmask

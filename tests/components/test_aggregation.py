@@ -17,8 +17,8 @@ from ppokit.components.aggregation.impl import (
     TokenMean,
 )
 from ppokit.registry import RegistryError, build_registry
-from tests.components import builtin_names, make, make_any, names
-from tests.strategies import token_tensors
+from tests.helpers.components import builtin_names, make, make_any, names
+from tests.helpers.strategies import token_tensors
 
 SETTINGS = settings(max_examples=80, deadline=None)
 #: Per component of a generic test: every registered component runs.

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppokit.components.policy_loss.impl import Reinforce
-from tests.components import make
+from tests.helpers.components import make
 
 SETTINGS = settings(max_examples=50, deadline=None)
 

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from ppokit.batch import RolloutBatch
 from ppokit.registry import get_registry
-from tests.components import builtin_names, make_any, names, reference
-from tests.strategies import batches
+from tests.helpers import reference
+from tests.helpers.components import builtin_names, make_any, names
+from tests.helpers.strategies import batches
 
 #: Every registered critic target (installed plugins included): the generic contract tests.
 NAMES = names("critic_target")

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from ppokit.components.kl_estimator.impl import K1, K2, K3, AbsKL, LogRatioEstimator
 from ppokit.registry import build_registry, get_registry
-from tests.components import builtin_names, make, make_any, names
-from tests.strategies import token_tensors
+from tests.helpers.components import builtin_names, make, make_any, names
+from tests.helpers.strategies import token_tensors
 
 SETTINGS = settings(max_examples=80, deadline=None)
 #: Per component of a generic test: every registered component runs.

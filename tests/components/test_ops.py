@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ppokit.batch import FIELDS, RolloutBatch
 from ppokit.ops import LOG_RATIO_BOUND, GroupStats, bool_mask, masked
-from tests.strategies import batches
+from tests.helpers.strategies import batches
 
 SETTINGS = settings(max_examples=80, deadline=None)
 SQRT2 = math.sqrt(2.0)

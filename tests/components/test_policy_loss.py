@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from ppokit.components.aggregation.impl import SeqMeanTokenMean
 from ppokit.components.policy_loss.impl import CISPO, GSPO, PPOClip, Reinforce
 from ppokit.registry import RegistryError, build_registry
-from tests.components import builtin_names, make, make_any, names
-from tests.strategies import token_tensors
+from tests.helpers.components import builtin_names, make, make_any, names
+from tests.helpers.strategies import token_tensors
 
 SETTINGS = settings(max_examples=60, deadline=None)
 #: Per component of a generic test: every registered component runs.

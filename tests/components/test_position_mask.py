@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from ppokit.batch import RolloutBatch
 from ppokit.components.position_mask.impl import CompletedMask, LastTokenMask, ResponseMask
 from ppokit.registry import build_registry
-from tests.components import make_any, names
-from tests.strategies import batches
+from tests.helpers.components import make_any, names
+from tests.helpers.strategies import batches
 
 SETTINGS = settings(max_examples=60, deadline=None)
 #: Per component of a generic test: every registered component runs.

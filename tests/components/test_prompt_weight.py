@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from ppokit.batch import RolloutBatch
 from ppokit.components.prompt_weight.impl import InformativeGroups, PassRateVariance, Uniform
 from ppokit.registry import RegistryError, build_registry
-from tests.components import make_any, names
-from tests.strategies import batches
+from tests.helpers.components import make_any, names
+from tests.helpers.strategies import batches
 
 SETTINGS = settings(max_examples=60, deadline=None)
 #: Per component of a generic test: every registered component runs.

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from ppokit.components.regression_loss.impl import MSE, ClippedMSE, Huber, RegressionLoss
 from ppokit.registry import RegistryError, build_registry
-from tests.components import builtin_names, make, make_any, names
-from tests.strategies import token_tensors
+from tests.helpers.components import builtin_names, make, make_any, names
+from tests.helpers.strategies import token_tensors
 
 #: Every registered regression loss (installed plugins included): the generic contract tests.
 NAMES = names("regression_loss")

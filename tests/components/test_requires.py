@@ -9,8 +9,8 @@ from hypothesis import given, settings
 
 from ppokit.batch import RolloutBatch
 from ppokit.registry import REQUIREMENTS, get_registry
-from tests.components import make_any, names
-from tests.strategies import batches
+from tests.helpers.components import make_any, names
+from tests.helpers.strategies import batches
 
 #: The kinds called as ``component(batch)``.
 BATCH_KINDS = ("truncation", "advantage", "critic_target", "position_mask", "prompt_weight")

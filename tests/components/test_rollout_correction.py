@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from ppokit.batch import RolloutBatch
 from ppokit.registry import RegistryError
-from tests.components import make, names
-from tests.strategies import batches
+from tests.helpers.components import make, names
+from tests.helpers.strategies import batches
 
 NAMES = names("rollout_correction")
 BUILTINS = ("none", "token_tis", "token_mis", "seq_tis", "seq_mis", "geo_mask")

@@ -22,7 +22,7 @@ from ppokit.ops import (
     returns_to_go,
     whiten_rows,
 )
-from tests.components import reference
+from tests.helpers import reference
 
 DISCOUNTS = st.one_of(st.sampled_from([0.0, 1.0, 0.5, 0.99]), st.floats(0.0, 1.0))
 

@@ -13,9 +13,10 @@ from hypothesis import given, settings
 
 from ppokit.batch import RolloutBatch
 from ppokit.ops import discounted_reverse_cumsum, gae, returns_to_go
-from tests.components import make_any, names, reference
 from tests.components.test_scan import assert_matches
-from tests.strategies import batches
+from tests.helpers import reference
+from tests.helpers.components import make_any, names
+from tests.helpers.strategies import batches
 
 #: Every registered advantage and critic target (installed plugins included) with its
 #: defaults, plus scan settings the defaults do not reach.

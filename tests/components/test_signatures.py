@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ppokit.registry import BUILTIN_PLUGIN, KINDS, ComponentInfo, build_registry
-from tests.components import REQUIRED
+from tests.helpers.components import REQUIRED
 
 #: A registry of its own: loading the factories leaves the process-wide one as it was.
 REGISTRY = build_registry()
@@ -99,7 +99,7 @@ def test_builtins_state_requires_in_the_entry_only(info: ComponentInfo):
 
 
 def test_required_values_name_registered_components_and_required_params():
-    """The generic tests' values for required parameters (tests/components REQUIRED) are
+    """The generic tests' values for required parameters (tests/helpers/components.py REQUIRED) are
     not stale: each names a registered component and one of its required parameters."""
     for kind, by_name in REQUIRED.items():
         for name, values in by_name.items():

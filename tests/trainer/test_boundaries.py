@@ -21,8 +21,7 @@ from ppokit.batch import RolloutBatch
 from ppokit.errors import ComponentError, ComponentTimeout, NonFiniteError, UserError
 from ppokit.trainer.assembly import Assembly, Where, as_scores, call_with_timeout
 from tests.helpers import Plugin
-
-from .helpers import demo_rows, learner, small_spec
+from tests.helpers.trainer import demo_rows, learner, small_spec
 
 B, T = 4, 3
 EXPECT_SCORES = "expected one number per response: a tensor of shape [4] or a list of 4 numbers"
@@ -460,3 +459,16 @@ def test_an_overflowing_weighted_reward_is_blamed_on_the_rewards(use_registry) -
     text = str(err.value)
     assert "the rewards' weighted sum R produced inf at 4 of 4 responses" in text, text
     assert "gae" not in text and "\n" not in text
+
+
+def test_each_kinds_contract_is_declared_beside_its_protocol() -> None:
+    """The return checks and the optional members come from each kind package's CONTRACT."""
+    from ppokit.components import KIND_PACKAGES
+    from ppokit.slots import KINDS
+    from ppokit.trainer.assembly import CONTRACTS, optional
+
+    declared = {k for k, p in zip(KINDS, KIND_PACKAGES, strict=True) if hasattr(p, "CONTRACT")}
+    assert declared == set(KINDS) - {"rollout_engine"} == set(CONTRACTS)  # the engine: its own
+    assert optional(object(), "policy_loss", "clipped") is None  # declared, absent
+    with pytest.raises(KeyError, match="declares no optional member 'clipped'"):
+        optional(object(), "advantage", "clipped")

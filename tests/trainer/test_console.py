@@ -31,8 +31,7 @@ from ppokit.trainer.display import (
 )
 from ppokit.trainer.loop import choose_threads
 from ppokit.trainer.metrics import Meter, plot_curves, read_metrics, read_once
-
-from .helpers import DEMO, SMALL, small_spec
+from tests.helpers.trainer import DEMO, SMALL, small_spec
 
 FULL = {
     "round": 3,
@@ -115,7 +114,7 @@ HISTORY = [
         "explained_variance": None,  # targets without variance: NaN, recorded as None
         "clipfrac": None,  # nothing to average: no row had weight
         "grad_norm_actor": 3.0,
-        "eval_accuracy": 0.2,
+        "eval/accuracy": 0.2,
     },
     {
         "round": 2,
@@ -136,17 +135,22 @@ HISTORY = [
         "explained_variance": 0.6,
         "clipfrac": None,
         "grad_norm_actor": 2.0,
-        "eval_accuracy": 0.4,
+        "eval/accuracy": 0.4,
     },
 ]
 
 
 def test_best_directions() -> None:
-    for key in ("reward_mean", "explained_variance", "eval_accuracy", "eval_pass@4", "reward/x"):
+    for key in ("reward_mean", "explained_variance", "eval/accuracy", "eval/pass@4", "reward/x"):
         assert best_direction(key) == "max", key
-    for key in ("value_loss", "policy_loss", "value_error"):
+    for key in ("value_loss", "value_error"):
         assert best_direction(key) == "min", key
     for key in (
+        "policy_loss",  # a surrogate's value: no better direction
+        "eval/accuracy_ci95",
+        "eval/prompts",
+        "rollout/correction_masked_frac",
+        "policy/some_new_metric",
         "entropy",
         "kl",
         "kl_coef",
@@ -156,7 +160,7 @@ def test_best_directions() -> None:
         "clipfrac",
         "vf_clipfrac",
         "response_length_mean",
-        "eval_response_length_mean",
+        "eval/response_length_mean",
         "time_round",
         "tokens_per_s",
     ):
@@ -171,7 +175,7 @@ def test_summary_rows_follow_each_metrics_direction() -> None:
     assert summary_row(HISTORY, "grad_norm_actor") == ("3", "2", MISSING)
     assert summary_row(HISTORY, "explained_variance") == (MISSING, "0.6", "0.6")
     assert summary_row(HISTORY, "clipfrac") == (MISSING, MISSING, MISSING)
-    assert summary_row(HISTORY, "eval_accuracy") == ("0.2", "0.4", "0.4")
+    assert summary_row(HISTORY, "eval/accuracy") == ("0.2", "0.4", "0.4")
     assert summary_row(HISTORY, "value_error") == (MISSING, MISSING, MISSING)  # absent
 
 
@@ -184,7 +188,7 @@ def test_the_summary_table_shows_missing_as_missing_never_zero() -> None:
         if "│" in line
         for cells in [[c.strip() for c in line.strip("│ ").split("│")]]
     }
-    assert list(rows)[:2] == ["reward_mean", "eval_accuracy"]
+    assert list(rows)[:2] == ["reward_mean", "eval/accuracy"]
     assert "value_error" not in rows  # no value in any round
     assert rows["clipfrac"] == [MISSING, MISSING, MISSING]
     assert rows["explained_variance"] == [MISSING, "0.6", "0.6"]

@@ -10,8 +10,7 @@ import pytest
 
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
-
-from .helpers import small_spec
+from tests.helpers.trainer import small_spec
 
 RUN = ["train.rounds=2", "rollout.prompts_per_round=8", "rollout.n=4"]
 MISMATCH = ("rollout/mismatch_k1", "rollout/mismatch_k3", "rollout/mismatch_max")

@@ -32,8 +32,7 @@ from ppokit import distributed
 from ppokit.spec import Spec
 from ppokit.trainer.metrics import TIMING, read_once
 from ppokit.trainer.rollout import Rollout
-
-from .helpers import demo_rows, encode, learner, small_spec
+from tests.helpers.trainer import demo_rows, encode, learner, small_spec
 
 PROMPTS, N, T = 4, 2, 6
 #: Response lengths: the first process's rows are longer than the second's.

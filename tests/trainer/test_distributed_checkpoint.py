@@ -21,8 +21,8 @@ from ppokit import distributed
 from ppokit.data import make_prompt_source
 from ppokit.spec import Spec
 from ppokit.trainer.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
+from tests.helpers.trainer import learner
 
-from .helpers import learner
 from .test_distributed import CONFIGS, SCORES, _free_port, _own, _rollout, _spec, as_process
 
 #: A separate critic with micro-batches, a shared critic with a clipped grad norm, and LoRA

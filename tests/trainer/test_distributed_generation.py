@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 from torch.distributed.fsdp import FSDPModule
 
 from ppokit import distributed
+from tests.helpers.trainer import demo_rows, learner, small_spec
 
-from .helpers import demo_rows, learner, small_spec
 from .test_distributed import _free_port, as_process
 
 STEPS = 6

@@ -22,8 +22,7 @@ from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.round import run_round
 from tests.helpers import Plugin
-
-from .helpers import DEMO, demo_rows, learner, small_spec
+from tests.helpers.trainer import DEMO, demo_rows, learner, small_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = json.loads((Path(__file__).parent / "data" / "round_metrics.json").read_text())

@@ -4,6 +4,7 @@ while sampling and scoring, and the sampling-time log-probs used as recorded."""
 from __future__ import annotations
 
 import math
+import resource
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -22,8 +23,7 @@ from ppokit.trainer.logprobs import token_logprobs
 from ppokit.trainer.metrics import Meter, read_once
 from ppokit.trainer.models import trunk_of
 from ppokit.trainer.round import Learner
-
-from .helpers import demo_rows, learner, small_spec
+from tests.helpers.trainer import demo_rows, learner, small_spec
 
 PACKAGE = str(Path(ppokit.__file__).resolve().parent)
 
@@ -135,8 +135,17 @@ def test_a_round_reads_the_host_only_for_the_rewards_and_the_metrics(tmp_path, m
     t = lrn.spec.train
     assert t.minibatch_size is None  # the whole round is one minibatch: one step per epoch
     assert calls == allowed(optimizer_steps=t.ppo_epochs)
-    # on CUDA the round also records the allocator's peak, a host-side counter (no tensor read)
-    assert result.timings["peak_memory_gb"] > 0  # CUDA allocator peak, or max RSS on CPU
+
+
+def test_the_peak_memory_is_the_process_peak_in_gib(tmp_path) -> None:
+    """On a CPU the round reports the process's peak resident size (``ru_maxrss``, KiB on
+    Linux) in GiB: between the peaks read before and after the round."""
+    lrn = learner(small_spec(tmp_path))
+    scale = 2**30 if sys.platform == "darwin" else 2**20  # ru_maxrss: bytes on macOS
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
+    _, result = _round(lrn, seed=1)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
+    assert before <= result.timings["peak_memory_gb"] <= after
 
 
 def test_the_counter_sees_a_host_read_in_ppokit_code(monkeypatch) -> None:

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from ppokit.trainer.metrics import TIMING, read_metrics
-
-from .helpers import DEMO, SMALL
+from tests.helpers.trainer import DEMO, SMALL
 
 ROUNDS = 6
 ARGS = [*SMALL, f"train.rounds={ROUNDS}", "output.save_every=2", "rollout.n=4"]

@@ -12,8 +12,7 @@ from ppokit.components.rollout_engine import Sampling, response_mask
 from ppokit.components.rollout_engine.impl import filter_logits, generate
 from ppokit.trainer.logprobs import token_logprobs
 from ppokit.trainer.models import load_actor
-
-from .helpers import learner, small_spec
+from tests.helpers.trainer import learner, small_spec
 
 
 @given(

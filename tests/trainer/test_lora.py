@@ -4,7 +4,6 @@ errors; and models named by a Hub id (never reached here: the hub is offline).""
 
 from __future__ import annotations
 
-import inspect
 import socket
 from pathlib import Path
 
@@ -17,15 +16,13 @@ from ppokit.data import make_prompt_source
 from ppokit.errors import UserError
 from ppokit.trainer import train
 from ppokit.trainer.checkpoint import load_checkpoint
-from ppokit.trainer.forwards import Forwards
 from ppokit.trainer.logprobs import token_logprobs
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.models import Models, build_models, is_peft, trunk_of
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.round import Learner
 from ppokit.trainer.update import accumulate
-
-from .helpers import demo_rows, learner, small_spec
+from tests.helpers.trainer import demo_rows, learner, small_spec
 
 pytest.importorskip("peft")
 
@@ -34,13 +31,6 @@ KL = ["kl.coef=0.1", "kl.placement=loss"]
 NO_CRITIC = ["advantage=grpo", "critic=null", "rollout.n=4"]
 #: A reward that differs between responses of a random tiny model.
 VARIED_REWARD = ["reward.name=regex", "reward.pattern='[a-m]'"]
-
-#: Whether round.py runs the reference through ``Models.reference()`` (the LoRA reference).
-ROUND_USES_REFERENCE = "reference()" in inspect.getsource(Forwards.reference_logprobs)
-needs_round_reference = pytest.mark.skipif(
-    not ROUND_USES_REFERENCE,
-    reason="round.py's reference_logprobs does not use Models.reference() yet",
-)
 
 
 def _named(module: nn.Module) -> dict[str, nn.Parameter]:
@@ -117,8 +107,7 @@ def test_the_reference_is_the_actor_with_its_adapters_disabled() -> None:
     with torch.no_grad():
         adapted, _, _ = lrn.forwards.actor(models.actor, ro)
     assert not torch.allclose(adapted, ref)  # the adapters are on outside reference()
-    if ROUND_USES_REFERENCE:
-        assert torch.equal(lrn.forwards.reference_logprobs(ro), expected)
+    assert torch.equal(lrn.forwards.reference_logprobs(ro), expected)
 
 
 def test_reference_restores_the_train_mode_and_the_adapters() -> None:
@@ -220,7 +209,6 @@ def test_named_target_modules_get_the_adapters() -> None:
 
 
 # ---------------------------------------------------------------------- runs
-@needs_round_reference
 def test_a_lora_run_with_a_kl_section_trains_and_resumes(tmp_path: Path) -> None:
     extra = [*LORA, *KL, *VARIED_REWARD, "output.save_every=1"]
     train(small_spec(tmp_path, "train.rounds=1", *extra))

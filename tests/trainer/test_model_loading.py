@@ -14,8 +14,7 @@ import pytest
 from ppokit.errors import UserError
 from ppokit.trainer.models import build_models, load_actor, tiny_model
 from ppokit.trainer.tokenizer import char_tokenizer
-
-from .helpers import small_spec
+from tests.helpers.trainer import small_spec
 
 TINY = {"hidden_size": 32, "intermediate_size": 64}
 

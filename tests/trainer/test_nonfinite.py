@@ -22,8 +22,7 @@ from ppokit.trainer.checks import NonFinite
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.round import Learner
 from tests.helpers import Plugin
-
-from .helpers import demo_rows, learner, small_spec
+from tests.helpers.trainer import demo_rows, learner, small_spec
 
 #: Small and fast: 2 prompts × 2 responses of 3 tokens, one optimizer step per round.
 FAST = ["rollout.prompts_per_round=2", "rollout.max_new_tokens=3", "train.ppo_epochs=1"]

@@ -30,8 +30,7 @@ from ppokit.trainer.estimation import UpdateData, estimate, round_batch
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.round import Learner
 from ppokit.trainer.update import accumulate
-
-from .helpers import demo_rows, encode, learner, small_spec
+from tests.helpers.trainer import demo_rows, encode, learner, small_spec
 
 #: Outcome rewards R, 3 groups of 4: pass rates 0.25, 0.375 and 1 (weight 0).
 REWARDS = [1.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]

@@ -42,8 +42,7 @@ from ppokit.runfolder import (
 )
 from ppokit.trainer import train
 from ppokit.trainer.checkpoint import NonFiniteCheckpointError, check_finite, read_state
-
-from .helpers import DEMO, SMALL, learner, small_spec
+from tests.helpers.trainer import DEMO, SMALL, learner, small_spec
 
 RUN = ["train.rounds=2", "output.save_every=1"]
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,7 @@ from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.update import accumulate
-
-from .helpers import demo_rows, learner, small_spec
+from tests.helpers.trainer import demo_rows, learner, small_spec
 
 #: A reward that differs between responses of a random tiny model.
 VARIED_REWARD = ["reward.name=regex", "reward.pattern='[a-m]'"]

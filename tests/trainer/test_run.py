@@ -10,8 +10,7 @@ from ppokit.errors import UserError
 from ppokit.spec import load_spec
 from ppokit.trainer import train
 from ppokit.trainer.metrics import TIMING, read_metrics
-
-from .helpers import DEMO, small_spec
+from tests.helpers.trainer import DEMO, small_spec
 
 RUN = ["rollout.n=4", "train.minibatch_size=4", "train.micro_batch_size=2", "train.ppo_epochs=2"]
 

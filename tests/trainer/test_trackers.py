@@ -16,8 +16,7 @@ import pytest
 from ppokit.errors import MissingDependency
 from ppokit.trainer import loop
 from ppokit.trainer.trackers import IDS_FILE, Trackers, mlflow_key, numeric_metrics
-
-from .helpers import small_spec
+from tests.helpers.trainer import small_spec
 
 RECORDS = [
     {"round": r, "reward_mean": 0.25 * r, "kl": None, "entropy": float("nan"), "note": "x"}
@@ -264,7 +263,6 @@ def test_a_missing_package_is_a_missing_dependency(tmp_path, monkeypatch, packag
 
 # --------------------------------------------------------------------------- a run
 @pytest.mark.slow
-@pytest.mark.skipif(not hasattr(loop, "Trackers"), reason="the loop does not use Trackers yet")
 def test_a_short_run_reports_to_tensorboard(tmp_path) -> None:
     _needs("tensorboard")
     out = tmp_path / "run"

@@ -18,7 +18,7 @@ class LitePPOParams(ppokit.Params):
 LITE_PPO = ppokit.Component(
     "advantage",
     "lite_ppo",
-    "ppokit_example.advantage:LitePPOAdvantage",
+    "ppokit_example.advantage",
     params=LitePPOParams,
     summary="Outcome reward minus the group mean, divided by the batch std (Lite PPO)",
     formula=(

@@ -29,7 +29,7 @@ class HLGaussParams(ppokit.Params):
 HLGAUSS = ppokit.Component(
     "regression_loss",
     "hlgauss",
-    "ppokit_hlgauss.loss:HLGaussLoss",
+    "ppokit_hlgauss.loss",
     params=HLGaussParams,
     summary="Distributional critic: cross-entropy to a Gaussian-smoothed histogram target",
     formula=(

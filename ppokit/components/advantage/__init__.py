@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit import papers
+from ppokit.catalogue import Component, Contract, Gamma, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -32,24 +33,20 @@ class Advantage(Protocol):
     def __call__(self, batch: RolloutBatch) -> Tensor: ...
 
 
+CONTRACT = Contract("estimate")
 MODULE = "ppokit.components.advantage.impl"
 
-Gamma = Field(default=1.0, ge=0.0, le=1.0, description="discount factor gamma in [0, 1]")
 
-
-class GAEParams(Params):
-    gamma: float = Gamma
+class GAEParams(Gamma):
     lam: float = Field(default=0.95, ge=0.0, le=1.0, description="GAE lambda in [0, 1]")
     whiten: bool = Field(default=True, description="batch-whiten over all response tokens")
 
 
-class MonteCarloParams(Params):
-    gamma: float = Gamma
+class MonteCarloParams(Gamma):
     whiten: bool = Field(default=False, description="batch-whiten over all response tokens")
 
 
-class LengthAdaptiveGAEParams(Params):
-    gamma: float = Gamma
+class LengthAdaptiveGAEParams(Gamma):
     alpha: float = Field(default=0.05, gt=0.0, description="lam = 1 - 1/(alpha * length)")
     whiten: bool = Field(default=True, description="batch-whiten over all response tokens")
 
@@ -62,134 +59,122 @@ class GRPOParams(Params):
     )
 
 
-class GammaParams(Params):
-    gamma: float = Gamma
-
-
 GAE = Component(
     "advantage",
     "gae",
-    f"{MODULE}:GAE",
+    MODULE,
     params=GAEParams,
     summary="Generalized advantage estimation with a critic",
     formula="A_t = δ_t + γλ A_{t+1}, δ_t = r_t + γ V(s_{t+1}) − V(s_t); batch-whitened if whiten",
     requires=("values",),
-    source="High-Dimensional Continuous Control Using Generalized Advantage Estimation "
-    "(Schulman et al., 2015), arXiv:1506.02438",
+    source=str(papers.GAE),
 )
 
 
 MC = Component(
     "advantage",
     "mc",
-    f"{MODULE}:MonteCarlo",
+    MODULE,
     params=MonteCarloParams,
     summary="Monte-Carlo return-to-go minus the critic's value",
     formula="A_t = Σ_{s≥t} γ^{s−t} r_s + γ^{T−t} V_T − V(s_t); batch-whitened if whiten",
     requires=("values",),
-    source="Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347",
+    source=str(papers.PPO),
 )
 
 
 LENGTH_ADAPTIVE_GAE = Component(
     "advantage",
     "length_adaptive_gae",
-    f"{MODULE}:LengthAdaptiveGAE",
+    MODULE,
     params=LengthAdaptiveGAEParams,
     summary="GAE whose lambda grows with the response length (VAPO)",
     formula="GAE with λ_i = clamp(1 − 1/(α l_i), 0, 1), l_i = response length; batch-whitened if whiten",
     requires=("values",),
-    source="VAPO: Efficient and Reliable Reinforcement Learning for Advanced Reasoning "
-    "Tasks (Yue et al., 2025), arXiv:2504.05118",
+    source=str(papers.VAPO),
 )
 
 
 GRPO = Component(
     "advantage",
     "grpo",
-    f"{MODULE}:GRPO",
+    MODULE,
     params=GRPOParams,
     summary="Group-normalised outcome reward (GRPO)",
     formula="A_i = (R_i − mean_g R) / (std_g R + ε), broadcast over the response; g: the group's non-empty responses",
     requires=("group_ids",),
-    source="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language "
-    "Models (Shao et al., 2024), arXiv:2402.03300",
+    source=str(papers.GRPO),
 )
 
 
 DR_GRPO = Component(
     "advantage",
     "dr_grpo",
-    f"{MODULE}:DrGRPO",
+    MODULE,
     params=NoParams,
     summary="Group-centred outcome reward without std normalisation (Dr. GRPO)",
     formula="A_i = R_i − mean_g R, broadcast over the response; g: the group's non-empty responses",
     requires=("group_ids",),
-    source="Understanding R1-Zero-Like Training: A Critical Perspective "
-    "(Liu et al., 2025), arXiv:2503.20783",
+    source=str(papers.DR_GRPO),
 )
 
 
 RLOO = Component(
     "advantage",
     "rloo",
-    f"{MODULE}:RLOO",
+    MODULE,
     params=NoParams,
     summary="REINFORCE leave-one-out baseline",
     formula="A_i = R_i − mean_{j≠i} R_j = n/(n−1) (R_i − mean_g R); n: the group's non-empty responses",
     requires=("group_ids",),
-    source="Back to Basics: Revisiting REINFORCE Style Optimization for Learning from "
-    "Human Feedback in LLMs (Ahmadian et al., 2024), arXiv:2402.14740",
+    source=str(papers.RLOO),
 )
 
 
 REINFORCE_PP = Component(
     "advantage",
     "reinforce_pp",
-    f"{MODULE}:ReinforcePP",
-    params=GammaParams,
+    MODULE,
+    params=Gamma,
     summary="Batch-whitened discounted reward-to-go (REINFORCE++)",
     formula="A_t = whiten(Σ_{s≥t} γ^{s−t} r_s) over all response tokens of the batch",
-    source="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language "
-    "Models (Hu, 2025), arXiv:2501.03262",
+    source=str(papers.REINFORCE_PP),
 )
 
 
 REINFORCE_PP_BASELINE = Component(
     "advantage",
     "reinforce_pp_baseline",
-    f"{MODULE}:ReinforcePPBaseline",
+    MODULE,
     params=NoParams,
     summary="Group-centred outcome reward, batch-whitened (REINFORCE++ with baseline)",
     formula="A_t = whiten(R_i − mean_g R) over all response tokens of the batch; g: non-empty responses",
     requires=("group_ids",),
-    source="REINFORCE++: A Simple and Efficient Approach for Aligning Large Language "
-    "Models (Hu, 2025), arXiv:2501.03262",
+    source=str(papers.REINFORCE_PP),
 )
 
 
 REMAX = Component(
     "advantage",
     "remax",
-    f"{MODULE}:ReMax",
+    MODULE,
     params=NoParams,
     summary="Reward-to-go minus the greedy baseline response's score (ReMax)",
     formula="A_t = Σ_{s≥t} r_s − R(greedy response)",
     requires=("baseline_rewards",),
-    source="ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for "
-    "Aligning Large Language Models (Li et al., 2024), arXiv:2310.10505",
+    source=str(papers.REMAX),
 )
 
 
 OPO = Component(
     "advantage",
     "opo",
-    f"{MODULE}:OPO",
+    MODULE,
     params=NoParams,
     summary="Outcome reward minus the length-weighted group mean (optimal baseline)",
     formula="A_i = R_i − Σ_j l_j R_j / Σ_j l_j over the group, l = response length (empty rows weigh 0)",
     requires=("group_ids",),
-    source="On-Policy RL with Optimal Reward Baseline (Hao et al., 2025), arXiv:2505.23585",
+    source=str(papers.OPO),
 )
 
 #: Every built-in advantage component, registered by the default plugin.

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit import papers
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -37,12 +38,12 @@ class Aggregation(Protocol):
     ) -> Tensor: ...
 
 
-MODULE = "ppokit.components.aggregation.impl"
-
-DR_GRPO = (
-    "Understanding R1-Zero-Like Training: A Critical Perspective (Liu et al., 2025), "
-    "arXiv:2503.20783"
+CONTRACT = Contract(
+    "scalar",
+    differentiable="values",
+    optional={"denominator": "the scalar denominator of a mask: agg(L, mask, denom=d)"},
 )
+MODULE = "ppokit.components.aggregation.impl"
 
 
 class SeqMeanTokenSumNormParams(Params):
@@ -54,46 +55,44 @@ class SeqMeanTokenSumNormParams(Params):
 TOKEN_MEAN = Component(
     "aggregation",
     "token_mean",
-    f"{MODULE}:TokenMean",
+    MODULE,
     params=NoParams,
     summary="Mean over every unmasked token of the batch",
     formula="sum(m L) / max(sum(m), 1)",
-    source="DAPO: An Open-Source LLM Reinforcement Learning System at Scale "
-    "(Yu et al., 2025), arXiv:2503.14476",
+    source=str(papers.DAPO),
 )
 
 
 SEQ_MEAN_TOKEN_MEAN = Component(
     "aggregation",
     "seq_mean_token_mean",
-    f"{MODULE}:SeqMeanTokenMean",
+    MODULE,
     params=NoParams,
     summary="Mean over non-empty rows of each row's token mean (GRPO)",
     formula="(1 / #rows) sum_i [sum_t m L / max(sum_t m, 1)]",
-    source="DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language "
-    "Models (Shao et al., 2024), arXiv:2402.03300",
+    source=str(papers.GRPO),
 )
 
 
 SEQ_MEAN_TOKEN_SUM = Component(
     "aggregation",
     "seq_mean_token_sum",
-    f"{MODULE}:SeqMeanTokenSum",
+    MODULE,
     params=NoParams,
     summary="Mean over non-empty rows of each row's token sum",
     formula="(1 / #rows) sum_i sum_t m L",
-    source=DR_GRPO,
+    source=str(papers.DR_GRPO),
 )
 
 
 SEQ_MEAN_TOKEN_SUM_NORM = Component(
     "aggregation",
     "seq_mean_token_sum_norm",
-    f"{MODULE}:SeqMeanTokenSumNorm",
+    MODULE,
     params=SeqMeanTokenSumNormParams,
     summary="Row token sums averaged, divided by a constant (Dr. GRPO)",
     formula="(1 / (#rows * norm)) sum_i sum_t m L, norm = T by default",
-    source=DR_GRPO,
+    source=str(papers.DR_GRPO),
 )
 
 #: Every built-in aggregation component, registered by the default plugin.

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
-from ppokit.catalogue import Component, Params
+from ppokit import papers
+from ppokit.catalogue import Component, Contract, Gamma
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -27,55 +28,48 @@ class CriticTarget(Protocol):
     def __call__(self, batch: RolloutBatch) -> Tensor: ...
 
 
+CONTRACT = Contract("estimate")
 MODULE = "ppokit.components.critic_target.impl"
 
-Gamma = Field(default=1.0, ge=0.0, le=1.0, description="discount factor gamma in [0, 1]")
 
-
-class LambdaReturnParams(Params):
-    gamma: float = Gamma
+class LambdaReturnParams(Gamma):
     lam: float = Field(
         default=1.0, ge=0.0, le=1.0, description="the critic's lambda (may differ from the actor's)"
     )
 
 
-class GammaParams(Params):
-    gamma: float = Gamma
-
-
 LAMBDA_RETURN = Component(
     "critic_target",
     "lambda_return",
-    f"{MODULE}:LambdaReturn",
+    MODULE,
     params=LambdaReturnParams,
     summary="Lambda-return: old value plus unwhitened GAE",
     formula="Y_t = V_old(s_t) + GAE_t(γ, λ)",
     requires=("values",),
-    source="What's Behind PPO's Collapse in Long-CoT? Value Optimization Holds the Secret "
-    "(Yuan et al., 2025), arXiv:2503.01491",
+    source=str(papers.VC_PPO),
 )
 
 
 MC_RETURN = Component(
     "critic_target",
     "mc_return",
-    f"{MODULE}:MonteCarloReturn",
-    params=GammaParams,
+    MODULE,
+    params=Gamma,
     summary="Discounted return-to-go, bootstrapped on truncated rows",
     formula="Y_t = Σ_{s≥t} γ^{s−t} r_s + γ^{T−t} V_T",
-    source="Reinforcement Learning: An Introduction (Sutton and Barto, 2018)",
+    source=str(papers.SUTTON_BARTO),
 )
 
 
 TD0 = Component(
     "critic_target",
     "td0",
-    f"{MODULE}:TD0",
-    params=GammaParams,
+    MODULE,
+    params=Gamma,
     summary="One-step temporal-difference target",
     formula="Y_t = r_t + γ V_old(s_{t+1}), V after the last token = terminal value",
     requires=("values",),
-    source="Learning to Predict by the Methods of Temporal Differences (Sutton, 1988)",
+    source=str(papers.TD),
 )
 
 #: Every built-in critic_target component, registered by the default plugin.

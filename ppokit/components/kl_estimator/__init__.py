@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
-from ppokit.catalogue import Component, Params
+from ppokit import papers
+from ppokit.catalogue import Component, Contract, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -27,8 +28,8 @@ class KLEstimator(Protocol):
     def __call__(self, logp: Tensor, logp_ref: Tensor) -> Tensor: ...
 
 
+CONTRACT = Contract("elementwise", like=(0, "logp"), differentiable="logp")
 MODULE = "ppokit.components.kl_estimator.impl"
-SOURCE = "Approximating KL Divergence (J. Schulman, 2020), http://joschu.net/blog/kl-approx.html"
 
 
 class KLParams(Params):
@@ -40,30 +41,29 @@ class KLParams(Params):
 _STRAIGHT_THROUGH = "; straight_through: value + k2 - sg(k2) with sg(value)"
 
 
-def _estimator(name: str, cls: str, summary: str, formula: str) -> Component:
+def _estimator(name: str, summary: str, formula: str) -> Component:
     return Component(
         "kl_estimator",
         name,
-        f"{MODULE}:{cls}",
+        MODULE,
         params=KLParams,
         summary=summary,
         formula=formula + _STRAIGHT_THROUGH,
         requires=("logp_ref",),
-        source=SOURCE,
+        source=str(papers.KL_APPROX),
     )
 
 
-K1 = _estimator("k1", "K1", "Log-ratio: unbiased, high variance", "k1 = logp - logp_ref")
+K1 = _estimator("k1", "Log-ratio: unbiased, high variance", "k1 = logp - logp_ref")
 K2 = _estimator(
-    "k2", "K2", "Half squared log-ratio: biased, low variance", "k2 = 0.5 (logp - logp_ref)^2"
+    "k2", "Half squared log-ratio: biased, low variance", "k2 = 0.5 (logp - logp_ref)^2"
 )
 K3 = _estimator(
     "k3",
-    "K3",
     "exp(d) - d - 1: unbiased and non-negative",
     "k3 = clamp(exp(d) - d - 1, 0, 10), d = clamp(logp_ref - logp, -20, 20)",
 )
-ABS = _estimator("abs", "AbsKL", "Absolute log-ratio", "|logp - logp_ref|")
+ABS = _estimator("abs", "Absolute log-ratio", "|logp - logp_ref|")
 
 #: Every built-in kl_estimator component, registered by the default plugin.
 ENTRIES: tuple[Component, ...] = (K1, K2, K3, ABS)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
-from ppokit.catalogue import Component, Params
+from ppokit import papers
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -29,6 +30,12 @@ class PolicyLoss(Protocol):
     def __call__(self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> Tensor: ...
 
 
+CONTRACT = Contract(
+    "elementwise",
+    like=(0, "logp"),
+    differentiable="logp",
+    optional={"clipped": "bool [B, T]: where the clip is active (the clipfrac metric)"},
+)
 MODULE = "ppokit.components.policy_loss.impl"
 
 
@@ -49,14 +56,10 @@ class CISPOParams(Params):
     clip_high: float = Field(..., gt=0, description="IS weight truncated at 1 + clip_high")
 
 
-class ReinforceParams(Params):
-    pass
-
-
 PPO_CLIP = Component(
     "policy_loss",
     "ppo_clip",
-    f"{MODULE}:PPOClip",
+    MODULE,
     params=PPOClipParams,
     summary="PPO clipped surrogate (asymmetric clip-higher bounds, optional dual clip)",
     formula=(
@@ -65,17 +68,14 @@ PPO_CLIP = Component(
         "dual clip c: l = min(l, -c A) where A < 0"
     ),
     requires=("logp_old",),
-    source="Proximal Policy Optimization Algorithms (Schulman et al., 2017), "
-    "arXiv:1707.06347; clip-higher: DAPO (Yu et al., 2025), arXiv:2503.14476; "
-    "dual clip: Mastering Complex Control in MOBA Games with Deep Reinforcement Learning "
-    "(Ye et al., 2020), arXiv:1912.09729",
+    source=papers.cite(papers.PPO, ("clip-higher", papers.DAPO), ("dual clip", papers.DUAL_CLIP)),
 )
 
 
 GSPO = Component(
     "policy_loss",
     "gspo",
-    f"{MODULE}:GSPO",
+    MODULE,
     params=GSPOParams,
     summary="Clipped surrogate on the sequence-level (length-normalised) ratio",
     formula=(
@@ -83,32 +83,30 @@ GSPO = Component(
         "l = max(-A s_{i,t}, -A clip(s_{i,t}, 1 - clip_low, 1 + clip_high))"
     ),
     requires=("logp_old",),
-    source="Group Sequence Policy Optimization (Zheng et al., 2025), arXiv:2507.18071",
+    source=str(papers.GSPO),
 )
 
 
 CISPO = Component(
     "policy_loss",
     "cispo",
-    f"{MODULE}:CISPO",
+    MODULE,
     params=CISPOParams,
     summary="Truncated, stop-gradient IS weight on a REINFORCE loss: no token loses its gradient",
     formula="l = -sg(min(rho, 1 + clip_high)) A logp",
     requires=("logp_old",),
-    source="MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention "
-    "(MiniMax, 2025), arXiv:2506.13585",
+    source=str(papers.CISPO),
 )
 
 
 REINFORCE = Component(
     "policy_loss",
     "reinforce",
-    f"{MODULE}:Reinforce",
-    params=ReinforceParams,
+    MODULE,
+    params=NoParams,
     summary="On-policy score-function loss (RLOO, ReMax, OPO)",
     formula="l = -A logp",
-    source="Simple Statistical Gradient-Following Algorithms for Connectionist "
-    "Reinforcement Learning (Williams, 1992)",
+    source=str(papers.REINFORCE),
 )
 
 #: Every built-in policy_loss component, registered by the default plugin.

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from ppokit.catalogue import Component, NoParams
+from ppokit import papers
+from ppokit.catalogue import Component, Contract, NoParams
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -22,36 +23,37 @@ class PositionMask(Protocol):
     def __call__(self, batch: RolloutBatch) -> Tensor: ...
 
 
+CONTRACT = Contract("position_mask")
 MODULE = "ppokit.components.position_mask.impl"
 
 
 RESPONSE = Component(
     "position_mask",
     "response",
-    f"{MODULE}:ResponseMask",
+    MODULE,
     params=NoParams,
     summary="Every response token",
     formula="m_t = response_mask_t",
-    source="the general critic loss of ppokit's docs/concepts.md; PPO (Schulman et al., 2017), arXiv:1707.06347",
+    source=papers.cite("the general critic loss of ppokit's docs/concepts.md", papers.PPO),
 )
 
 
 COMPLETED = Component(
     "position_mask",
     "completed",
-    f"{MODULE}:CompletedMask",
+    MODULE,
     params=NoParams,
     summary="Response tokens of rows that ended with EOS (truncated rows get 0)",
     formula="m_t = response_mask_t * (1 - truncated)",
     requires=("truncated",),
-    source="Time Limits in Reinforcement Learning (Pardo et al., 2018), arXiv:1712.00378: no value regression on cut-off returns",
+    source=papers.cite(papers.TIME_LIMITS, "no value regression on cut-off returns"),
 )
 
 
 LAST_TOKEN = Component(
     "position_mask",
     "last_token",
-    f"{MODULE}:LastTokenMask",
+    MODULE,
     params=NoParams,
     summary="Only each row's last response token",
     formula="m_t = 1 if t is the row's last response position else 0",

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit import papers
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -27,11 +28,8 @@ class PromptWeight(Protocol):
     def __call__(self, batch: RolloutBatch) -> Tensor: ...
 
 
+CONTRACT = Contract("prompt_weight")
 MODULE = "ppokit.components.prompt_weight.impl"
-DAPO = (
-    "DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al., 2025), "
-    "arXiv:2503.14476"
-)
 
 
 class PassRateVarianceParams(Params):
@@ -41,7 +39,7 @@ class PassRateVarianceParams(Params):
 UNIFORM = Component(
     "prompt_weight",
     "uniform",
-    f"{MODULE}:Uniform",
+    MODULE,
     params=NoParams,
     summary="Every prompt weighs 1",
     formula="w = 1 (0 for a row without tokens)",
@@ -52,7 +50,7 @@ UNIFORM = Component(
 PASS_RATE_VARIANCE = Component(
     "prompt_weight",
     "pass_rate_variance",
-    f"{MODULE}:PassRateVariance",
+    MODULE,
     params=PassRateVarianceParams,
     summary="Bernoulli variance of the group's pass rate: prompts solved half the time weigh most",
     formula="p = clamp(group mean of R, 0, 1); w = p (1 - p), divided by mean(w) if normalize; over non-empty rows",
@@ -64,12 +62,12 @@ PASS_RATE_VARIANCE = Component(
 INFORMATIVE_GROUPS = Component(
     "prompt_weight",
     "informative_groups",
-    f"{MODULE}:InformativeGroups",
+    MODULE,
     params=NoParams,
     summary="1 for groups whose rewards are not all equal, else 0 (dynamic sampling as a weight)",
     formula="w = 1[max_group R > min_group R] over the group's non-empty rows",
     requires=("group_ids",),
-    source=DAPO,
+    source=str(papers.DAPO),
 )
 
 #: Every built-in prompt_weight component, registered by the default plugin.

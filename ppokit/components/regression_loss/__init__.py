@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field
 
-from ppokit.catalogue import Component, Params
+from ppokit import papers
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -32,12 +33,18 @@ class RegressionLoss(Protocol):
     def __call__(self, pred: Tensor, target: Tensor, old: Tensor) -> Tensor: ...
 
 
+CONTRACT = Contract(
+    "elementwise",
+    like=(1, "target"),
+    differentiable="pred",
+    optional={
+        "head_size": "int, the width of the value head (default 1)",
+        "value": "V [B, T] from the head's output (default head_out[..., 0])",
+        "prediction": "what the loss takes as pred (default value(head_out))",
+        "clipped": "bool [B, T]: where the value clip is active (the vf_clipfrac metric)",
+    },
+)
 MODULE = "ppokit.components.regression_loss.impl"
-PPO = "Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347"
-
-
-class MSEParams(Params):
-    pass
 
 
 class ClippedMSEParams(Params):
@@ -51,34 +58,34 @@ class HuberParams(Params):
 MSE = Component(
     "regression_loss",
     "mse",
-    f"{MODULE}:MSE",
-    params=MSEParams,
+    MODULE,
+    params=NoParams,
     summary="Squared error",
     formula="0.5 (V - Y)^2",
-    source=PPO,
+    source=str(papers.PPO),
 )
 
 
 CLIPPED_MSE = Component(
     "regression_loss",
     "clipped_mse",
-    f"{MODULE}:ClippedMSE",
+    MODULE,
     params=ClippedMSEParams,
     summary="PPO value clipping: the worse of the plain and the clipped squared error",
     formula="0.5 max((V - Y)^2, (V_old + clamp(V - V_old, -clip, clip) - Y)^2)",
     requires=("values",),
-    source=PPO,
+    source=str(papers.PPO),
 )
 
 
 HUBER = Component(
     "regression_loss",
     "huber",
-    f"{MODULE}:Huber",
+    MODULE,
     params=HuberParams,
     summary="Huber loss: quadratic near the target, linear far from it",
     formula="x = V - Y: 0.5 x^2 if |x| <= delta, else delta (|x| - 0.5 delta)",
-    source="Robust Estimation of a Location Parameter (P. J. Huber, 1964)",
+    source=str(papers.HUBER),
 )
 
 #: Every built-in regression_loss component, registered by the default plugin.

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field, field_validator, model_validator
 
-from ppokit.catalogue import Component, Params
+from ppokit import papers
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -32,6 +33,7 @@ class Reward(Protocol):
     ) -> Tensor | Sequence[float]: ...
 
 
+CONTRACT = Contract("scores")
 MODULE = "ppokit.components.reward.impl"
 
 __all__ = [
@@ -43,23 +45,6 @@ __all__ = [
     "RegexParams",
     "register_components",
 ]
-
-_TULU3 = (
-    "Tulu 3: Pushing Frontiers in Open Language Model Post-Training "
-    "(Lambert et al., 2024), arXiv:2411.15124"
-)
-_R1 = (
-    "DeepSeek-R1: Incentivizing Reasoning Capability in LLMs via Reinforcement Learning "
-    "(DeepSeek-AI, 2025), arXiv:2501.12948"
-)
-_DAPO = (
-    "DAPO: An Open-Source LLM Reinforcement Learning System at Scale "
-    "(Yu et al., 2025), arXiv:2503.14476"
-)
-_INSTRUCTGPT = (
-    "Training language models to follow instructions with human feedback "
-    "(Ouyang et al., 2022), arXiv:2203.02155"
-)
 
 
 class MathVerifyParams(Params):
@@ -144,70 +129,66 @@ class HFClassifierParams(Params):
         return value
 
 
-class DemoParams(Params):
-    pass
-
-
 MATH_VERIFY = Component(
     "reward",
     "math_verify",
-    f"{MODULE}:MathVerifyReward",
+    MODULE,
     params=MathVerifyParams,
     summary="1 when the response's final answer is mathematically equal to the gold answer",
     formula="r = correct if verify(parse(answer), parse(response)) else incorrect",
-    source=_TULU3,
+    source=str(papers.TULU3),
 )
 
 
 EXACT_MATCH = Component(
     "reward",
     "exact_match",
-    f"{MODULE}:ExactMatchReward",
+    MODULE,
     params=ExactMatchParams,
     summary="1 when the response equals the expected text (after normalisation)",
     formula="r = 1[norm(response) == norm(answer)], norm = strip and casefold by default",
-    source=_TULU3,
+    source=str(papers.TULU3),
 )
 
 
 REGEX = Component(
     "reward",
     "regex",
-    f"{MODULE}:RegexReward",
+    MODULE,
     params=RegexParams,
     summary="1 when a regular expression matches (optionally capturing the answer)",
     formula="r = 1[pattern matches response] (and group(1) == field when field is set)",
-    source=_R1,
+    source=str(papers.R1),
 )
 
 
 LENGTH_PENALTY = Component(
     "reward",
     "length_penalty",
-    f"{MODULE}:LengthPenaltyReward",
+    MODULE,
     params=LengthPenaltyParams,
     summary="linear penalty on response tokens beyond a target length",
     formula="r = -scale * max(0, min(L, max_length) - target)",
-    source=_DAPO,
+    source=str(papers.DAPO),
 )
 
 
 HF_CLASSIFIER = Component(
     "reward",
     "hf_classifier",
-    f"{MODULE}:HFClassifierReward",
+    MODULE,
     params=HFClassifierParams,
     summary="a local Hugging Face sequence classifier scoring (prompt, response) pairs",
     formula="r = p(label | prompt, response), or the logit of a single-logit head",
-    source=_INSTRUCTGPT,
+    source=str(papers.INSTRUCTGPT),
 )
 
 
 DEMO = Component(
     "reward",
     "demo",
-    "ppokit.tasks.demo:DemoReward",
-    params=DemoParams,
+    "ppokit.tasks.demo",
+    params=NoParams,
     summary="Reward of the built-in demo task",
     formula="r = |{i < 4 : response[i] = s}| / 4 for the symbol s the prompt shows",
     source="ppokit's built-in demo task (echo the prompt's symbol)",

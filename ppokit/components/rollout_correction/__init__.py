@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field, model_validator
 
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit import papers
+from ppokit.catalogue import Component, Contract, NoParams, Params
+from ppokit.metrics_table import Metric
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -33,20 +35,24 @@ class RolloutCorrection(Protocol):
     def __call__(self, batch: RolloutBatch) -> Tensor: ...
 
 
+CONTRACT = Contract("estimate")
 MODULE = "ppokit.components.rollout_correction.impl"
 REQUIRES = ("logp_old", "logp_rollout")
-YAO = (
-    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training (Yao et al., "
-    "2025), fengyao.notion.site/off-policy-rl; verl algorithm.rollout_correction"
+#: What every correction reports each round (its ``metrics(batch, weights)``).
+METRICS = (
+    Metric("rollout/correction_weight_mean", "mean weight c over the response tokens"),
+    Metric("rollout/correction_masked_frac", "fraction of response tokens of weight 0"),
+    Metric("rollout/correction_masked_rows", "fraction of responses of weight 0 throughout"),
 )
-ICEPOP = (
-    "IcePop: masked importance sampling of the training-inference mismatch, Every Step "
-    "Evolves: Scaling Reinforcement Learning for Trillion-Scale Thinking Model (Ling Team, "
-    "2025), arXiv:2510.18855"
+YAO = papers.cite(papers.OFF_POLICY, "verl algorithm.rollout_correction")
+ICEPOP = papers.cite(
+    ("IcePop: masked importance sampling of the training-inference mismatch", papers.ICEPOP)
 )
-VERL_RS = (
+VERL_RS = papers.cite(
     "Rejection sampling by the rollout/training ratio, as in verl "
-    "(algorithm.rollout_correction, rollout_rs); " + YAO
+    "(algorithm.rollout_correction, rollout_rs)",
+    papers.OFF_POLICY,
+    "verl algorithm.rollout_correction",
 )
 
 
@@ -84,65 +90,71 @@ class GeoParams(BoundsParams):
 NONE = Component(
     "rollout_correction",
     "none",
-    f"{MODULE}:NoCorrection",
+    MODULE,
     params=NoParams,
+    metrics=METRICS,
     summary="No correction: the batch is taken as on-policy for π_old",
     formula="c_t = 1 on response positions",
-    source="Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347",
+    source=str(papers.PPO),
 )
 
 TOKEN_TIS = Component(
     "rollout_correction",
     "token_tis",
-    f"{MODULE}:TokenTIS",
+    MODULE,
     params=CapParams,
     summary="Truncated importance sampling per token: min(π_old/μ, C)",
     formula="c_t = min(r_t, cap), r_t = exp(logp_old_t - logp_rollout_t)",
     requires=REQUIRES,
+    metrics=METRICS,
     source=YAO,
 )
 
 TOKEN_MIS = Component(
     "rollout_correction",
     "token_mis",
-    f"{MODULE}:TokenMIS",
+    MODULE,
     params=TokenMISParams,
     summary="Masked importance sampling per token: tokens whose ratio leaves [low, high] are dropped",
     formula="c_t = r_t · 1[low <= r_t <= high]",
     requires=REQUIRES,
+    metrics=METRICS,
     source=ICEPOP,
 )
 
 SEQ_TIS = Component(
     "rollout_correction",
     "seq_tis",
-    f"{MODULE}:SeqTIS",
+    MODULE,
     params=CapParams,
     summary="Truncated importance sampling per sequence, on every token of the row",
     formula="c_t = min(exp(Σ_t Δ_t), cap), Δ_t = logp_old_t - logp_rollout_t",
     requires=REQUIRES,
+    metrics=METRICS,
     source=YAO,
 )
 
 SEQ_MIS = Component(
     "rollout_correction",
     "seq_mis",
-    f"{MODULE}:SeqMIS",
+    MODULE,
     params=BoundsParams,
     summary="Masked importance sampling per sequence: rows whose ratio leaves [low, high] are dropped",
     formula="ρ = exp(Σ_t Δ_t); c_t = ρ · 1[low <= ρ <= high]",
     requires=REQUIRES,
+    metrics=METRICS,
     source=VERL_RS,
 )
 
 GEO_MASK = Component(
     "rollout_correction",
     "geo_mask",
-    f"{MODULE}:GeoMask",
+    MODULE,
     params=GeoParams,
     summary="Rejects rows by the geometric-mean ratio (which does not grow with length)",
     formula="g = exp(mean_t Δ_t); c_t = 1[low <= g <= high]",
     requires=REQUIRES,
+    metrics=METRICS,
     source=VERL_RS,
 )
 

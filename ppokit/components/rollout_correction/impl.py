@@ -40,14 +40,32 @@ def _rows(value: Tensor, batch: RolloutBatch) -> Tensor:
     return torch.where(batch.response_mask, value[:, None], 0.0)
 
 
+class _Reports:
+    """What a correction did over the response positions (the catalogue's ``METRICS``): the
+    mean weight, the fraction of tokens it zeroed and the fraction of (non-empty) rows it
+    zeroed whole."""
+
+    def metrics(self, batch: RolloutBatch, weights: Tensor) -> dict[str, Tensor]:
+        mask = batch.response_mask
+        tokens = batch.lengths.sum().clamp_min(1)
+        zeroed = mask & (weights <= 0)
+        rows = batch.nonempty
+        whole = rows & (zeroed.sum(1) == batch.lengths)
+        return {
+            "rollout/correction_weight_mean": torch.where(mask, weights, 0.0).sum() / tokens,
+            "rollout/correction_masked_frac": zeroed.sum() / tokens,
+            "rollout/correction_masked_rows": whole.sum() / rows.sum().clamp_min(1),
+        }
+
+
 @NONE.implementation
-class NoCorrection:
+class NoCorrection(_Reports):
     def __call__(self, batch: RolloutBatch) -> Tensor:
         return batch.maskf
 
 
 @TOKEN_TIS.implementation
-class TokenTIS:
+class TokenTIS(_Reports):
     def __init__(self, *, cap: float) -> None:
         self.cap = cap
 
@@ -57,7 +75,7 @@ class TokenTIS:
 
 
 @TOKEN_MIS.implementation
-class TokenMIS:
+class TokenMIS(_Reports):
     def __init__(self, *, low: float, high: float) -> None:
         self.low, self.high = low, high
 
@@ -68,7 +86,7 @@ class TokenMIS:
 
 
 @SEQ_TIS.implementation
-class SeqTIS:
+class SeqTIS(_Reports):
     def __init__(self, *, cap: float) -> None:
         self.cap = cap
 
@@ -78,7 +96,7 @@ class SeqTIS:
 
 
 @SEQ_MIS.implementation
-class SeqMIS:
+class SeqMIS(_Reports):
     def __init__(self, *, low: float, high: float) -> None:
         self.low, self.high = low, high
 
@@ -89,7 +107,7 @@ class SeqMIS:
 
 
 @GEO_MASK.implementation
-class GeoMask:
+class GeoMask(_Reports):
     def __init__(self, *, low: float, high: float) -> None:
         self.low, self.high = low, high
 

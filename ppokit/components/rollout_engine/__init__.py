@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field
 
+from ppokit import papers
 from ppokit.catalogue import Component, Params
 
 if TYPE_CHECKING:
@@ -188,16 +189,15 @@ class HFParams(Params):
 HF = Component(
     "rollout_engine",
     "hf",
-    f"{MODULE}:HFEngine",
+    MODULE,
     params=HFParams,
     summary="Samples with the actor's own model.generate (KV cache), recording log μ of each token",
     formula=(
         "a_t ~ softmax(filter(z_t / temperature)), log μ(a_t) = log_softmax(z_t / temperature)[a_t];"
         " μ = π_old: the actor itself samples"
     ),
-    source=(
-        "Hugging Face transformers generation (GenerationMixin.generate); "
-        "Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347"
+    source=papers.cite(
+        "Hugging Face transformers generation (GenerationMixin.generate)", papers.PPO
     ),
 )
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import Field, model_validator
 
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit import papers
+from ppokit.catalogue import Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from ppokit.batch import RolloutBatch
@@ -24,11 +25,8 @@ class Truncation(Protocol):
     def __call__(self, batch: RolloutBatch) -> RolloutBatch: ...
 
 
+CONTRACT = Contract("batch")
 MODULE = "ppokit.components.truncation.impl"
-DAPO = (
-    "DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al., 2025), "
-    "arXiv:2503.14476"
-)
 
 
 class PenaltyParams(Params):
@@ -53,61 +51,61 @@ class SoftOverlongParams(Params):
 TERMINAL = Component(
     "truncation",
     "terminal",
-    f"{MODULE}:Terminal",
+    MODULE,
     params=NoParams,
     summary="Truncated rows are treated as ended (value after the last token is 0)",
     formula="V(s_{L+1}) = 0 for every row, truncated or not",
-    source="Time Limits in Reinforcement Learning (Pardo et al., 2018), arXiv:1712.00378 (the time-limit-as-terminal baseline)",
+    source=papers.cite(papers.TIME_LIMITS, "the time-limit-as-terminal baseline"),
 )
 
 
 BOOTSTRAP = Component(
     "truncation",
     "bootstrap",
-    f"{MODULE}:Bootstrap",
+    MODULE,
     params=NoParams,
     summary="Truncated rows bootstrap from the critic's value of the next state",
     formula="V(s_after_last) = bootstrap_value on truncated rows",
     requires=("truncated", "bootstrap_values"),
-    source="Time Limits in Reinforcement Learning (Pardo et al., 2018), arXiv:1712.00378",
+    source=str(papers.TIME_LIMITS),
 )
 
 
 EXCLUDE = Component(
     "truncation",
     "exclude",
-    f"{MODULE}:Exclude",
+    MODULE,
     params=NoParams,
     summary="Truncated rows are removed from the actor and critic losses (overlong filtering)",
     formula="response_mask[i, :] := False for truncated i",
     requires=("truncated",),
-    source=DAPO,
+    source=str(papers.DAPO),
 )
 
 
 PENALTY = Component(
     "truncation",
     "penalty",
-    f"{MODULE}:Penalty",
+    MODULE,
     params=PenaltyParams,
     summary="A truncated row's outcome reward is replaced by a fixed value",
     formula="r_{i,t} := value at the row's last position, else 0, for truncated i",
     requires=("truncated",),
-    source="The N+ Implementation Details of RLHF with PPO (Huang et al., 2024), arXiv:2403.17031",
+    source=str(papers.N_PLUS),
 )
 
 
 SOFT_OVERLONG = Component(
     "truncation",
     "soft_overlong",
-    f"{MODULE}:SoftOverlong",
+    MODULE,
     params=SoftOverlongParams,
     summary="DAPO's soft overlong punishment added to the outcome reward, by length",
     formula=(
         "L_c = max_length - buffer; R += 0 if L <= L_c; "
         "(L_c - L) / buffer * factor if L_c < L <= max_length; -factor if L > max_length"
     ),
-    source=DAPO,
+    source=str(papers.DAPO),
 )
 
 #: Every built-in truncation component, registered by the default plugin.

@@ -1,4 +1,8 @@
-"""Test plugins, spec fixtures and throwaway virtualenvs shared by the core's tests."""
+"""The tests' helpers, in one place: here the test plugins, spec fixtures and throwaway
+virtualenvs shared by the core's tests; ``tests.helpers.trainer`` small specs and learners on
+the tiny model, ``tests.helpers.components`` components built through the registry,
+``tests.helpers.strategies`` hypothesis strategies of batches, ``tests.helpers.reference``
+the components' reference loops."""
 
 from __future__ import annotations
 
@@ -14,17 +18,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ppokit.catalogue import Component
 from ppokit.hookspecs import Register, hookimpl
 
-ROOT = Path(__file__).resolve().parents[1]
-SPECS = Path(__file__).resolve().parent / "specs"
+ROOT = Path(__file__).resolve().parents[2]
+SPECS = ROOT / "tests" / "specs"
 EXAMPLE_PLUGIN = ROOT / "plugins" / "ppokit-example"
 
 
 # ---------------------------------------------------------------------- plugins
 @dataclass(eq=False)
 class Plugin:
-    """An in-process plugin: registers ``components`` (``(args, kwargs)`` pairs) when hooked."""
+    """An in-process plugin: registers one :class:`Component` per ``(args, kwargs)`` pair of
+    ``components`` (the entry's fields) when hooked."""
 
     components: list[tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
     fail_with: Exception | None = None
@@ -36,7 +42,8 @@ class Plugin:
     @hookimpl
     def ppokit_register(self, register: Register) -> None:
         for args, kwargs in self.components:
-            register(*args, **kwargs)
+            given = args[0] if len(args) == 1 and not kwargs else None
+            register(given if isinstance(given, Component) else Component(*args, **kwargs))
         if self.fail_with is not None:
             raise self.fail_with
 
@@ -201,7 +208,7 @@ import ppokit
 
 @ppokit.hookimpl
 def ppokit_register(register, extra):  # 'extra' is not an argument of the hook
-    register("advantage", "never_registered", "x:y")
+    register(ppokit.Component("advantage", "never_registered", "x"))
 """
 
 

@@ -21,7 +21,7 @@ from ppokit.components.reward.impl import (
 from ppokit.errors import MissingDependency, UserError
 from ppokit.registry import RegistryError, build_registry, get_registry
 from ppokit.spec import Spec, SpecError, validate_spec
-from tests.components import builtin_names, make
+from tests.helpers.components import builtin_names, make
 
 #: The built-in rewards, as registered.
 REWARDS = builtin_names("reward")
@@ -422,7 +422,7 @@ def test_every_reward_is_registered_with_its_documentation() -> None:
             assert info.formula.startswith("r = ")
     assert registry.info("reward", "demo").params.model_fields == {}
     # registered lazily (loading a component replaces the string: ask a fresh registry)
-    assert build_registry().info("reward", "demo").factory == "ppokit.tasks.demo:DemoReward"
+    assert build_registry().info("reward", "demo").factory == "ppokit.tasks.demo"
 
 
 def test_registry_round_trip_and_defaults() -> None:

@@ -1,0 +1,201 @@
+"""summary.md, summary.json and compare.png from a summary. Torch-free (matplotlib Agg)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ppokit.compare.runs import PLOT, SUMMARY_JSON, SUMMARY_MD
+from ppokit.compare.summary import RunRecord, _number, _trim, summarize
+from ppokit.metrics_table import metric
+from ppokit.runfolder import (
+    write_atomic,
+)
+from ppokit.stats import mean_ci95
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:.0f}"
+    return f"{x:.{digits}g}" if abs(x) >= 1 else f"{x:.{digits}f}"
+
+
+def _fmt_stat(stat: Mapping[str, Any]) -> str:
+    if stat["mean"] is None:
+        return "-"
+    if stat["ci95"] is None:
+        return f"{_fmt(stat['mean'])} (n=1)"
+    return f"{_fmt(stat['mean'])} ± {_fmt(stat['ci95'])}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(summary: Mapping[str, Any], title: str = "ppokit compare") -> str:
+    """summary.md: one row per spec, then one row per run."""
+    thr = summary["threshold"]
+    evals = summary["eval_metrics"]
+    head = [
+        "spec",
+        "differs in",
+        "runs (finished/failed/total)",
+        "final reward",
+        *evals,
+        f"rounds to reward ≥ {thr:g} (reached)",
+        "wall time s",
+        "tokens/s",
+    ]
+    lines = [f"# {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in summary["specs"]:
+        rt = g["rounds_to_threshold"]
+        differs = ", ".join(f"{k}={v}" for k, v in g["differs"].items()) or "-"
+        row = [
+            g["name"],
+            differs,
+            f"{g['finished']}/{g['failed']}/{g['runs_total']}",
+            _fmt_stat(g["final_reward"]),
+            *(_fmt_stat(g["eval"][k]) for k in evals),
+            f"{_fmt(rt['mean'])} ({rt['reached']}/{rt['of']})",
+            _fmt_stat(g["wall_time_s"]),
+            _fmt_stat(g["tokens_per_s"]),
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    lines += [
+        "",
+        f"final reward: each run's mean `reward_mean` over its last {summary['final_window']} "
+        "rounds; mean over the spec's finished runs (seeds) ± the half-width of the two-sided "
+        "95% Student-t confidence interval (n=1: a single run, no interval). `eval/...` "
+        "columns likewise (a metric logged in none of the last rounds: its last value). "
+        f"rounds to reward ≥ {thr:g}: the first round whose `reward_mean` reaches it, mean over "
+        "the runs that reached it (how many of the finished runs did). wall time: Σ "
+        "`time_round` of a run; tokens/s: a run's mean `tokens_per_s`; both mean ± 95% CI over "
+        "runs.",
+        "",
+        "## Runs",
+        "",
+        "| spec | seed | status | rounds | final reward | wall time s | error | folder |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for g in summary["specs"]:
+        for r in g["runs"]:
+            row = [
+                g["name"],
+                "-" if r["seed"] is None else str(r["seed"]),
+                r["status"],
+                str(r.get("rounds", 0)),
+                _fmt(r.get("final_reward")),
+                _fmt(r.get("wall_time_s")),
+                r["error"] or "",
+                r["dir"],
+            ]
+            lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _curve(runs: Sequence[RunRecord], key: str) -> tuple[list[int], list[float], list[float]]:
+    """Per round: mean and 95% CI half-width (0 for one run) of ``key`` over the runs."""
+    by_round: dict[int, list[float]] = {}
+    for r in runs:
+        for h in _trim(r.history, r.rounds):
+            if _number(h.get(key)):
+                by_round.setdefault(h["round"], []).append(float(h[key]))
+    xs = sorted(by_round)
+    means, halves = [], []
+    for x in xs:
+        mean, half = mean_ci95(by_round[x])
+        means.append(mean)
+        halves.append(half if math.isfinite(half) else 0.0)
+    return xs, means, halves
+
+
+def plot(
+    records: Sequence[RunRecord], summary: Mapping[str, Any], path: Path, title: str = ""
+) -> bool:
+    """compare.png: reward_mean against the round, per spec the mean over its finished runs
+    with a shaded 95% CI band, one colour per spec; a second panel for an eval metric when
+    any run logs one. Returns False when there is nothing to plot."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    finished = [r for r in records if r.status == "finished" and r.history]
+    if not finished:
+        return False
+    evals = summary["eval_metrics"]
+    keys = ["reward_mean", *evals[:1]]
+    n_specs = len(summary["specs"])
+    fig = Figure(figsize=(7 * len(keys), 4.5 + 0.22 * n_specs))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(keys), squeeze=False)[0]
+    colours: list[Any] = [f"C{i}" for i in range(n_specs)]
+    if n_specs > 10:  # ten colours repeat: take twenty
+        from matplotlib import colormaps
+
+        colours = [colormaps["tab20"](i % 20) for i in range(n_specs)]
+    for ax, key in zip(axes, keys, strict=True):
+        for colour, g in zip(colours, summary["specs"], strict=True):
+            runs = [r for r in finished if r.group == g["name"]]
+            xs, means, halves = _curve(runs, key)
+            if not xs:
+                continue
+            n = len(runs)
+            ax.plot(
+                xs,
+                means,
+                color=colour,
+                linewidth=1.5,
+                marker="." if len(xs) <= 30 else None,
+                label=f"{g['label']} (n={n})",
+            )
+            ax.fill_between(
+                xs,
+                [m - h for m, h in zip(means, halves, strict=True)],
+                [m + h for m, h in zip(means, halves, strict=True)],
+                color=colour,
+                alpha=0.2,
+                linewidth=0,
+            )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("round")
+        ax.set_ylabel(metric(key).label)
+        ax.set_title(f"{key}: mean over seeds, shaded 95% CI", fontsize=10)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.suptitle(title or "ppokit compare")
+    fig.legend(handles, labels, loc="lower center", fontsize=8, ncol=1, frameon=False)
+    fig.tight_layout(rect=(0, 0.22 * n_specs / (4.5 + 0.22 * n_specs) + 0.02, 1, 1))
+    write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
+    return True
+
+
+def write_outputs(
+    out: Path,
+    records: Sequence[RunRecord],
+    threshold: float,
+    order: Sequence[str] | None = None,
+    specs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Write summary.json, summary.md and compare.png into ``out``; returns the summary."""
+    summary = summarize(records, threshold, order, specs)
+    text = json.dumps(_json_safe(summary), indent=2) + "\n"
+    write_atomic(out / SUMMARY_JSON, text)
+    write_atomic(out / SUMMARY_MD, render_markdown(summary))
+    n = max((g["runs_total"] for g in summary["specs"]), default=0)
+    plot(records, summary, out / PLOT, title=f"ppokit compare: {out.name} (up to {n} seed(s))")
+    return summary
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value

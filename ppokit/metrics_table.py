@@ -1,0 +1,215 @@
+"""The table of metrics: every metric a run logs, written once as data.
+
+Each :class:`Metric` says what a ``metrics.jsonl`` key is (its label and short label), which
+way it is better (``higher``, ``lower`` or ``none``: the policy loss, KL or an entropy have
+no "best") and where it appears: in every metrics line (``required``), on the live progress
+line (``shown``, a priority), as a panel of curves.png (``curve``), as a row of the summary
+table (``summary``), among the timings that comparing runs leaves out (``timing``). The
+metrics log, curves.png, the live display, the summary table and ``ppokit compare`` derive
+their lists from here, in the table's order.
+
+A component reports its own diagnostics: its catalogue entry lists them
+(``Component(..., metrics=(Metric("rollout/my_ratio", "mean ratio"),))``) and its
+implementation returns them from an optional ``metrics(batch, out)`` member; :func:`metric`
+finds a declared one by name (:func:`declare`). Any other key under a component prefix
+(``rollout/``, ``policy/``, ``critic/``, ``advantage/``, ``reward/``) is accepted with a
+default label, so a paper's new metric needs no edit here.
+
+Torch-free and import-light: ``ppokit compare`` reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "COMPONENT_PREFIXES",
+    "CURVES",
+    "EVAL_CURVES",
+    "METRICS",
+    "REQUIRED",
+    "SHOWN",
+    "SUMMARY",
+    "TIMING",
+    "Metric",
+    "best_direction",
+    "declare",
+    "metric",
+]
+
+Direction = Literal["higher", "lower", "none"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric of a run. A ``name`` ending in ``@`` is a family (``eval/pass@`` is every
+    ``eval/pass@k``)."""
+
+    name: str
+    #: what the value is, with its unit (curves.png's y-axis)
+    label: str
+    #: the live line's name for it ("" where not shown)
+    short: str = ""
+    direction: Direction = "none"
+    #: a key of every metrics line (None when the run has no such quantity)
+    required: bool = False
+    #: its priority on the live line (the highest number is dropped first); None: not shown
+    shown: int | None = None
+    #: a panel of curves.png
+    curve: bool = False
+    #: a row of the summary table at the end of a run
+    summary: bool = False
+    #: a time or memory measurement (left out when runs are compared for equality)
+    timing: bool = False
+
+    def matches(self, key: str) -> bool:
+        return key == self.name or (self.name.endswith("@") and key.startswith(self.name))
+
+
+def _m(name: str, label: str, **facts: object) -> Metric:
+    return Metric(name, label, **facts)  # type: ignore[arg-type]
+
+
+#: Every metric of a run, in the order the views list them.
+METRICS: tuple[Metric, ...] = (
+    _m("round", "round", required=True),
+    _m(
+        "reward_mean",
+        "mean reward",
+        short="reward",
+        direction="higher",
+        required=True,
+        shown=0,
+        curve=True,
+        summary=True,
+    ),
+    _m("reward_std", "reward standard deviation", required=True),
+    _m(
+        "eval/accuracy",
+        "greedy accuracy (95% CI)",
+        short="eval acc",
+        direction="higher",
+        shown=1,
+        curve=True,
+    ),
+    _m("eval/accuracy_ci95", "half-width of the accuracy's 95% Wilson interval"),
+    _m("eval/pass@", "fraction of prompts", direction="higher", curve=True),
+    _m("eval/reward_mean", "mean reward (sampled)", direction="higher", curve=True),
+    _m("eval/response_length_mean", "tokens"),
+    _m("eval/prompts", "prompts evaluated"),
+    _m(
+        "response_length_mean",
+        "tokens",
+        short="len",
+        required=True,
+        shown=3,
+        curve=True,
+        summary=True,
+    ),
+    _m("truncated_frac", "fraction of responses", required=True),
+    _m("kl", "KL to the reference", short="kl", required=True, shown=2, curve=True, summary=True),
+    _m("kl_coef", "KL coefficient β", required=True, summary=True),
+    _m("entropy", "nats per token", short="ent", required=True, shown=5, curve=True, summary=True),
+    _m("policy_loss", "actor loss", required=True, summary=True),
+    _m(
+        "value_loss",
+        "critic loss",
+        short="vloss",
+        direction="lower",
+        required=True,
+        shown=4,
+        curve=True,
+        summary=True,
+    ),
+    _m(
+        "value_error",
+        "mean |V - target|",
+        direction="lower",
+        required=True,
+        curve=True,
+        summary=True,
+    ),
+    _m(
+        "explained_variance",
+        "explained variance of the targets",
+        direction="higher",
+        required=True,
+        summary=True,
+    ),
+    _m(
+        "clipfrac",
+        "fraction of tokens",
+        short="clip",
+        required=True,
+        shown=6,
+        curve=True,
+        summary=True,
+    ),
+    _m("vf_clipfrac", "fraction of positions", required=True),
+    _m("approx_kl", "KL(π_old ‖ π) per token", required=True),
+    _m("advantage_mean", "mean advantage per token"),
+    _m("grad_norm_actor", "gradient norm", required=True, curve=True, summary=True),
+    _m("grad_norm_critic", "gradient norm", required=True, summary=True),
+    _m("skipped_steps", "optimizer steps skipped"),
+    _m("rollout/mismatch_k1", "KL(μ ‖ π_old) per token (k1)"),
+    _m("rollout/mismatch_k3", "KL(μ ‖ π_old) per token (k3)"),
+    _m("rollout/mismatch_max", "max |log π_old − log μ|"),
+    _m("tokens_per_s", "tokens per second", required=True, summary=True, timing=True),
+    _m("peak_memory_gb", "GiB", timing=True),
+    _m("time_generate", "seconds", required=True, timing=True),
+    _m("time_score", "seconds", required=True, timing=True),
+    _m("time_logprob", "seconds", required=True, timing=True),
+    _m("time_update", "seconds", required=True, timing=True),
+    _m("time_round", "seconds", required=True, summary=True, timing=True),
+    _m("time_eval", "seconds", timing=True),
+)
+
+#: Prefixes of the metrics components report: any key under one is accepted.
+COMPONENT_PREFIXES = ("rollout/", "policy/", "critic/", "advantage/", "reward/")
+
+_DECLARED: dict[str, Metric] = {}
+
+
+def declare(metrics: Iterable[Metric]) -> None:
+    """Make metrics a component declares known to :func:`metric` (a name of the table keeps
+    its row)."""
+    for m in metrics:
+        _DECLARED.setdefault(m.name, m)
+
+
+def metric(key: str) -> Metric:
+    """The row of ``key``: the table's, a family's (``eval/pass@4``), a component's declared
+    one, or a default (``reward/<name>``, one reward of several, is better higher)."""
+    for m in METRICS:
+        if m.matches(key):
+            return m
+    if key in _DECLARED:
+        return _DECLARED[key]
+    if key.startswith("reward/"):
+        return Metric(key, f"mean reward of {key.removeprefix('reward/')}", direction="higher")
+    return Metric(key, key)
+
+
+def best_direction(key: str) -> Literal["max", "min"] | None:
+    """Which way ``key`` is better: ``max``, ``min`` or None (no better direction)."""
+    return {"higher": "max", "lower": "min", "none": None}[metric(key).direction]
+
+
+def _names(flag: str) -> tuple[str, ...]:
+    return tuple(m.name for m in METRICS if getattr(m, flag))
+
+
+#: Keys every metrics line carries (None when a run has no such quantity).
+REQUIRED = _names("required")
+#: Timing and memory measurements (excluded when comparing runs).
+TIMING = _names("timing")
+#: Panels of curves.png (training), then the held-out evaluation's (``eval/pass@``: every
+#: ``eval/pass@k``), drawn where the history has values.
+CURVES = tuple(n for n in _names("curve") if not n.startswith("eval/"))
+EVAL_CURVES = tuple(n for n in _names("curve") if n.startswith("eval/"))
+#: (key, short name, priority) of the live progress line, in order.
+SHOWN = tuple((m.name, m.short, m.shown) for m in METRICS if m.shown is not None)
+#: Rows of the summary table, in order (the evaluation's follow the reward).
+SUMMARY = _names("summary")
