@@ -65,6 +65,15 @@ SLOTS: tuple[Slot, ...] = (
         "the outcome reward: one component or a list, summed with their `weight`",
     ),
     Slot(
+        "rollout.filter",
+        "group_filter",
+        "none",
+        "keep",
+        "which generated groups (a prompt's n responses) enter the round: the round draws "
+        "more prompts until prompts_per_round groups pass (DAPO's dynamic sampling with "
+        "informative)",
+    ),
+    Slot(
         "truncation",
         "truncation",
         "terminal",

@@ -382,6 +382,19 @@ class RolloutSpec(_Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus-sampling probability mass")
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
     engine: ComponentSpec = _slot_field("rollout.engine")
+    filter: ComponentSpec = _slot_field("rollout.filter")
+    max_generation_batches: int = Field(
+        10,
+        ge=1,
+        le=1 << 20,
+        description="with a filter: at most this many batches of prompts_per_round prompts "
+        "are generated in a round to fill it with groups that pass",
+    )
+    filter_exhausted: Literal["train", "error"] = Field(
+        "train",
+        description="when max_generation_batches leave the round short of groups that pass "
+        "the filter: 'train' on those it has (none: no update), 'error' stops the run",
+    )
     logp_old: Literal["auto", "forward", "rollout"] = Field(
         "auto",
         description="where log π_old, the PPO ratio's denominator, comes from: 'forward' "

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         Advantage,
         Aggregation,
         CriticTarget,
+        GroupFilter,
         KLEstimator,
         PolicyLoss,
         PositionMask,
@@ -65,6 +66,7 @@ __all__ = [
 #: (``reward``, or ``reward.0``, ``reward.1``, ... for a list) go to ``Assembly.rewards``.
 ATTRIBUTES: dict[str, str] = {
     "rollout.engine": "engine",
+    "rollout.filter": "filter",
     "truncation": "truncation",
     "kl.estimator": "kl",
     "advantage": "advantage",
@@ -193,6 +195,17 @@ def _prompt_weight(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[s
     return _check_tensor(where, out, expect, shape, mask.device, grad=False)
 
 
+def _group_filter(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """group_filter: bool [G], on the rewards' device."""
+    rewards = _arg(args, kwargs, 0, "groups").rewards
+    shape = rewards.shape[:1]
+    expect = f"a bool tensor of shape {_shape_text(shape, 'G')}"
+    out = _check_tensor(where, out, expect, shape, rewards.device, bool_ok=True)
+    if out.dtype != torch.bool:
+        raise ComponentError(f"{where} returned {_describe(out)}: expected {expect}")
+    return out
+
+
 def _truncation(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     mask = _arg(args, kwargs, 0, "batch").response_mask
     if not isinstance(out, RolloutBatch) or out.response_mask.shape != mask.shape:
@@ -299,6 +312,7 @@ def _reward(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any
 #: The contract of each kind's return value (docs/design.md, "Component kinds").
 CONTRACTS: dict[str, Callable[[Where, Any, tuple[Any, ...], dict[str, Any]], Any]] = {
     "reward": _reward,
+    "group_filter": _group_filter,
     "truncation": _truncation,
     "advantage": _estimate,
     "rollout_correction": _estimate,
@@ -469,6 +483,7 @@ class Assembly:
     policy_agg: Aggregation
     policy_weight: PromptWeight
     correction: RolloutCorrection
+    filter: GroupFilter
     requires: frozenset[str]  # batch fields the components read
     kl: KLEstimator | None = None
     critic_target: CriticTarget | None = None

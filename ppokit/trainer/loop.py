@@ -374,11 +374,15 @@ def _run_round(
     trackers: Trackers | None = None,
 ) -> dict[str, Any]:
     begin = time.perf_counter()
-    rows = source.next_rows(spec.rollout.prompts_per_round)
-    rows = rows[distributed.world().share(len(rows))]  # this process's prompts
-    formatted = format_prompts(rows, learner.models.tokenizer, spec.data)
+
+    def draw() -> tuple[list[dict[str, Any]], list[str]]:  # a batch: this process's prompts
+        rows = source.next_rows(spec.rollout.prompts_per_round)
+        rows = rows[distributed.world().share(len(rows))]
+        return rows, format_prompts(rows, learner.models.tokenizer, spec.data)
+
+    rows, formatted = draw()
     train_actor = r >= spec.train.critic_warmup_rounds
-    result = run_round(learner, rows, formatted, round_no=r + 1, train_actor=train_actor)
+    result = run_round(learner, rows, formatted, round_no=r + 1, train_actor=train_actor, draw=draw)
     values = read_once(result.metrics)  # the round's one host read
     tokens = values.pop("tokens", None) or 0.0
     record: dict[str, Any] = {"round": r + 1, **values, **result.timings}
