@@ -74,7 +74,8 @@ class InformativeParams(Params):
         ge=0.0,
         le=1e6,
         description="a group is informative when the std of its rewards exceeds this (well "
-        "above float noise: rewards that are equal up to rounding count as equal)",
+        "above float32 rounding of rewards up to about 100 in magnitude: rewards equal up to "
+        "rounding count as equal)",
     )
 
 
