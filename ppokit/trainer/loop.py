@@ -120,7 +120,9 @@ def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
     data["output"].update(save_every=1, sample_every=1, report_to=[])
     if data.get("eval") is not None:  # a small evaluation, at the start and at the end
         e = data["eval"]
-        e.update(prompts=min(e["prompts"], 8), k=min(e["k"], 2), max_new_tokens=None)
+        ks = e["k"] if isinstance(e["k"], list) else [e["k"]]
+        e.update(prompts=min(e["prompts"], 8), k=sorted({min(k, 2) for k in ks}), n=None)
+        e.update(max_new_tokens=None)
         e.update(batch_size=min(e["batch_size"], 8))
     return validate_spec(data)
 
