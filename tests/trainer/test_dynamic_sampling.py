@@ -326,3 +326,21 @@ def test_a_run_where_half_the_prompts_are_constant(use_registry, tmp_path) -> No
         assert r["rollout/generated_groups"] == r["rollout/generation_batches"] * 4
         assert r["rollout/generation_batches"] >= 1 and r["policy_loss"] is not None
         assert r["rollout/passed_groups"] >= r["rollout/kept_groups"]
+
+
+def test_a_filtered_run_resumes_exactly(use_registry, tmp_path) -> None:
+    """The data position is checkpointed by the source: 2 rounds, resumed for a third, log
+    what 3 rounds without stopping log (counts of batches included)."""
+    from ppokit.trainer.metrics import TIMING
+
+    use_registry(_plugin())
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    train(small_spec(whole, *FILTERED, "train.rounds=3"))
+    train(small_spec(split, *FILTERED, "train.rounds=2", "output.save_every=1"))
+    train(small_spec(split, *FILTERED, "train.rounds=3", "output.save_every=1"), resume=True)
+
+    def untimed(run: Any) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run)]
+
+    assert untimed(split) == untimed(whole)
+    assert sum(r["rollout/generation_batches"] for r in untimed(whole)) > 3
