@@ -17,8 +17,9 @@ its first ``min(that number, share)`` passed groups. So every process draws the 
 of batches and ends with the same number of groups (the update gathers equal shares), and
 the counts are the whole round's.
 
-With the ``none`` filter the first batch fills the round and nothing else is drawn. The
-filter's flags are read back to the host once per batch (which groups to keep).
+A filter that declares ``keeps_all`` (``none``) is not called: the first batch fills the
+round, nothing else is drawn and nothing is read back to the host. Any other filter's flags
+are read back once per batch (which groups to keep).
 """
 
 from __future__ import annotations
@@ -113,22 +114,29 @@ def fill(
     world = distributed.world()
     share = spec.rollout.prompts_per_round // world.size
     limit = spec.rollout.max_generation_batches
+    keeps_all = bool(getattr(lrn.assembly.filter, "keeps_all", False))
     batches: list[_Batch] = []
     passed = 0
     while True:
         if batches:
             assert draw is not None
             rows, formatted = draw()
-        batch = _one_batch(lrn, rows, formatted, len(batches), checks, timings, rollout, scores)
+        batch = _one_batch(
+            lrn, rows, formatted, len(batches), checks, timings, rollout, scores, keeps_all
+        )
         batches.append(batch)
         rollout = scores = None
         mine = sum(len(b.keep) for b in batches)
-        passed = -distributed.max_over_processes(-mine, lrn.device)  # the fewest of any process
+        # the fewest passed groups of any process (keeps_all: every process holds its share)
+        passed = mine if keeps_all else -distributed.max_over_processes(-mine, lrn.device)
         if passed >= share or len(batches) >= limit or draw is None:
             break
     take = min(passed, share)
     exhausted = passed < share
-    total = _passed_sum(batches, lrn.device)
+    if keeps_all or not world.distributed:
+        total = mine * world.size
+    else:
+        total = _passed_sum(batches, lrn.device)
     if exhausted and spec.rollout.filter_exhausted == "error":
         name = lrn.assembly.name("rollout.filter")
         raise UserError(
@@ -155,8 +163,10 @@ def _one_batch(
     timings: dict[str, float],
     rollout: Rollout | None,
     scores: Tensor | None,
+    keeps_all: bool,
 ) -> _Batch:
-    """Generate (unless given), score and filter one batch."""
+    """Generate (unless given), score and filter one batch (a filter that ``keeps_all``
+    is not called)."""
     n = lrn.spec.rollout.n
     lrn.on_phase("generating")
     start = time.perf_counter()
@@ -176,7 +186,11 @@ def _one_batch(
         lengths=ro.response_mask.sum(1).view(g, n),
         truncated=ro.truncated.view(g, n),
     )
-    keep = lrn.assembly.filter(groups).nonzero().flatten().tolist()  # one host read
+    keep = (
+        list(range(g))
+        if keeps_all
+        else lrn.assembly.filter(groups).nonzero().flatten().tolist()  # one host read
+    )
     timings["time_generate"] += middle - start
     timings["time_score"] += time.perf_counter() - middle
     return _Batch(rows, formatted, ro, scores, parts, texts, keep)

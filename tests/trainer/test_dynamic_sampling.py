@@ -344,3 +344,38 @@ def test_a_filtered_run_resumes_exactly(use_registry, tmp_path) -> None:
 
     assert untimed(split) == untimed(whole)
     assert sum(r["rollout/generation_batches"] for r in untimed(whole)) > 3
+
+
+def test_a_filter_reads_the_host_once_per_batch(use_registry, tmp_path, monkeypatch) -> None:
+    """Beyond a round's reads without a filter (tests/trainer/test_hygiene.py), a filter's
+    flags are read once per generation batch; the none filter (keeps_all) is not called."""
+    from collections import Counter
+
+    from ppokit.trainer.metrics import read_once
+
+    from .test_hygiene import allowed, host_reads
+
+    use_registry(_plugin())
+    spec = small_spec(
+        tmp_path, *FILTERED, "rollout.max_generation_batches=1", "train.minibatch_size=null"
+    )
+    lrn = learner(spec)
+    rows = [{"prompt": f"echo {s}", "answer": s} for s in "cdcd"]  # every prompt can pass
+    formatted = [r["prompt"] for r in rows]
+    run_round(lrn, rows, formatted, round_no=1)  # warm-up
+    with host_reads(monkeypatch) as calls:
+        result = run_round(lrn, rows, formatted, round_no=2)
+        values = read_once(result.metrics)
+    assert values["rollout/kept_groups"] > 0 and values["rollout/generation_batches"] == 1
+    expected = allowed(optimizer_steps=spec.train.ppo_epochs) + Counter(
+        {("tolist", "_one_batch"): 1}
+    )
+    assert calls == expected
+    called = []
+    none = small_spec(tmp_path, *FILTERED, "rollout.filter=none")
+    lrn = learner(none)
+    monkeypatch.setattr(
+        type(lrn.assembly.filter.component), "__call__", lambda self, g: called.append(g)
+    )
+    result = run_round(lrn, rows, formatted, round_no=1)
+    assert not called and float(result.metrics["rollout/kept_groups"]) == 4

@@ -9,6 +9,9 @@ response texts), on the rewards' device, without grad. A group that fails the fi
 reaches the estimation or the update; its prompt is consumed from the data stream like any
 other.
 
+Optional member: ``keeps_all`` (default False), True for a filter that passes every group
+(``none``): the trainer then neither calls it nor reads its flags back to the host.
+
 This module is the torch-free catalogue; the tensor code is
 :mod:`ppokit.components.group_filter.impl`.
 """

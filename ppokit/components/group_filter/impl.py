@@ -19,6 +19,8 @@ from ppokit.components.group_filter import (
 
 @NONE.implementation
 class KeepAll:
+    keeps_all = True  # the trainer need not call it
+
     def __call__(self, groups: Groups) -> Tensor:
         return torch.ones(groups.rewards.shape[0], dtype=torch.bool, device=groups.rewards.device)
 
