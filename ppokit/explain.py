@@ -96,6 +96,15 @@ def _reward(w: _Writer, spec: Spec) -> None:
     w.line("R = " + " + ".join(terms), 1)
     for r in spec.reward:
         w.component("reward", r)
+    r = spec.rollout
+    w.component("rollout.filter", r.filter)
+    if r.filter.name != slot("rollout.filter").default:
+        w.line(
+            f"batches of {r.prompts_per_round} prompts until {r.prompts_per_round} groups "
+            f"pass, at most {r.max_generation_batches} a round (then rollout.filter_exhausted: "
+            f"{r.filter_exhausted})",
+            1,
+        )
 
 
 def _truncation(w: _Writer, spec: Spec) -> None:

@@ -76,6 +76,17 @@ SLOTS: tuple[Slot, ...] = (
         attribute="rewards",
     ),
     Slot(
+        "rollout.filter",
+        "group_filter",
+        "none",
+        "keep",
+        "which generated groups (a prompt's n responses) enter the round: the round draws "
+        "more prompts until prompts_per_round groups pass (DAPO's dynamic sampling with "
+        "informative)",
+        label="group filter (which groups enter the round)",
+        attribute="filter",
+    ),
+    Slot(
         "truncation",
         "truncation",
         "terminal",

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -382,6 +382,19 @@ class RolloutSpec(_Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus-sampling probability mass")
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
     engine: ComponentSpec = _slot_field("rollout.engine")
+    filter: ComponentSpec = _slot_field("rollout.filter")
+    max_generation_batches: int = Field(
+        10,
+        ge=1,
+        le=1 << 20,
+        description="with a filter: at most this many batches of prompts_per_round prompts "
+        "are generated in a round to fill it with groups that pass",
+    )
+    filter_exhausted: Literal["train", "error"] = Field(
+        "train",
+        description="when max_generation_batches leave the round short of groups that pass "
+        "the filter: 'train' on those it has (none: no update), 'error' stops the run",
+    )
     logp_old: Literal["auto", "forward", "rollout"] = Field(
         "auto",
         description="where log π_old, the PPO ratio's denominator, comes from: 'forward' "
@@ -513,6 +526,10 @@ class ParallelSpec(_Strict):
     )
 
 
+#: A k of pass@k.
+_PassK = Annotated[int, Field(ge=1, le=1024)]
+
+
 class EvalSpec(_Strict):
     """Held-out evaluation: greedy accuracy, pass@k, mean reward and length."""
 
@@ -524,7 +541,16 @@ class EvalSpec(_Strict):
     every: int = Field(10, ge=1, le=1 << 30, description="evaluate every N rounds")
     at_start: bool = Field(True, description="also evaluate before the first round")
     prompts: int = Field(200, ge=1, le=1 << 20, description="evaluation prompts (the first N)")
-    k: int = Field(4, ge=1, le=1024, description="samples per prompt for pass@k")
+    k: _PassK | Annotated[list[_PassK], Field(min_length=1, max_length=32)] = Field(
+        4, description="the k of pass@k: one or a list (eval/pass@{k} for each)"
+    )
+    n: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="sampled responses per prompt, at least every k: pass@k is the unbiased "
+        "estimator over them (null: the largest k)",
+    )
     temperature: float = Field(
         1.0, gt=0, le=100, description="sampling temperature of the k samples"
     )
@@ -536,6 +562,45 @@ class EvalSpec(_Strict):
         1.0, le=1e9, description="a response is correct when its reward is at least this"
     )
     batch_size: int = Field(64, ge=1, le=1 << 16, description="prompts generated at once")
+
+    @property
+    def ks(self) -> list[int]:
+        """The k values of pass@k, sorted, each once."""
+        return sorted(set(self.k if isinstance(self.k, list) else [self.k]))
+
+    @property
+    def samples(self) -> int:
+        """Sampled responses per prompt: ``n``, or the largest k."""
+        return self.n if self.n is not None else self.ks[-1]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _k_values(cls, value: Any) -> Any:
+        from pydantic_core import PydanticCustomError
+
+        k = value.get("k", 4) if isinstance(value, dict) else 4
+        ks = k if isinstance(k, list) else [k]
+        if not 1 <= len(ks) <= 32 or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 1024 for x in ks
+        ):
+            raise PydanticCustomError(
+                "pass_at_k",
+                "k: an integer in [1, 1024] or a list of 1 to 32 of them, got {k}",
+                {"k": repr(k)},
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _n_covers_k(self) -> EvalSpec:
+        from pydantic_core import PydanticCustomError
+
+        if self.n is not None and self.n < self.ks[-1]:
+            raise PydanticCustomError(
+                "pass_at_k",
+                "n ({n}) must be at least every k of pass@k, got k={k}",
+                {"n": self.n, "k": self.ks[-1]},
+            )
+        return self
 
 
 class Spec(_Strict):
@@ -625,7 +690,7 @@ class Spec(_Strict):
 # ---------------------------------------------------------------------- checks
 #: Response positions a round may hold (B x max_new_tokens): each needs several float32
 #: [B, T] tensors and a row of hidden states, so beyond this no machine has the memory. An
-#: evaluation (eval.prompts x (eval.k + 1) responses, greedy and sampled) is bounded the
+#: evaluation (eval.prompts x (eval.n + 1) responses, greedy and sampled) is bounded the
 #: same: generating more tokens than this takes days, during which it shows nothing.
 MAX_ROUND_POSITIONS = 1 << 31
 
@@ -697,7 +762,8 @@ def _check_slot(
 #: The settings that size a round and an evaluation, named in the error when they are too large.
 _SIZES = {
     "rollout": "prompts_per_round, n or max_new_tokens",
-    "eval": "eval.prompts, eval.k or eval.max_new_tokens (prompts x (k + 1) responses)",
+    "eval": "eval.prompts, eval.n (or the largest eval.k) or eval.max_new_tokens "
+    "(prompts x (n + 1) responses)",
 }
 
 
@@ -729,7 +795,7 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
     if spec.eval is not None:
         e = spec.eval
         tokens = e.max_new_tokens or spec.rollout.max_new_tokens
-        errors.extend(_too_large("eval", "an evaluation", e.prompts * (e.k + 1), tokens))
+        errors.extend(_too_large("eval", "an evaluation", e.prompts * (e.samples + 1), tokens))
     try:
         spec.data.generator_options()
     except ValidationError as err:

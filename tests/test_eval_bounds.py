@@ -35,7 +35,7 @@ def test_the_issue_case_is_refused_in_one_line() -> None:
     assert errors == [
         "eval: an evaluation of 1025000000 responses x 16 tokens is 1.64e+10 positions, more "
         "than any memory holds or any run finishes (at most 2.15e+09): lower eval.prompts, "
-        "eval.k or eval.max_new_tokens (prompts x (k + 1) responses)"
+        "eval.n (or the largest eval.k) or eval.max_new_tokens (prompts x (n + 1) responses)"
     ]
 
 

@@ -16,6 +16,7 @@ import importlib
 from ppokit.components.advantage import Advantage
 from ppokit.components.aggregation import Aggregation
 from ppokit.components.critic_target import CriticTarget
+from ppokit.components.group_filter import GroupFilter
 from ppokit.components.kl_estimator import KLEstimator
 from ppokit.components.policy_loss import PolicyLoss
 from ppokit.components.position_mask import PositionMask
@@ -33,6 +34,7 @@ __all__ = [
     "Advantage",
     "Aggregation",
     "CriticTarget",
+    "GroupFilter",
     "KLEstimator",
     "PolicyLoss",
     "PositionMask",

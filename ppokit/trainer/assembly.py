@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         Advantage,
         Aggregation,
         CriticTarget,
+        GroupFilter,
         KLEstimator,
         PolicyLoss,
         PositionMask,
@@ -187,6 +188,17 @@ def _prompt_weight(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[s
     return _check_tensor(where, out, expect, shape, mask.device, grad=False)
 
 
+def _group_filter(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """group_filter: bool [G], on the rewards' device."""
+    rewards = _arg(args, kwargs, 0, "groups").rewards
+    shape = rewards.shape[:1]
+    expect = f"a bool tensor of shape {_shape_text(shape, 'G')}"
+    out = _check_tensor(where, out, expect, shape, rewards.device, bool_ok=True)
+    if out.dtype != torch.bool:
+        raise ComponentError(f"{where} returned {_describe(out)}: expected {expect}")
+    return out
+
+
 def _truncation(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     mask = _arg(args, kwargs, 0, "batch").response_mask
     if not isinstance(out, RolloutBatch) or out.response_mask.shape != mask.shape:
@@ -295,6 +307,7 @@ Check = Callable[[Where, Any, tuple[Any, ...], dict[str, Any]], Any]
 #: The tensor code of each check a kind's ``CONTRACT.returns`` names.
 CHECKS: dict[str, Check] = {
     "scores": _reward,
+    "group_keep": _group_filter,
     "batch": _truncation,
     "estimate": _estimate,
     "position_mask": _position_mask,
@@ -485,6 +498,7 @@ class Assembly:
     policy_agg: Aggregation
     policy_weight: PromptWeight
     correction: RolloutCorrection
+    filter: GroupFilter
     requires: frozenset[str]  # batch fields the components read
     kl: KLEstimator | None = None
     critic_target: CriticTarget | None = None

@@ -1,15 +1,17 @@
 """Held-out evaluation (``spec.eval``) on a rollout engine and a scorer.
 
 :class:`Evaluator` ``(spec, engine, scorer, encode).run()`` generates, for each of the
-evaluation prompts, one greedy response and ``eval.k`` sampled ones, scores them with the
-spec's rewards (summed with their weights) and returns:
+evaluation prompts, one greedy response and ``eval.n`` sampled ones (default: the largest
+of ``eval.k``), scores them with the spec's rewards (summed with their weights) and returns:
 
 =============================  =============================================================
 ``eval/accuracy``              fraction of prompts whose greedy response is correct
                                (combined reward ``>= eval.correct_at``)
 ``eval/accuracy_ci95``         half-width of the 95% Wilson score interval of that fraction
-``eval/pass@{k}``              unbiased pass@k (Chen et al. 2021) of the k samples of each
-                               prompt (:func:`ppokit.stats.pass_at_k`), averaged over prompts
+``eval/pass@{k}``              for each k of ``eval.k``: the unbiased pass@k (Chen et al.
+                               2021) of the n samples of each prompt with c of them correct,
+                               1 − C(n−c, k)/C(n, k) (:func:`ppokit.stats.pass_at_k`),
+                               averaged over prompts
 ``eval/reward_mean``           mean combined reward of the sampled responses
 ``eval/response_length_mean``  mean length (tokens) of the sampled responses
 ``eval/prompts``               number of evaluation prompts
@@ -136,7 +138,7 @@ class Evaluator:
         return [
             "eval/accuracy",
             "eval/accuracy_ci95",
-            f"eval/pass@{self.settings.k}",
+            *(f"eval/pass@{k}" for k in self.settings.ks),
             "eval/reward_mean",
             "eval/response_length_mean",
             "eval/prompts",
@@ -158,12 +160,12 @@ class Evaluator:
     def _batch(
         self, rows: list[dict[str, Any]], prompts: list[str], seed: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(greedy rewards [b], sampled rewards [b, k], sampled lengths [b, k])."""
-        k = self.settings.k
+        """(greedy rewards [b], sampled rewards [b, n], sampled lengths [b, n])."""
+        n = self.settings.samples
         greedy = self.scorer.rollout(rows, self._generate(prompts, 1, True, seed))[0]
-        sampled = self._generate(prompts, k, False, seed)
-        scores = self.scorer.rollout(rows, sampled)[0].float().view(len(rows), k)
-        lengths = sampled.response_mask.float().sum(1).view(len(rows), k)
+        sampled = self._generate(prompts, n, False, seed)
+        scores = self.scorer.rollout(rows, sampled)[0].float().view(len(rows), n)
+        lengths = sampled.response_mask.float().sum(1).view(len(rows), n)
         return greedy.float(), scores, lengths
 
     # ------------------------------------------------------------------ metrics
@@ -201,10 +203,10 @@ class Evaluator:
     def metrics(
         self, greedy: torch.Tensor, sampled: torch.Tensor, lengths: torch.Tensor
     ) -> dict[str, float | None]:
-        """The metrics of greedy rewards ``[P]``, sampled rewards ``[P, k]`` and sampled
-        lengths ``[P, k]`` (one host read)."""
+        """The metrics of greedy rewards ``[P]``, sampled rewards ``[P, n]`` and sampled
+        lengths ``[P, n]`` (one host read); pass@k for each k of ``eval.k`` (at most n)."""
         threshold = self.settings.correct_at
-        prompts, k = sampled.shape
+        prompts, n = sampled.shape
         packed = torch.cat(
             [
                 (greedy >= threshold).float(),
@@ -220,7 +222,11 @@ class Evaluator:
         return {
             "eval/accuracy": solved / prompts,
             "eval/accuracy_ci95": wilson_half_width(solved, prompts),
-            f"eval/pass@{k}": math.fsum(pass_at_k(k, c, k) for c in counts) / prompts,
+            **{
+                f"eval/pass@{k}": math.fsum(pass_at_k(n, c, k) for c in counts) / prompts
+                for k in self.settings.ks
+                if k <= n
+            },
             "eval/reward_mean": reward_mean if math.isfinite(reward_mean) else None,
             "eval/response_length_mean": length_mean,
             "eval/prompts": float(prompts),

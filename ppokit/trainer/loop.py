@@ -120,7 +120,9 @@ def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
     data["output"].update(save_every=1, sample_every=1, report_to=[])
     if data.get("eval") is not None:  # a small evaluation, at the start and at the end
         e = data["eval"]
-        e.update(prompts=min(e["prompts"], 8), k=min(e["k"], 2), max_new_tokens=None)
+        ks = e["k"] if isinstance(e["k"], list) else [e["k"]]
+        e.update(prompts=min(e["prompts"], 8), k=sorted({min(k, 2) for k in ks}), n=None)
+        e.update(max_new_tokens=None)
         e.update(batch_size=min(e["batch_size"], 8))
     return validate_spec(data)
 
@@ -374,11 +376,15 @@ def _run_round(
     trackers: Trackers | None = None,
 ) -> dict[str, Any]:
     begin = time.perf_counter()
-    rows = source.next_rows(spec.rollout.prompts_per_round)
-    rows = rows[distributed.world().share(len(rows))]  # this process's prompts
-    formatted = format_prompts(rows, learner.models.tokenizer, spec.data)
+
+    def draw() -> tuple[list[dict[str, Any]], list[str]]:  # a batch: this process's prompts
+        rows = source.next_rows(spec.rollout.prompts_per_round)
+        rows = rows[distributed.world().share(len(rows))]
+        return rows, format_prompts(rows, learner.models.tokenizer, spec.data)
+
+    rows, formatted = draw()
     train_actor = r >= spec.train.critic_warmup_rounds
-    result = run_round(learner, rows, formatted, round_no=r + 1, train_actor=train_actor)
+    result = run_round(learner, rows, formatted, round_no=r + 1, train_actor=train_actor, draw=draw)
     values = read_once(result.metrics)  # the round's one host read
     tokens = values.pop("tokens", None) or 0.0
     record: dict[str, Any] = {"round": r + 1, **values, **result.timings}

@@ -144,6 +144,36 @@ class Rollout:
         attn = torch.cat([self.prompt_mask, self.response_mask.long()], 1)
         return ids, attn
 
+    @classmethod
+    def cat(cls, parts: list[Rollout], pad_id: int = 0) -> Rollout:
+        """The rows of ``parts`` in order, one rollout: prompts left-padded to the longest
+        prompt, responses right-padded to the longest response (``pad_id`` at the padding,
+        mask False, log μ 0). Positions count real tokens only, so the padding changes no
+        forward pass. log μ is None when a part has none."""
+        if len(parts) == 1:
+            return parts[0]
+        p = max(part.prompt_len for part in parts)
+        t = max(part.response_ids.shape[1] for part in parts)
+
+        def pad(x: Tensor, width: int, value: float, left: bool) -> Tensor:
+            room = width - x.shape[1]
+            if room == 0:
+                return x
+            fill = x.new_full((x.shape[0], room), value)
+            return torch.cat([fill, x] if left else [x, fill], 1)
+
+        logps = [part.logp_rollout for part in parts]
+        return cls(
+            torch.cat([pad(x.prompt_ids, p, pad_id, True) for x in parts]),
+            torch.cat([pad(x.prompt_mask, p, 0, True) for x in parts]),
+            torch.cat([pad(x.response_ids, t, pad_id, False) for x in parts]),
+            torch.cat([pad(x.response_mask, t, False, False) for x in parts]),
+            torch.cat([x.truncated for x in parts]),
+            None
+            if any(x is None for x in logps)
+            else torch.cat([pad(x, t, 0.0, False) for x in logps]),  # type: ignore[arg-type]
+        )
+
     def rows(self, index: Tensor) -> Rollout:
         return Rollout(
             self.prompt_ids[index],

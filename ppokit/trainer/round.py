@@ -2,8 +2,11 @@
 
 1. **generate**: ``rollout.n`` responses per prompt from the rollout engine, which records
    log μ of each sampled token;
-2. **score**: the rewards of the decoded responses (and of a greedy baseline response per
-   prompt, when a component requires ``baseline_rewards``);
+2. **score** the decoded responses and **filter** their groups (``rollout.filter``): steps 1
+   and 2 repeat on more prompts until ``prompts_per_round`` groups have passed
+   (:mod:`~ppokit.trainer.groups`, at most ``rollout.max_generation_batches`` batches); then
+   the rewards of a greedy baseline response per kept prompt, when a component requires
+   ``baseline_rewards``;
 3. **forward passes** at the weights that sampled, without gradients: log π_old (unless the
    engine's log μ serves, ``rollout.logp_old``), the critic's values V_old, log π_ref;
 4. **estimate** on the whole round (gathered on several processes): truncation rule, KL in
@@ -13,7 +16,8 @@
 
 :func:`collect` is steps 1-4, :func:`run_round` the whole round. Each step is a call into a
 module of one job: :mod:`~ppokit.trainer.rollout` and the engine,
-:mod:`~ppokit.trainer.scoring`, :mod:`~ppokit.trainer.estimation`,
+:mod:`~ppokit.trainer.scoring`, :mod:`~ppokit.trainer.groups`,
+:mod:`~ppokit.trainer.estimation`,
 :mod:`~ppokit.trainer.update`. :class:`Learner` holds what lasts from round to round.
 
 Nothing non-finite reaches the parameters: the rewards and estimates are checked once per
@@ -40,6 +44,7 @@ from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.checks import Guard, NonFinite
 from ppokit.trainer.estimation import UpdateData, estimate, gather_batch, round_batch
 from ppokit.trainer.forwards import Forwards
+from ppokit.trainer.groups import Draw, fill
 from ppokit.trainer.models import Models
 from ppokit.trainer.rollout import PromptEncoder, Rollout, engine_context, sampling
 from ppokit.trainer.scoring import Scorer
@@ -108,11 +113,13 @@ class Learner:
             mode == "auto" and not self.engine.samples_from_policy
         )
 
-    def sample(self, prompts: list[str], n: int, **changes: Any) -> Rollout:
+    def sample(self, prompts: list[str], n: int, batch: int = 0, **changes: Any) -> Rollout:
         """``n`` responses per prompt from the engine under the spec's sampling settings
-        (``changes``: e.g. ``greedy=True``), with the seed of (seed, process, round)."""
+        (``changes``: e.g. ``greedy=True``), with the seed of (seed, process, round) and,
+        for the round's generation batch number ``batch`` > 0, that seed xor ``batch``."""
         ids, attn = self.encode(prompts, self.spec.data, self.spec.rollout.max_new_tokens)
         seed = distributed.round_seed(self.spec.seed, distributed.world().rank, self.round)
+        seed ^= batch
         out = self.engine.generate(ids, attn, sampling(self.spec.rollout, n, seed, **changes))
         return Rollout.of(ids, attn, n, out)
 
@@ -123,12 +130,16 @@ class Learner:
         round_no: int | None = None,
         rollout: Rollout | None = None,
         scores: Tensor | None = None,
-    ) -> tuple[UpdateData, RoundResult]:
+        draw: Draw | None = None,
+    ) -> tuple[UpdateData | None, RoundResult]:
         """Steps 1-4 (:func:`collect`)."""
-        return collect(self, rows, formatted, round_no, rollout, scores)
+        return collect(self, rows, formatted, round_no, rollout, scores, draw)
 
-    def update(self, data: UpdateData, train_actor: bool, result: RoundResult) -> None:
-        """Step 5 (:func:`ppokit.trainer.update.update`), its metrics into ``result``."""
+    def update(self, data: UpdateData | None, train_actor: bool, result: RoundResult) -> None:
+        """Step 5 (:func:`ppokit.trainer.update.update`), its metrics into ``result``; none
+        when no group entered the round (``data`` None)."""
+        if data is None:
+            return
         self.on_phase("updating")
         done = update(self, data, train_actor)
         result.metrics.update(done.metrics)
@@ -147,12 +158,15 @@ def run_round(
     *,
     round_no: int,
     train_actor: bool = True,
+    draw: Draw | None = None,
 ) -> RoundResult:
-    """Round ``round_no`` (1-based) on the data ``rows`` and their ``formatted`` prompts;
+    """Round ``round_no`` (1-based) on the data ``rows`` and their ``formatted`` prompts,
+    and the batches ``draw`` gives while ``rollout.filter`` has passed too few groups;
     ``train_actor`` False: a critic-only round (``train.critic_warmup_rounds``)."""
-    data, result = collect(lrn, rows, formatted, round_no=round_no)  # steps 1-4
-    lrn.update(data, train_actor, result)  # 5. update
-    lrn.engine.sync()  # 6. the engine follows the policy
+    data, result = collect(lrn, rows, formatted, round_no=round_no, draw=draw)  # steps 1-4
+    if data is not None:  # a round without groups has no update
+        lrn.update(data, train_actor, result)  # 5. update
+        lrn.engine.sync()  # 6. the engine follows the policy
     return result
 
 
@@ -163,11 +177,15 @@ def collect(
     round_no: int | None = None,
     rollout: Rollout | None = None,
     scores: Tensor | None = None,
-) -> tuple[UpdateData, RoundResult]:
+    draw: Draw | None = None,
+) -> tuple[UpdateData | None, RoundResult]:
     """Steps 1-4 of round ``round_no`` (default: the previous one plus one): everything up to
     the update. ``rollout``: responses already sampled (``rollout.n`` per prompt), used as if
     generated, and ``scores`` their combined rewards R (else the spec's rewards score them).
+    ``draw``: the next batch of prompts, while ``rollout.filter`` has passed too few groups
+    (None: the first batch is all there is).
 
+    Returns no data (None) when no group passed the filter: the round has no update.
     A non-finite reward or estimate raises :class:`~ppokit.errors.NonFiniteError`, or with
     ``on_nonfinite: skip`` marks the round's update as skipped (``data.skip``) and leaves β
     as it was."""
@@ -177,23 +195,26 @@ def collect(
     checks = NonFinite()
     lrn.forwards.eval_mode()  # sampling and scoring see no dropout
 
-    # 1. generate
-    lrn.on_phase("generating")
-    with _timed(timings, "time_generate"):
-        ro = rollout if rollout is not None else lrn.sample(formatted, n)
+    # 1. generate and 2. score, batch after batch until the filter has passed a round's groups
+    got = fill(lrn, rows, formatted, checks, timings, draw, rollout, scores)
+    metrics = {**_generated_metrics(got.generated, got.generated_parts), **got.metrics(lrn.device)}
+    rows, formatted, ro, scores = got.rows, got.formatted, got.rollout, got.scores
+    if ro is None:  # nothing to estimate or update
+        problem = checks.read_problem()
+        skipped = [] if problem is None else [lrn.guard(lrn.round, problem, "no update")]
+        skipped.append(
+            f"round {lrn.round}: no generated group passed rollout.filter "
+            f"({lrn.assembly.name('rollout.filter').inline}) in {got.batches} generation "
+            "batch(es): no update"
+        )
+        return None, RoundResult(metrics, timings, skipped=skipped)
 
-    # 2. score
-    lrn.on_phase("scoring")
-    with _timed(timings, "time_score"):
-        if scores is None:
-            scores, parts, texts = lrn.scorer.rollout(rows, ro, checks)
-        else:
-            texts, parts = lrn.scorer.decode(ro)[0], {}
-            scores = scores.to(lrn.device).float()
-        baseline = None
-        if "baseline_rewards" in lrn.assembly.requires:  # one greedy response per prompt
-            greedy = lrn.sample(formatted, 1, greedy=True)
-            baseline = lrn.scorer.rollout(rows, greedy, checks)[0].repeat_interleave(n)
+    baseline = None
+    if "baseline_rewards" in lrn.assembly.requires:  # one greedy response per kept prompt
+        start = time.perf_counter()
+        greedy = lrn.sample(formatted, 1, greedy=True)
+        baseline = lrn.scorer.rollout(rows, greedy, checks)[0].repeat_interleave(n)
+        timings["time_score"] += time.perf_counter() - start
 
     # 3. forward passes at the weights that sampled
     lrn.on_phase("estimating")
@@ -216,7 +237,6 @@ def collect(
         b = batch.batch_size
         batch = gather_batch(batch, b)
         scores = distributed.gather_rows(scores)
-        parts = {name: distributed.gather_rows(s) for name, s in parts.items()}
     data, estimates, lrn.kl_coef = estimate(
         ro, batch, scores, spec=spec, assembly=lrn.assembly, kl_coef=kl_coef, checks=checks
     )
@@ -229,17 +249,28 @@ def collect(
         lrn.kl_coef = kl_coef  # a skipped round leaves β as it was
         data.skip = True
 
-    lengths = batch.response_mask.float().sum(1)
+    metrics.update(estimates)
+    metrics["rollout/kept_reward_mean"] = scores.mean()
+    metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=lrn.device)
+    prompts = [row["prompt"] for row in rows for _ in range(n)]
+    return data, RoundResult(metrics, timings, prompts, got.texts, own_scores, skipped)
+
+
+def _generated_metrics(generated: dict[str, Tensor], parts: dict[str, Tensor]) -> dict[str, Tensor]:
+    """What the policy generated this round, every response of every generation batch
+    (gathered over the processes): reward mean and std (each reward's mean when there are
+    several), response length, truncated fraction and tokens."""
+    if distributed.world().distributed:
+        generated = {k: distributed.gather_rows(v) for k, v in generated.items()}
+        parts = {k: distributed.gather_rows(v) for k, v in parts.items()}
+    scores, lengths = generated["scores"], generated["lengths"].float()
     metrics = {
         "reward_mean": scores.mean(),
         "reward_std": scores.std() if scores.numel() > 1 else scores.new_zeros(()),
         "response_length_mean": lengths.mean(),
-        "truncated_frac": batch.truncated.float().mean(),  # type: ignore[union-attr]
+        "truncated_frac": generated["truncated"].float().mean(),
         "tokens": lengths.sum(),
-        **estimates,
-        "skipped_steps": torch.full((), float(len(skipped)), device=lrn.device),
     }
     if len(parts) > 1:
         metrics.update({f"reward/{name}": s.mean() for name, s in parts.items()})
-    prompts = [row["prompt"] for row in rows for _ in range(n)]
-    return data, RoundResult(metrics, timings, prompts, texts, own_scores, skipped)
+    return metrics

@@ -1,0 +1,146 @@
+"""Group filters (``rollout.filter``): which generated groups enter the round. A group is one
+prompt's ``rollout.n`` responses; the round draws batches of prompts, generates and scores
+them, and keeps drawing until ``rollout.prompts_per_round`` groups have passed the filter
+(at most ``rollout.max_generation_batches`` batches), as DAPO's dynamic sampling does.
+
+``keep(groups) -> bool [G]``: one flag per group of a :class:`Groups` (``[G, n]`` tensors of
+the combined rewards R, response lengths and truncation flags, plus the G data rows and the
+response texts), on the rewards' device, without grad. A group that fails the filter never
+reaches the estimation or the update; its prompt is consumed from the data stream like any
+other.
+
+Optional member: ``keeps_all`` (default False), True for a filter that passes every group
+(``none``): the trainer then neither calls it nor reads its flags back to the host.
+
+This module is the torch-free catalogue; the tensor code is
+:mod:`ppokit.components.group_filter.impl`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import Field, model_validator
+
+from ppokit.catalogue import Component, Contract, NoParams, Params
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Groups:
+    """G generated groups of n responses each, as a filter sees them."""
+
+    #: the G prompts' data rows (``prompt`` and every other column, e.g. ``answer``)
+    rows: list[dict[str, Any]]
+    #: the G·n decoded responses, each prompt's n together
+    responses: list[str]
+    #: float32 [G, n]: the combined reward R = Σ_k weight_k · reward_k of each response
+    rewards: Tensor
+    #: long [G, n]: response tokens
+    lengths: Tensor
+    #: bool [G, n]: the response hit max_new_tokens without EOS
+    truncated: Tensor
+
+    @property
+    def size(self) -> int:
+        """G, the number of groups."""
+        return int(self.rewards.shape[0])
+
+
+class GroupFilter(Protocol):
+    """``keep(groups) -> bool [G]``: True for the groups that enter the round."""
+
+    def __call__(self, groups: Groups) -> Tensor: ...
+
+
+CONTRACT = Contract(
+    "group_keep",
+    optional={"keeps_all": "True: the filter keeps every group (it is not called)"},
+)
+MODULE = "ppokit.components.group_filter.impl"
+DAPO = (
+    "DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al., 2025), "
+    "arXiv:2503.14476, section 3.2 (dynamic sampling)"
+)
+DAPO_OVERLONG = (
+    "DAPO (Yu et al., 2025), arXiv:2503.14476, section 3.4 (overlong filtering: truncated "
+    "samples leave the loss), applied to whole groups"
+)
+PRIME = (
+    "Process Reinforcement through Implicit Rewards (PRIME, Cui et al., 2025), "
+    "arXiv:2502.01456: online prompt filtering by accuracy, kept between 0.2 and 0.8"
+)
+
+
+class InformativeParams(Params):
+    tolerance: float = Field(
+        1e-4,
+        ge=0.0,
+        le=1e6,
+        description="a group is informative when the std of its rewards exceeds this (well "
+        "above float32 rounding of rewards up to about 100 in magnitude: rewards equal up to "
+        "rounding count as equal)",
+    )
+
+
+class PassRateParams(Params):
+    low: float = Field(0.2, ge=0.0, le=1.0, description="the smallest pass rate kept")
+    high: float = Field(0.8, ge=0.0, le=1.0, description="the largest pass rate kept")
+    correct_at: float = Field(
+        1.0, le=1e9, description="a response passes when its reward R is at least this"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PassRateParams:
+        if self.low > self.high:
+            raise ValueError(f"low must not exceed high, got low={self.low}, high={self.high}")
+        return self
+
+
+NONE = Component(
+    "group_filter",
+    "none",
+    MODULE,
+    params=NoParams,
+    summary="Every generated group enters the round (one generation batch a round)",
+    formula="keep_g = 1",
+    source="Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347",
+)
+
+INFORMATIVE = Component(
+    "group_filter",
+    "informative",
+    MODULE,
+    params=InformativeParams,
+    summary="Groups whose rewards are not all the same (DAPO's dynamic sampling)",
+    formula="keep_g = 1[std_i R_{g,i} > tolerance], std unbiased, computed in float64",
+    requires=("group_ids",),
+    source=DAPO,
+)
+
+NOT_ALL_TRUNCATED = Component(
+    "group_filter",
+    "not_all_truncated",
+    MODULE,
+    params=NoParams,
+    summary="Drops the groups whose every response was truncated (no response ever ended)",
+    formula="keep_g = 1[∃ i: not truncated_{g,i}]",
+    source=DAPO_OVERLONG,
+)
+
+PASS_RATE = Component(
+    "group_filter",
+    "pass_rate",
+    MODULE,
+    params=PassRateParams,
+    summary="Groups whose pass rate lies in [low, high]: neither too easy nor too hard",
+    formula="p_g = mean_i 1[R_{g,i} >= correct_at]; keep_g = 1[low <= p_g <= high]",
+    requires=("group_ids",),
+    source=PRIME,
+)
+
+#: Every built-in group filter, registered by the default plugin.
+ENTRIES: tuple[Component, ...] = (NONE, INFORMATIVE, NOT_ALL_TRUNCATED, PASS_RATE)

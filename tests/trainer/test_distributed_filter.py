@@ -1,0 +1,144 @@
+"""Dynamic sampling on two processes (gloo, CPU): the stopping rule is whole-round.
+
+The second process's prompts of a and b score a constant (never informative) while every
+prompt of the first process can pass, so the second needs more batches than the first: both
+draw the same number of batches, end with the same number of groups (their share), and log
+the same whole-round counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+
+from ppokit import distributed
+
+from .test_distributed import _free_port, as_process
+
+PROMPTS, N, ROUNDS = 4, 4, 3
+OVERRIDES = [
+    "reward=rank_constant",
+    "advantage=grpo",
+    "critic=null",
+    "rollout.filter=informative",
+    f"rollout.prompts_per_round={PROMPTS}",
+    f"rollout.n={N}",
+    "rollout.max_new_tokens=6",
+    "rollout.max_generation_batches=10",
+    "train.minibatch_size=8",
+]
+
+
+def rank_constant() -> Any:
+    """On process 1, prompts of a and b score 0.5; elsewhere the fraction of the response's
+    characters in a-m."""
+
+    def reward(
+        prompts: list[str], responses: list[str], answer: list[str], **_: Any
+    ) -> list[float]:
+        rank = distributed.world().rank
+        return [
+            0.5
+            if rank == 1 and symbol in "ab"
+            else sum("a" <= ch <= "m" for ch in text) / max(1, len(text))
+            for text, symbol in zip(responses, answer, strict=True)
+        ]
+
+    return reward
+
+
+def _use_plugin() -> None:
+    import ppokit.registry as registry_module
+    from ppokit import components
+    from ppokit.catalogue import NoParams
+    from ppokit.registry import Registry, reset_registry
+    from tests.helpers import Plugin
+
+    registry = Registry()
+    registry.load_plugin("ppokit", components, distribution="ppokit")
+    plugin = Plugin().add("reward", "rank_constant", rank_constant, params=NoParams, summary="-")
+    registry.load_plugin("test0", plugin, distribution="ppokit-test0")
+    registry_module.build_registry = lambda strict=None: registry  # type: ignore[assignment]
+    reset_registry()
+
+
+def _worker(rank: int, port: int, folder: str) -> None:
+    as_process(rank, port)
+    _use_plugin()
+    from ppokit.data import format_prompts, make_prompt_source
+    from ppokit.trainer.round import run_round
+    from tests.helpers.trainer import learner, small_spec
+
+    with distributed.process_group("cpu", 120):
+        spec = small_spec(None, *OVERRIDES)
+        world = distributed.world()
+        lrn = learner(spec)
+        lrn.models.shard(spec.parallel)
+        lrn = type(lrn)(spec, lrn.models, lrn.assembly)
+        source = make_prompt_source(spec.data, spec.seed)
+
+        def draw() -> tuple[list[dict[str, Any]], list[str]]:  # as the loop draws
+            rows = source.next_rows(PROMPTS)[world.share(PROMPTS)]
+            return rows, format_prompts(rows, lrn.models.tokenizer, spec.data)
+
+        own: list[int] = []
+        update = lrn.update
+        lrn.update = lambda data, train, result: (  # type: ignore[method-assign]
+            own.append(data.batch.batch_size),
+            update(data, train, result),
+        )
+        records = []
+        for r in range(1, ROUNDS + 1):
+            rows, formatted = draw()
+            result = run_round(lrn, rows, formatted, round_no=r, draw=draw)
+            record = {k: float(v) for k, v in result.metrics.items() if k.startswith("rollout/")}
+            record.update(
+                drawn=source.drawn,
+                own_rows=own[-1],
+                informative=bool(
+                    (
+                        result.scores.view(-1, N).max(1).values
+                        > result.scores.view(-1, N).min(1).values
+                    ).all()
+                ),
+                policy_loss=float(result.metrics["policy_loss"]),
+            )
+            records.append(record)
+        Path(f"{folder}/rank{rank}.json").write_text(json.dumps(records))
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("filter")
+    mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=2, join=True)
+    return folder
+
+
+def test_whole_round_counts_and_equal_shares(two_processes: Path) -> None:
+    ranks = [json.loads((two_processes / f"rank{r}.json").read_text()) for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == ROUNDS
+    total_batches = 0
+    for first, second in zip(*ranks, strict=True):
+        for key in (
+            "rollout/kept_groups",
+            "rollout/passed_groups",
+            "rollout/generated_groups",
+            "rollout/generation_batches",
+            "rollout/exhausted",
+            "drawn",
+            "own_rows",
+            "policy_loss",  # the whole minibatch's loss, the same on both
+        ):
+            assert first[key] == second[key], key
+        assert first["rollout/kept_groups"] == PROMPTS  # the whole round
+        assert first["own_rows"] == PROMPTS // 2 * N  # each process its share
+        assert first["rollout/generated_groups"] == first["rollout/generation_batches"] * PROMPTS
+        assert first["rollout/passed_groups"] >= PROMPTS
+        assert first["informative"] and second["informative"]
+        total_batches += int(first["rollout/generation_batches"])
+        assert first["drawn"] == total_batches * PROMPTS  # every process drew every batch
+    assert total_batches > ROUNDS  # the second process's constant prompts needed more
