@@ -166,4 +166,8 @@ ICEPOP = Paper(
 )
 
 #: Every paper, by its name here.
+PRIME = Paper(
+    "Process Reinforcement through Implicit Rewards", "Cui et al.", 2025, "arXiv:2502.01456"
+)
+
 PAPERS: dict[str, Paper] = {k: v for k, v in globals().items() if isinstance(v, Paper)}

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import Field, model_validator
 
+from ppokit import papers
 from ppokit.catalogue import Component, Contract, NoParams, Params
+from ppokit.papers import cite
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -61,18 +63,12 @@ CONTRACT = Contract(
     optional={"keeps_all": "True: the filter keeps every group (it is not called)"},
 )
 MODULE = "ppokit.components.group_filter.impl"
-DAPO = (
-    "DAPO: An Open-Source LLM Reinforcement Learning System at Scale (Yu et al., 2025), "
-    "arXiv:2503.14476, section 3.2 (dynamic sampling)"
+DAPO = cite(("dynamic sampling", papers.DAPO), "section 3.2")
+DAPO_OVERLONG = cite(
+    ("overlong filtering (truncated samples leave the loss), applied to whole groups", papers.DAPO),
+    "section 3.4",
 )
-DAPO_OVERLONG = (
-    "DAPO (Yu et al., 2025), arXiv:2503.14476, section 3.4 (overlong filtering: truncated "
-    "samples leave the loss), applied to whole groups"
-)
-PRIME = (
-    "Process Reinforcement through Implicit Rewards (PRIME, Cui et al., 2025), "
-    "arXiv:2502.01456: online prompt filtering by accuracy, kept between 0.2 and 0.8"
-)
+PRIME = cite(("online prompt filtering by accuracy, kept between 0.2 and 0.8", papers.PRIME))
 
 
 class InformativeParams(Params):
@@ -107,7 +103,7 @@ NONE = Component(
     params=NoParams,
     summary="Every generated group enters the round (one generation batch a round)",
     formula="keep_g = 1",
-    source="Proximal Policy Optimization Algorithms (Schulman et al., 2017), arXiv:1707.06347",
+    source=str(papers.PPO),
 )
 
 INFORMATIVE = Component(
