@@ -1,0 +1,78 @@
+"""The declarative spec: which component fills each slot, plus model, data, rollout,
+training and output settings.
+
+A component slot takes a name (``advantage: gae``) or a mapping with the name and its
+parameters (``advantage: {name: gae, lam: 0.95}``). Validation runs in two passes and
+reports every error at once, each with its path in the spec:
+
+1. structure (pydantic, ``extra="forbid"`` everywhere);
+2. components: each name against the registry (with close-name suggestions), its parameters
+   against the component's params model, and cross-slot requirements (an estimator that
+   needs values needs a critic, a group estimator needs ``rollout.n >= 2``, ...).
+
+Nothing here imports torch or transformers.
+"""
+
+from ppokit.spec.checks import MAX_ROUND_POSITIONS, validate_spec
+from ppokit.spec.files import (
+    MAX_SPEC_BYTES,
+    MAX_SPEC_DEPTH,
+    MAX_SPEC_NODES,
+    parse_spec_text,
+    read_spec_file,
+)
+from ppokit.spec.models import (
+    GENERATED_SOURCES,
+    MAX_REWARD_WEIGHT,
+    ArithmeticOptions,
+    ComponentSpec,
+    CriticSpec,
+    DataSpec,
+    DemoOptions,
+    EvalSpec,
+    KLSpec,
+    LoraSpec,
+    ModelSpec,
+    OutputSpec,
+    ParallelSpec,
+    PolicySpec,
+    RewardSpec,
+    RolloutSpec,
+    Spec,
+    SpecError,
+    TinySpec,
+    TrainSpec,
+)
+from ppokit.spec.overrides import apply_overrides, load_spec
+
+__all__ = [
+    "GENERATED_SOURCES",
+    "MAX_REWARD_WEIGHT",
+    "MAX_ROUND_POSITIONS",
+    "MAX_SPEC_BYTES",
+    "MAX_SPEC_DEPTH",
+    "MAX_SPEC_NODES",
+    "ArithmeticOptions",
+    "ComponentSpec",
+    "CriticSpec",
+    "DataSpec",
+    "DemoOptions",
+    "EvalSpec",
+    "KLSpec",
+    "LoraSpec",
+    "ModelSpec",
+    "OutputSpec",
+    "ParallelSpec",
+    "PolicySpec",
+    "RewardSpec",
+    "RolloutSpec",
+    "Spec",
+    "SpecError",
+    "TinySpec",
+    "TrainSpec",
+    "apply_overrides",
+    "load_spec",
+    "parse_spec_text",
+    "read_spec_file",
+    "validate_spec",
+]
