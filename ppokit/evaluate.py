@@ -89,7 +89,8 @@ def load_target(
     ``model.trust_remote_code`` is refused unless ``trust_remote_code`` (the command line's
     ``--trust-remote-code``): a run folder names no code that runs by itself.
     """
-    from ppokit.trainer.checkpoint import _locate, _state_of
+    from ppokit.trainer.checkpoint.layout import _state_of
+    from ppokit.trainer.checkpoint.read import _locate
     from ppokit.trainer.models import SMOLLM2
 
     overrides = list(overrides or [])

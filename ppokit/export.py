@@ -193,7 +193,9 @@ def _write(tmp: Path, run_dir: Path, with_critic: bool, trust_remote_code: bool)
     from safetensors.torch import save_file
     from transformers.utils import logging as hf_logging
 
-    from ppokit.trainer.checkpoint import _locate, _state_of, check_critic, load_weights
+    from ppokit.trainer.checkpoint import check_critic, load_weights
+    from ppokit.trainer.checkpoint.layout import _state_of
+    from ppokit.trainer.checkpoint.read import _locate
     from ppokit.trainer.models import build_models, trunk_of
 
     hf_logging.set_verbosity_error()

@@ -17,7 +17,7 @@ MAX_MODULE_LINES = 800
 #: Modules still longer, each with the length it may not grow past until it is split
 #: (docs/design.md): the spec's models, validation, YAML and --set language; the
 #: checkpoint's writer, reader and checks.
-LONG_MODULES = {"ppokit/trainer/checkpoint.py": 1080}
+LONG_MODULES: dict[str, int] = {}
 
 
 def _module_name(path: Path) -> str:

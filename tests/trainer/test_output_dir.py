@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 import ppokit.runfolder as runfolder
 import ppokit.trainer.checkpoint as checkpoint_module
+import ppokit.trainer.checkpoint.write as checkpoint_writer
 import ppokit.trainer.loop as loop_module
 from ppokit.cli import app
 from ppokit.errors import UserError
@@ -360,9 +361,9 @@ def enospc(*args, **kwargs):  # type: ignore[no-untyped-def]
 
 
 def fail_on_round(monkeypatch, name: str, round_no: int, error=enospc, owner=None) -> None:  # type: ignore[no-untyped-def]
-    """Make ``owner.name`` (default: the checkpoint module's) fail while the checkpoint of
+    """Make ``owner.name`` (default: the checkpoint writer's) fail while the checkpoint of
     ``round_no`` is written."""
-    owner = checkpoint_module if owner is None else owner
+    owner = checkpoint_writer if owner is None else owner
     real_save = checkpoint_module.save_checkpoint
     real = getattr(owner, name)
     current = {"round": 0}

@@ -1,0 +1,252 @@
+"""Writing a checkpoint: every tensor finite, the files into ``.checkpoint.tmp``, a manifest
+of checksums last, then the atomic swap."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from ppokit import distributed
+from ppokit.errors import UserError
+from ppokit.runfolder import (
+    CHECKPOINT,
+    io_error,
+    is_os_error,
+    read_json,
+    remove,
+)
+from ppokit.trainer.checkpoint.layout import (
+    FORMAT,
+    MANIFEST,
+    OLD,
+    RNG,
+    TMP,
+    _rng_stem,
+    _state_problem,
+)
+from ppokit.trainer.checkpoint.states import (
+    _dcp_save,
+    _encode,
+    _first_nonfinite,
+    _model_state,
+    _optimizer_states,
+    _rng_files,
+    _weights_module,
+    base_fingerprint,
+    capture_rng,
+)
+
+
+class NonFiniteCheckpointError(UserError):
+    """A model or optimizer tensor holds NaN or inf: such a state is never saved."""
+
+
+def _named_tensors(learner: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor a checkpoint stores of the models and optimizers, with a readable name
+    (this process's shards on several processes)."""
+    models = learner.models
+    names: dict[int, str] = {}
+    for label, module in _weights_module(models):
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            names.setdefault(id(tensor), f"{label} {name}")
+            yield f"{label} {name}", distributed.local_tensor(tensor)
+    for label, opt in (("actor", learner.actor_opt), ("critic", learner.critic_opt)):
+        if opt is None:
+            continue
+        for param, state in opt.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    owner = names.get(id(param), f"{label} parameter")
+                    yield f"the optimizer's {key} of {owner}", distributed.local_tensor(value)
+
+
+def nonfinite(learner: Any) -> str | None:
+    """``'NAME holds NaN or inf'`` for the first model or optimizer tensor (of this
+    process's) that does, else None (one host read per device when all are finite)."""
+    return _first_nonfinite(_named_tensors(learner))
+
+
+def check_finite(learner: Any) -> None:
+    """Raise :class:`NonFiniteCheckpointError` naming the first model or optimizer tensor
+    that holds a NaN or an inf."""
+    problem = nonfinite(learner)
+    if problem is not None:
+        raise NonFiniteCheckpointError(problem)
+
+
+def checkpoint_round(out: Path) -> int | None:
+    """The round of the checkpoint a resume would read (unverified, cheap; None: none)."""
+    for name in (CHECKPOINT, TMP, OLD):
+        folder = out / name
+        if name != CHECKPOINT and not (folder / MANIFEST).is_file():
+            continue
+        try:
+            state = read_json(folder / "state.json")
+            if _state_problem(state) is None:
+                return int(state["round"])
+        except (OSError, ValueError):
+            pass
+        if name == CHECKPOINT and folder.exists():
+            return None
+    return None
+
+
+def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_yaml: str) -> Path:
+    """Write ``out/checkpoint`` atomically; returns its path. On several processes every
+    process calls it: each writes its own shards and RNG states, the first one the rest.
+
+    Refused (:class:`NonFiniteCheckpointError`) when a model or optimizer tensor is not
+    finite on any process. On any error the partly written temporary folder is removed and
+    the previous checkpoint is kept; an OS error (disk full, read-only folder, permission
+    denied, also as safetensors reports it) on any process is one ``UserError`` line, on
+    every process, naming the path and the cause.
+    """
+    world = distributed.world()
+    final, tmp = out / CHECKPOINT, out / TMP
+    previous = checkpoint_round(out)
+    kept = (
+        f"the last good checkpoint (round {previous}) is kept in {final}"
+        if previous is not None
+        else "no checkpoint was written"
+    )
+    problem = distributed.first_text(nonfinite(learner))
+    if problem is not None:
+        raise NonFiniteCheckpointError(
+            f"round {round_done}: not saving a checkpoint: {problem} (the training diverged: "
+            f"lower the learning rate or set train.max_grad_norm); {kept}"
+        )
+    doing = f"cannot write the checkpoint of round {round_done}"
+    error = None
+    if world.main:
+        try:
+            remove(tmp)  # a leftover folder, or a link (itself): never written through
+            tmp.mkdir(parents=True)  # afresh: it fails if something is there again
+            (tmp / RNG).mkdir()
+        except OSError as exc:
+            error = str(io_error(tmp, exc, doing))
+    error = distributed.first_text(error)
+    if error is None:
+        try:
+            _write_tmp(tmp, learner, source, round_done, spec_yaml)
+        except BaseException as exc:
+            if not is_os_error(exc):
+                if world.main:
+                    _discard(tmp)
+                raise  # not an OS error: a bug, a user error or an interrupt
+            error = str(io_error(tmp, exc, doing))
+        error = distributed.first_text(error)  # every process's files are written
+        if error is not None and world.main:
+            _discard(tmp)
+    if error is None:
+        error = distributed.first_text(_seal_and_swap(out, doing) if world.main else None)
+    if error is not None:
+        raise UserError(f"{error}; {kept}")
+    return final
+
+
+def _write_tmp(tmp: Path, learner: Any, source: Any, round_done: int, spec_yaml: str) -> None:
+    """This process's part of a checkpoint in ``tmp`` (made by the first process): its
+    shards of the weights and optimizer states (collectives), its RNG states; the first
+    process also writes the JSON files. Everything is synced."""
+    world = distributed.world()
+    models = learner.models
+    base = base_fingerprint(models)  # a collective: before the first process's own writes
+    for stem, module in _weights_module(models):
+        _dcp_save(_model_state(stem, module, models), tmp / stem)
+    tensors: dict[str, torch.Tensor] = {}
+    optim = _encode(_optimizer_states(learner), tensors, "optim", keep=True)
+    _dcp_save(tensors, tmp / "optim")
+    rng_data, rng_tensors = _rng_files(capture_rng(), source.state_dict())
+    stem = tmp / _rng_stem(world.rank)
+    save_file(rng_tensors, f"{stem}.safetensors")
+    Path(f"{stem}.json").write_text(json.dumps(rng_data) + "\n")
+    mine = [Path(f"{stem}.safetensors"), Path(f"{stem}.json")]
+    if world.main:
+        state = {
+            "format": FORMAT,
+            "round": round_done,
+            "kl_coef": float(learner.kl_coef),
+            "critic": models.critic_kind,
+            "processes": world.size,
+            "lora_base": base,
+        }
+        (tmp / "optim.json").write_text(json.dumps(optim) + "\n")
+        (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        (tmp / "spec.yaml").write_text(spec_yaml)
+        mine += [tmp / "optim.json", tmp / "state.json", tmp / "spec.yaml"]
+    for file in mine:  # DCP syncs its own files
+        _fsync(file)
+
+
+def _seal_and_swap(out: Path, doing: str) -> str | None:
+    """The first process: the manifest of the complete ``.checkpoint.tmp``, then the two
+    renames that make it ``checkpoint``; an OS error's line (None: done)."""
+    final, tmp, old = out / CHECKPOINT, out / TMP, out / OLD
+    try:
+        files = {}
+        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            files[f.relative_to(tmp).as_posix()] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
+        manifest = {"format": FORMAT, "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        _fsync(tmp / MANIFEST)
+        for folder in (tmp, *(p for p in tmp.iterdir() if p.is_dir())):
+            _fsync_dir(folder)
+    except OSError as exc:
+        _discard(tmp)
+        return str(io_error(tmp, exc, doing))
+    try:
+        remove(old)
+        if os.path.lexists(final):
+            final.rename(old)
+        tmp.rename(final)
+        _fsync_dir(out)
+    except OSError as exc:
+        if not final.exists() and old.is_dir():
+            with contextlib.suppress(OSError):
+                old.rename(final)  # put the previous checkpoint back
+        if final.is_dir():
+            _discard(tmp)
+        return str(io_error(final, exc, doing))
+    _discard(old)
+    return None
+
+
+def _discard(path: Path) -> None:
+    """:func:`remove`, its errors ignored (a leftover is removed by the next save)."""
+    with contextlib.suppress(OSError):
+        remove(path)
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync(file: Path) -> None:
+    with open(file, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make renames in ``path`` durable (where the platform can open a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
