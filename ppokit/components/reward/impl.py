@@ -7,6 +7,7 @@ naming a field it needs but did not get (:func:`require_field`).
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -54,6 +55,25 @@ def _scores(values: Sequence[float]) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.float32)
 
 
+class _NoTimeoutNotice(logging.Filter):
+    """Drops math-verify's "Timeout is disabled ..." warning: off the main thread ppokit
+    calls it without its timeouts on purpose (``signal.alarm`` cannot work there) and
+    bounds the whole reward call itself (``train.reward_timeout``). Its other records pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
+_NO_TIMEOUT_NOTICE = _NoTimeoutNotice()
+
+
+def _quiet_math_verify() -> None:
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logger = logging.getLogger(name)
+        if _NO_TIMEOUT_NOTICE not in logger.filters:
+            logger.addFilter(_NO_TIMEOUT_NOTICE)
+
+
 @catalogue.MATH_VERIFY.implementation
 class MathVerifyReward:
     """The gold answer and the response are parsed with the ``math-verify`` library (LaTeX,
@@ -69,6 +89,7 @@ class MathVerifyReward:
             raise MissingDependency(
                 "math-verify", "the math_verify reward", "pip install 'ppokit[math]'"
             ) from None
+        _quiet_math_verify()
         self.field = field
         self.correct = correct
         self.incorrect = incorrect
