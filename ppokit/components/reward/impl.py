@@ -6,9 +6,13 @@ naming a field it needs but did not get (:func:`require_field`).
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import importlib.util
 import inspect
 import logging
 import re
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,7 +28,9 @@ __all__ = [
     "HFClassifierReward",
     "LengthPenaltyReward",
     "MathVerifyReward",
+    "PythonReward",
     "RegexReward",
+    "load_function",
     "require_field",
 ]
 
@@ -345,3 +351,78 @@ class HFClassifierReward:
             inputs = {k: v.to(device) for k, v in enc.items() if k in self._inputs}
             chunks.append(self._score_logits(self._model(**inputs).logits))
         return torch.cat(chunks)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def load_function(reference: str) -> Callable[..., Any]:
+    """The function ``"path/to/file.py:fn"`` or ``"package.module:fn"`` names: the file is
+    imported as a module of its own (its folder is not put on ``sys.path``), the module
+    with ``importlib``. Anything that goes wrong is one :class:`UserError` line."""
+    where, name, is_file = catalogue.split_function(reference)
+    what = f"the python reward's function {reference!r}"
+    if is_file:
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise UserError(f"{what}: file not found: {where} (a path relative to {Path.cwd()})")
+        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        module_name = f"ppokit_reward_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
+        module = sys.modules.get(module_name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            if spec is None or spec.loader is None:
+                raise UserError(f"{what}: {where} cannot be imported as a Python file")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:
+                del sys.modules[module_name]
+                raise UserError(f"{what}: importing {where} raised {_first_line(exc)}") from None
+    else:
+        try:
+            module = importlib.import_module(where)
+        except Exception as exc:
+            raise UserError(f"{what}: cannot import {where}: {_first_line(exc)}") from None
+    fn = getattr(module, name, None)
+    if fn is None:
+        found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise UserError(
+            f"{what}: {where} has no {name!r}; its functions: {', '.join(found) or 'none'}"
+        )
+    if not callable(fn):
+        raise UserError(f"{what}: {name!r} in {where} is a {type(fn).__name__}, not a function")
+    return fn  # type: ignore[no-any-return]
+
+
+@catalogue.PYTHON.implementation
+class PythonReward:
+    """Calls ``fn(prompts, responses, **fields)``. A function with a ``**kwargs`` parameter
+    gets every field; one without gets only the fields it names (``answer``, ``lengths``,
+    ...), so ``def reward(prompts, responses, answer)`` works as written. What it returns is
+    checked like any reward's: one real number per response (a list, a tensor, a numpy
+    array)."""
+
+    def __init__(self, *, function: str) -> None:
+        self.function = function
+        self.fn = load_function(function)
+        try:
+            parameters = inspect.signature(self.fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin without a signature: give it all
+            self.accepts: frozenset[str] | None = None
+        else:
+            if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+                self.accepts = None
+            else:
+                self.accepts = frozenset(p.name for p in parameters)
+
+    def __call__(self, prompts: list[str], responses: list[str], **fields: Any) -> Any:
+        if self.accepts is not None:
+            fields = {k: v for k, v in fields.items() if k in self.accepts}
+        return self.fn(prompts, responses, **fields)
+
+    def __repr__(self) -> str:
+        return f"PythonReward({self.function!r})"
