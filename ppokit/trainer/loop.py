@@ -383,8 +383,17 @@ def _no_trackers(spec: Spec) -> Any:
 
 
 def eval_line(record: dict[str, Any]) -> str:
-    """``round 0 (before training): eval/accuracy 0.41  eval/pass@4 0.62 ...``"""
-    parts = [f"{k} {v:.4g}" for k, v in record.items() if k.startswith("eval/") and v is not None]
+    """``round 0 (before training): accuracy 0.41 ±0.068  pass@4 0.62  reward_mean 0.4
+    response_length_mean 21.5  prompts 200`` (the ``eval/`` metrics, the interval's
+    half-width beside the accuracy): under 100 characters for the built-in metrics."""
+    values = {k[5:]: v for k, v in record.items() if k.startswith("eval/") and v is not None}
+    ci = values.pop("accuracy_ci95", None)
+    parts = []
+    for key, value in values.items():
+        text = f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+        if key == "accuracy" and isinstance(ci, (int, float)):
+            text += f" \u00b1{ci:.2g}"
+        parts.append(text)
     return f"round {record['round']} (before training): " + "  ".join(parts)
 
 
