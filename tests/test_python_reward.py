@@ -54,6 +54,21 @@ def test_a_function_with_kwargs_gets_every_field(tmp_path: Path) -> None:
     assert fn([], [], answer=[], lengths=[]) == ["answer", "lengths"]
 
 
+def test_a_trl_reward_function_is_called_by_keyword(tmp_path: Path) -> None:
+    """TRL calls reward_funcs as f(prompts=..., completions=..., **columns)."""
+    write(
+        tmp_path / "trl_style.py",
+        "def correct(completions, answer, **kwargs):\n"
+        "    return [float(c == a) for c, a in zip(completions, answer)]\n"
+        "def short(completions):\n"
+        "    return [-len(c) for c in completions]\n",
+    )
+    fn = PythonReward(function=f"{tmp_path / 'trl_style.py'}:correct")
+    assert fn(["p", "q"], ["4", "5"], answer=["4", "6"], lengths=[1, 1]) == [1.0, 0.0]
+    fn = PythonReward(function=f"{tmp_path / 'trl_style.py'}:short")
+    assert fn(["p"], ["abc"], answer=["x"]) == [-3]
+
+
 def test_a_module_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "myrewards"
     package.mkdir()

@@ -241,7 +241,8 @@ PYTHON = Component(
     f"{MODULE}:PythonReward",
     params=PythonParams,
     summary="your own Python function fn(prompts, responses, **fields), from a file or module",
-    formula="r = fn(prompts, responses, **fields) (fields it has no parameter for are not passed)",
+    formula="r = fn(prompts, responses, **fields), or fn(prompts=, completions=, **fields) for a "
+    "TRL reward function; fields it has no parameter for are not passed",
     source=f"{_TULU3} (verifiable rewards as code); as TRL's reward_funcs and verl's "
     "custom_reward_function",
 )

@@ -402,26 +402,33 @@ def load_function(reference: str) -> Callable[..., Any]:
 class PythonReward:
     """Calls ``fn(prompts, responses, **fields)``. A function with a ``**kwargs`` parameter
     gets every field; one without gets only the fields it names (``answer``, ``lengths``,
-    ...), so ``def reward(prompts, responses, answer)`` works as written. What it returns is
-    checked like any reward's: one real number per response (a list, a tensor, a numpy
+    ...), so ``def reward(prompts, responses, answer)`` works as written. A function written
+    for TRL's ``reward_funcs`` (a ``completions`` parameter, no ``responses``) is called as
+    TRL calls it, by keyword: ``fn(prompts=..., completions=..., **fields)``. What it returns
+    is checked like any reward's: one real number per response (a list, a tensor, a numpy
     array)."""
 
     def __init__(self, *, function: str) -> None:
         self.function = function
         self.fn = load_function(function)
+        self.accepts: frozenset[str] | None = None  # None: every keyword (**kwargs)
+        names: set[str] = set()
         try:
-            parameters = inspect.signature(self.fn).parameters.values()
+            parameters = list(inspect.signature(self.fn).parameters.values())
         except (TypeError, ValueError):  # a builtin without a signature: give it all
-            self.accepts: frozenset[str] | None = None
-        else:
-            if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-                self.accepts = None
-            else:
-                self.accepts = frozenset(p.name for p in parameters)
+            parameters = []
+        names = {p.name for p in parameters}
+        if parameters and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            self.accepts = frozenset(names)
+        self.by_keyword = "completions" in names and "responses" not in names
 
     def __call__(self, prompts: list[str], responses: list[str], **fields: Any) -> Any:
+        if self.by_keyword:  # TRL's convention
+            fields = {"prompts": prompts, "completions": responses, **fields}
         if self.accepts is not None:
             fields = {k: v for k, v in fields.items() if k in self.accepts}
+        if self.by_keyword:
+            return self.fn(**fields)
         return self.fn(prompts, responses, **fields)
 
     def __repr__(self) -> str:
