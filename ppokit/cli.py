@@ -420,6 +420,8 @@ def train(
         raise typer.Exit(status)
     from ppokit.trainer import train as run_training
 
+    if int(os.environ.get("RANK", "0")) == 0:  # before torch's import: seconds on a busy CPU
+        err.print("ppokit: importing torch and transformers", markup=False)
     try:
         result = run_training(
             spec,

@@ -209,6 +209,8 @@ class _Generation:
         took = self.at - self.began
         done = self.step - self.first
         head = f"step {self.step}/{self.steps} x {self.rows} responses"
+        if self.step == 0:
+            return f"{head}: the prompts' forward pass"
         if done < 1 or took <= 0:
             return head
         left = max(0.0, (self.steps - self.step) * took / done - (now - self.at))
@@ -370,18 +372,11 @@ class Display:
 
     def generation(self, step: int, steps: int, rows: int) -> None:
         """The engine decoded ``step`` of at most ``steps`` tokens for ``rows`` responses
-        (a new ``generate`` call when ``step`` goes back)."""
+        (a new ``generate`` call at step 0, or when ``step`` goes back)."""
         now = time.perf_counter()
         with self._lock:
-            if (
-                self.gen is None
-                or step <= self.gen.step
-                or (steps, rows)
-                != (
-                    self.gen.steps,
-                    self.gen.rows,
-                )
-            ):
+            again = self.gen is None or step == 0 or step < self.gen.step
+            if again or (steps, rows) != (self.gen.steps, self.gen.rows):
                 self.gen = _Generation(step, steps, rows, now)
                 self.passes += 1
             self.gen.step = step

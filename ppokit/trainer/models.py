@@ -429,7 +429,7 @@ def load_actor(
     if actor == SMOLLM2:
         source = _smollm2_folder()
         kwargs: dict[str, Any] = {"gguf_file": SMOLLM2_GGUF}
-        report.step(f"loading the actor {actor}: its GGUF file, dequantized to float32")
+        report.step(f"loading the actor {actor} (a GGUF file, dequantized to float32)")
     else:
         source, kwargs = _model_source("model.actor", actor, revision)
         report.step(f"loading the actor {actor}")

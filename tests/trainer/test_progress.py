@@ -47,6 +47,8 @@ def test_a_step_that_lasts_gets_status_lines_with_the_generation() -> None:
     time.sleep(1.5)
     display.start_round(1)
     display.phase("generating")
+    display.generation(0, 48, 32)
+    time.sleep(0.7)
     display.generation(1, 48, 32)
     display.generation(2, 48, 32)
     time.sleep(1.5)
@@ -57,7 +59,8 @@ def test_a_step_that_lasts_gets_status_lines_with_the_generation() -> None:
     status = [line for line in lines if "pass 1/8, step 3/48 x 50 responses" in line]
     assert status and " tok/s, at most " in status[0] and status[0].endswith(" left")
     rounds = [line for line in lines if line.startswith("round 1/30  generating")]
-    assert rounds and "step 2/48 x 32 responses" in rounds[0]
+    assert "step 0/48 x 32 responses: the prompts' forward pass" in rounds[0]
+    assert "step 2/48 x 32 responses" in rounds[-1]
     assert lines[-1].startswith("round 1/30  reward 0.5")
     assert all(len(line) <= CONSOLE_WIDTH for line in lines)
 
@@ -100,8 +103,8 @@ def test_the_engine_reports_each_decoding_step(tmp_path: Path) -> None:
     seen: list[tuple[int, int, int]] = []
     lrn.on_progress = lambda *step: seen.append(step)
     lrn.sample(["echo a", "echo b"], 3)
-    assert seen and seen[0] == (1, 6, 6)
-    assert [s[0] for s in seen] == list(range(1, len(seen) + 1)) and len(seen) <= 6
+    assert seen[0] == (0, 6, 6)  # the prompts' forward pass begins
+    assert [s[0] for s in seen] == list(range(len(seen))) and 2 <= len(seen) <= 7
 
 
 def test_a_run_names_its_steps_before_the_first_round(tmp_path: Path, capsys) -> None:

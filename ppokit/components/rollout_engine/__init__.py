@@ -142,7 +142,8 @@ class EngineContext:
     is the run's mixed-precision context. ``process`` of ``processes``: each process drives
     its own engine over its share of the prompts. ``progress``, when set, is the trainer's
     progress display: an engine may call ``progress(step, steps, rows)`` as it decodes
-    (``step`` of at most ``steps`` tokens done for each of ``rows`` responses); it is
+    (``step`` of at most ``steps`` tokens done for each of ``rows`` responses; 0 as it
+    begins); it is
     optional both ways (None: nobody listens; an engine that never calls it is fine).
     """
 

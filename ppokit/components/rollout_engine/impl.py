@@ -99,7 +99,7 @@ def generate(
     """``sampling.n`` responses per prompt row from ``model.generate``; stop at EOS. A model
     sharded over several processes decodes in step with the others (as many steps as the
     longest: each takes part in the others' forwards). ``progress(step, steps, rows)`` is
-    called after each decoding step."""
+    called before the first step (step 0) and after each decoding step."""
     from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
     from ppokit.distributed import as_forward, gathered, sharded
@@ -124,7 +124,8 @@ def generate(
     )
     processors = LogitsProcessorList([] if recorder is None else [recorder])
     steps = None
-    if progress is not None:
+    if progress is not None:  # step 0: the prompts' forward pass begins
+        progress(0, sampling.max_new_tokens, prompt_ids.shape[0])
         steps = StoppingCriteriaList(
             [_Steps(progress, prompt_ids.shape[1], sampling.max_new_tokens)]
         )
