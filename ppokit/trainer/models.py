@@ -113,7 +113,9 @@ def _gguf_progress(report: Any) -> Iterator[None]:
     def counted(iterable: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
         total = len(iterable) if hasattr(iterable, "__len__") else None
         for i, item in enumerate(iterable, 1):
-            report.status(f"converting tensor {i}/{total if total is not None else '?'}")
+            report.status(
+                f"dequantizing tensor {i}/{total if total is not None else '?'} to float32"
+            )
             yield item
 
     gguf_utils.tqdm = counted
@@ -429,18 +431,21 @@ def load_actor(
     if actor == SMOLLM2:
         source = _smollm2_folder()
         kwargs: dict[str, Any] = {"gguf_file": SMOLLM2_GGUF}
-        report.step(f"loading the actor {actor} (a GGUF file, dequantized to float32)")
+        report.step(f"loading {actor}")
     else:
         source, kwargs = _model_source("model.actor", actor, revision)
-        report.step(f"loading the actor {actor}")
+        report.step(f"loading {actor}")
     kwargs["trust_remote_code"] = trust_remote_code
 
     def load() -> tuple[Any, nn.Module]:
         if "gguf_file" not in kwargs:
             AutoConfig.from_pretrained(source, **kwargs)  # the remote-code check, before all
-        report.status("reading the tokenizer")
+        gguf = "gguf_file" in kwargs  # a GGUF file is parsed again for each of the three
+        report.status("reading the tokenizer" + (" from its GGUF file" if gguf else ""))
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        report.status("reading the weights")
+        report.status(
+            "reading its GGUF file's config and tensors" if gguf else "reading the weights"
+        )
         with _gguf_progress(report), quiet_progress_bars():
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs)
         return tokenizer, model

@@ -83,11 +83,11 @@ def test_the_live_display_shows_the_step_and_the_generation() -> None:
     console = Console(file=stream, force_terminal=True, width=160, color_system=None)
     display = Display(30, 0, live=True, console=console)
     assert display.progress is not None
-    display.step("loading the actor smollm2-135m-instruct")
-    display.status("converting tensor 12/272")
+    display.step("loading smollm2-135m-instruct")
+    display.status("dequantizing tensor 12/272")
     display.progress.refresh()
     frame = stream.getvalue().split("\r")[-1]
-    assert "loading the actor smollm2" in frame and "converting tensor 12/272" in frame
+    assert "loading smollm2-135m-instruct" in frame and "dequantizing tensor 12/272" in frame
     display.start_round(1)
     display.phase("generating")
     display.generation(1, 48, 32)
@@ -114,7 +114,7 @@ def test_a_run_names_its_steps_before_the_first_round(tmp_path: Path, capsys) ->
         "ppokit: building the tiny model",
         "ppokit: building the critic: a copy of the actor's trunk and a value head",
         "ppokit: starting the rollout engine (hf)",
-        "ppokit: evaluating 4 held-out prompts before round 1",
+        "ppokit: evaluating on 4 held-out prompts",
         "round 1/1",
     ]
     found = [next(i for i, line in enumerate(err) if line.startswith(o)) for o in order]
@@ -190,7 +190,7 @@ def test_the_gguf_conversion_bar_becomes_a_status() -> None:
     with _gguf_progress(Report()):
         assert list(gguf_utils.tqdm([1, 2, 3], desc="Converting")) == [1, 2, 3]
     assert gguf_utils.tqdm is original
-    assert heard == [f"converting tensor {i}/3" for i in (1, 2, 3)]
+    assert heard == [f"dequantizing tensor {i}/3 to float32" for i in (1, 2, 3)]
 
 
 def test_math_verify_timeout_notice_is_dropped_and_nothing_else() -> None:
