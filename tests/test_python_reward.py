@@ -168,3 +168,24 @@ def test_the_flag_lets_the_folder_spec_through(trained: Path, tmp_path: Path) ->
     data = read_run_spec(run, trust_remote_code=True)
     assert data["reward"][0]["name"] == "python"
     assert not proof.exists()  # reading is not running: creating the reward would be
+
+
+def test_the_trl_verl_page_spec_validates_and_its_functions_score(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/from-trl-verl.md: its ppokit spec is valid and its reward functions run."""
+    import re
+
+    from ppokit.spec import validate_spec
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "from-trl-verl.md").read_text()
+    spec = re.search(r"```yaml\n(model: \{actor: .*?)```", page, re.S)
+    code = re.search(r"```python\n(# rewards\.py\n.*?)```", page, re.S)
+    assert spec is not None and code is not None
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "rewards.py", code.group(1))
+    parsed = validate_spec(yaml.safe_load(spec.group(1)))
+    assert parsed.reward[0].name == "python" and parsed.train.lr_schedule == "cosine"
+    for name in ("correct", "trl_style"):
+        fn = PythonReward(function=f"rewards.py:{name}")
+        assert fn(["1+3?", "2+2?"], ["= 4", "5"], answer=[4, 4], lengths=[2, 1]) == [1.0, 0.0]

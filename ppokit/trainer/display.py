@@ -277,9 +277,6 @@ class Display:
                 "train", total=total, completed=start, phase="", detail="", info=""
             )
             self.progress.start()
-        elif every > 0:
-            self._ticker = threading.Thread(target=self._tick, name="ppokit-status", daemon=True)
-            self._ticker.start()
 
     # ------------------------------------------------------------------ timing
     def eta(self) -> float | None:
@@ -333,6 +330,14 @@ class Display:
             return f"pass {self.passes}/{self.expected_passes}, {text}"
         return f"pass {self.passes}, {text}" if self.passes > 1 else text
 
+    def _start_ticker(self) -> None:
+        """The plain status lines' thread, from the first step or phase on (a display that
+        only prints messages and a summary starts none)."""
+        wanted = self.progress is None and self.every > 0 and not self._stop.is_set()
+        if wanted and self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, name="ppokit-status", daemon=True)
+            self._ticker.start()
+
     def _tick(self) -> None:
         """The plain status lines: one whenever ``every`` seconds went by without a line."""
         while not self._stop.wait(min(1.0, self.every)):
@@ -360,6 +365,7 @@ class Display:
             self.passes = 0
             self.expected_passes = passes
             self._show()
+            self._start_ticker()
             if self.progress is None:
                 self._print(f"ppokit: {printable(name)}")
 
@@ -401,6 +407,7 @@ class Display:
             self.passes = 0
             self.expected_passes = None
             self._show()
+            self._start_ticker()
 
     def resumed(self, start: int) -> None:
         """The run continues after round ``start`` (a resumed run's checkpoint)."""
