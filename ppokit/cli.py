@@ -541,7 +541,7 @@ def _how_to_continue(out: Path, command: list[str]) -> list[str]:
     again, before its first checkpoint)."""
     import shlex
 
-    from ppokit.runfiles import CHECKPOINT
+    from ppokit.runfolder import CHECKPOINT
     from ppokit.trainer.checkpoint import checkpoint_round
 
     done = checkpoint_round(out)
