@@ -315,7 +315,7 @@ def _rounds(
             share = math.ceil(prompts / world.size)  # this process's prompts
             batches = math.ceil(share / size)
             display.step(
-                f"evaluating on {prompts} held-out prompts, {size} at a time",
+                f"evaluating {prompts} held-out prompts",
                 passes=2 * batches,  # a greedy and a sampled pass over each batch
             )
             record = {"round": 0, **evaluator.run(), "time_eval": evaluator.seconds}
