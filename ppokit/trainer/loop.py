@@ -268,6 +268,7 @@ def _rounds(
 
     world = distributed.world()
     models = learner.models
+    display.step(f"reading the prompts ({spec.data.source})")
     source = make_prompt_source(spec.data, spec.seed)
     log = MetricsLog(out) if world.main else _Quiet()
     start = 0
@@ -291,6 +292,8 @@ def _rounds(
     history = read_metrics(out)
     evaluator = Evaluator.of(spec, learner) if spec.eval is not None else None
     tracked = spec if world.main else spec.model_copy(update={"output": _no_trackers(spec)})
+    if spec.output.report_to:
+        display.step(f"starting the trackers ({', '.join(spec.output.report_to)})")
     with Trackers(tracked, out, start_round=start) as trackers:
         total = spec.train.rounds
         learner.on_phase = display.phase

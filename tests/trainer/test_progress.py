@@ -114,6 +114,7 @@ def test_a_run_names_its_steps_before_the_first_round(tmp_path: Path, capsys) ->
         "ppokit: building the tiny model",
         "ppokit: building the critic: a copy of the actor's trunk and a value head",
         "ppokit: starting the rollout engine (hf)",
+        "ppokit: reading the prompts (demo)",
         "ppokit: evaluating 4 held-out prompts",
         "round 1/1",
     ]
