@@ -193,7 +193,8 @@ def _per_second(count: float, seconds: float) -> str:
 
 class _Generation:
     """The decoding steps of the engine's current ``generate`` call (host-side counts),
-    timed from the first step reported (the prompts' forward pass before it is not)."""
+    timed from the first decoding step reported (the prompts' forward pass before it, step
+    0, is not: it would make the first rates look slow)."""
 
     def __init__(self, step: int, steps: int, rows: int, now: float) -> None:
         self.steps = steps
@@ -385,6 +386,8 @@ class Display:
             if again or (steps, rows) != (self.gen.steps, self.gen.rows):
                 self.gen = _Generation(step, steps, rows, now)
                 self.passes += 1
+            elif self.gen.step == 0 and self.gen.first == 0:  # the rate counts from step 1:
+                self.gen.first, self.gen.began = step, now  # not the prompts' forward pass
             self.gen.step = step
             self.gen.at = now
             if self.progress is not None:

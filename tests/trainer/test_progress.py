@@ -65,6 +65,23 @@ def test_a_step_that_lasts_gets_status_lines_with_the_generation() -> None:
     assert all(len(line) <= CONSOLE_WIDTH for line in lines)
 
 
+def test_the_rate_leaves_out_the_prompts_forward_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ppokit.trainer.display as display_module
+
+    clock = [100.0]
+    monkeypatch.setattr(display_module.time, "perf_counter", lambda: clock[0])
+    display, _ = plain(every=0)
+    display.generation(0, 48, 10)
+    clock[0] += 30.0  # a slow forward pass over the prompts
+    display.generation(1, 48, 10)
+    assert display.gen is not None and display.gen.text(clock[0]) == "step 1/48 x 10 responses"
+    clock[0] += 1.0
+    display.generation(2, 48, 10)
+    # 10 tokens in 1 s, 46 steps of 1 s left (not 20 tokens in 31 s)
+    assert display.gen.text(clock[0]) == "step 2/48 x 10 responses, 10 tok/s, at most 46s left"
+    display.close()
+
+
 def test_no_status_line_while_lines_come_often() -> None:
     display, stream = plain(every=0.5)
     for r in range(1, 8):
