@@ -37,6 +37,7 @@ from ppokit.registry import (
     reset_registry,
 )
 from ppokit.spec import Spec, SpecError, apply_overrides, load_spec, validate_spec
+from ppokit.trainer.display import console_width
 
 __all__ = ["app", "main"]
 
@@ -48,7 +49,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-out = Console(highlight=False, soft_wrap=True)
+# a table piped into a file or another program is laid out for CONSOLE_WIDTH columns (or
+# COLUMNS), not wrapped at 80
+out = Console(highlight=False, soft_wrap=True, width=console_width(sys.stdout))
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -355,6 +358,12 @@ def train(
         False, "--overwrite", help="Replace an existing run (only the files a run wrote)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the run's summary as JSON."),
+    print_spec: bool = typer.Option(
+        False,
+        "--print-spec",
+        help="Print the spec that would run (YAML: the demo spec when no SPEC is given, with "
+        "--set, --out, --seed, --threads and --smoke applied) and exit without training.",
+    ),
     nproc: int = typer.Option(
         1,
         "--nproc",
@@ -380,6 +389,16 @@ def train(
             raise SpecError(exc.errors, source="demo.yaml") from None
     else:
         spec = _load(spec_path, extra)
+    if print_spec:
+        if smoke:
+            from ppokit.trainer.loop import smoke_spec
+
+            spec = smoke_spec(spec, out_dir or "<a new temporary directory>")
+        source = (
+            "the packaged demo spec (ppokit/specs/demo.yaml)" if spec_path is None else spec_path
+        )
+        typer.echo(f"# ppokit train: {source}, resolved\n" + spec.to_yaml(), nl=False)
+        return
     if nproc > 1:  # the spec is valid: each process reads it again
         argv = ["train", *_train_args(spec_path, overrides, seed, threads)]
         if out_dir is not None:
@@ -401,6 +420,8 @@ def train(
         raise typer.Exit(status)
     from ppokit.trainer import train as run_training
 
+    if int(os.environ.get("RANK", "0")) == 0:  # before torch's import: seconds on a busy CPU
+        err.print("ppokit: importing torch and transformers", markup=False)
     try:
         result = run_training(
             spec,

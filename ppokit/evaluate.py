@@ -260,8 +260,9 @@ def eval_command(
     trust_remote_code: bool = typer.Option(
         False,
         "--trust-remote-code",
-        help="Run the Python code of the model a run's spec names, when that spec sets "
-        "model.trust_remote_code (off: such a run is refused; a run folder is data).",
+        help="Run the Python code a run's spec names: its model's, when it sets "
+        "model.trust_remote_code, and a python reward's function (off: such a run is "
+        "refused; a run folder is data).",
     ),
 ) -> None:
     """Evaluate a model or a run's latest checkpoint on the spec's held-out prompts (no

@@ -198,6 +198,11 @@ def _updates(w: _Writer, spec: Spec) -> None:
         1,
     )
     lr = f"actor lr {t.actor_lr:g}"
+    if t.lr_schedule != "constant" or t.warmup_steps:
+        lr += f" ({t.warmup_steps} warm-up steps"
+        if t.lr_schedule != "constant":
+            lr += f", then {t.lr_schedule} down to {t.min_lr_ratio:g}x"
+        lr += ")"
     if spec.critic is not None:
         lr += f", critic lr {t.critic_lr:g}"
         if t.critic_warmup_rounds:

@@ -316,8 +316,9 @@ def export_command(
     trust_remote_code: bool = typer.Option(
         False,
         "--trust-remote-code",
-        help="Run the Python code of the model the run's spec names, when that spec sets "
-        "model.trust_remote_code (off: such a run is refused; a run folder is data).",
+        help="Run the Python code the run's spec names: its model's, when it sets "
+        "model.trust_remote_code, and a python reward's function (off: such a run is "
+        "refused; a run folder is data).",
     ),
 ) -> None:
     """Write a run's trained policy as a Hugging Face model directory (LoRA merged).

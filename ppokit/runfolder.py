@@ -15,7 +15,8 @@ untrusted input. The rules, written once here:
   anything inside them, is a link, naming it; ``--overwrite`` removes links themselves
   (:func:`remove` never deletes through a link, and never outside the folder).
 - **Nothing a folder says runs code.** :func:`read_run_spec` refuses a run's spec that sets
-  ``model.trust_remote_code`` unless the command line says so (``--trust-remote-code``).
+  ``model.trust_remote_code`` or names a ``python`` reward function unless the command line
+  says so (``--trust-remote-code``).
 - **What is read is bounded.** JSON and YAML read from a run folder are at most
   ``MAX_DEPTH`` levels deep (a deeper one is a one-line error, never a RecursionError).
 
@@ -361,7 +362,8 @@ def read_run_spec(path: Path, *, trust_remote_code: bool = False) -> dict[str, A
     for a command that reads the folder (``ppokit eval``, ``ppokit export``).
 
     Nothing a folder names runs unless the user says so: a spec with
-    ``model.trust_remote_code: true`` is refused (one line naming the flag) unless
+    ``model.trust_remote_code: true`` or a ``python`` reward (a function of a file or module
+    it would import) is refused (one line naming the flag) unless
     ``trust_remote_code`` (the command line's ``--trust-remote-code``). The other names a
     spec gives are components of installed plugins (by name) and data or model folders read
     as data."""
@@ -376,7 +378,27 @@ def read_run_spec(path: Path, *, trust_remote_code: bool = False) -> dict[str, A
             f"code of its model ({actor!r}); ppokit runs no code a run folder names: pass "
             "--trust-remote-code if you trust this folder"
         )
+    functions = _python_rewards(data.get("reward"))
+    if functions and not trust_remote_code:
+        raise UserError(
+            f"{file}: the run's spec names a python reward function ({functions[0]!r}), which "
+            "would run its code; ppokit runs no code a run folder names: pass "
+            "--trust-remote-code if you trust this folder"
+        )
     return data
+
+
+def _python_rewards(reward: Any) -> list[str]:
+    """The ``function`` of each ``python`` reward of a spec's ``reward`` value (a name, a
+    mapping or a list of them); a bare ``python`` without one counts too."""
+    items = reward if isinstance(reward, list) else [reward]
+    found = []
+    for item in items:
+        name = item.get("name") if isinstance(item, dict) else item
+        if name == "python":
+            function = item.get("function") if isinstance(item, dict) else None
+            found.append(str(function) if function is not None else "python")
+    return found
 
 
 # ---------------------------------------------------------------------- the metrics

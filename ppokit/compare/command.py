@@ -260,6 +260,8 @@ def _print_table(summary: Mapping[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from ppokit.trainer.display import console_width
+
     evals = summary["eval_metrics"]
     table = Table(box=None, pad_edge=False)
     for col in ("spec", "finished", "failed", "final reward", *evals, "rounds to thr", "wall s"):
@@ -275,4 +277,4 @@ def _print_table(summary: Mapping[str, Any]) -> None:
             f"{_fmt(rt['mean'])} ({rt['reached']}/{rt['of']})",
             _fmt_stat(g["wall_time_s"]),
         )
-    Console(highlight=False, soft_wrap=True).print(table)
+    Console(highlight=False, soft_wrap=True, width=console_width()).print(table)

@@ -420,6 +420,16 @@ class TrainSpec(_Strict):
     warmup_steps: int = Field(
         0, ge=0, le=1 << 30, description="linear learning-rate warm-up, in steps"
     )
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="the learning rate after the warm-up: 'constant', or down to "
+        "min_lr_ratio of it at the run's last optimizer step along a line ('linear') or a "
+        "half cosine ('cosine'), transformers' schedules; the steps are counted from "
+        "train.rounds, so a resume that changes it reshapes the rest of the schedule",
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="with lr_schedule linear or cosine: the last step's rate"
+    )
     critic_warmup_rounds: int = Field(
         0,
         ge=0,

@@ -1,12 +1,19 @@
-"""What a run shows: on a terminal a live rich progress bar with the round, the phase inside
-it, the throughput and the time left; otherwise one plain line per round (under 100
-characters, never wrapped); a summary table at the end whose "best" column knows which way
-each metric is better."""
+"""What a run shows, from its first second: on a terminal a live rich progress bar with the
+round, the step under way (loading the model, converting a GGUF file, adding LoRA adapters,
+evaluating, generating, scoring, updating), the decoding steps of a generation with its
+tokens per second and the time it has left, and the time left of the run; otherwise one
+plain line per round (under 100 characters, never wrapped), a line as each step before the
+rounds begins, and while a step lasts a status line every ``PLAIN_EVERY`` seconds (so that a
+log shows a long first round as it goes). A summary table at the end whose "best" column
+knows which way each metric is better. Without a terminal nothing is wider than
+``CONSOLE_WIDTH`` columns (or ``COLUMNS``) but a run's own messages, which are never cut."""
 
 from __future__ import annotations
 
 import math
+import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,10 +26,15 @@ from rich.text import Text
 from ppokit.errors import printable
 from ppokit.metrics_table import SHOWN, SUMMARY, best_direction
 
-__all__ = ["Display", "best_direction", "duration", "fmt", "plain_line"]
+__all__ = ["Display", "best_direction", "console_width", "duration", "fmt", "plain_line"]
 
 #: The longest plain progress line (a metric is dropped, from the last, to stay under it).
 PLAIN_WIDTH = 100
+#: The width of a console that is not a terminal (``COLUMNS`` overrides it): status lines
+#: and tables are laid out for it.
+CONSOLE_WIDTH = 160
+#: Seconds between two plain status lines of a step that lasts (no terminal).
+PLAIN_EVERY = 15.0
 #: SHOWN: (record key, short name, priority) of the metrics of a plain line, in order; when
 #: the line is too long the one of the highest priority number goes first. SUMMARY: rows of
 #: the summary table. Both, and best_direction, from the table of metrics.
@@ -123,9 +135,59 @@ class _Field(ProgressColumn):
         return Text(value, style=self.style, no_wrap=True, overflow="ellipsis")
 
 
+def console_width(stream: Any = None) -> int | None:
+    """The width to lay out for on ``stream`` (default stdout): None on a terminal (rich
+    asks it), else ``COLUMNS`` when set, else :data:`CONSOLE_WIDTH`."""
+    stream = stream if stream is not None else sys.stdout
+    isatty = getattr(stream, "isatty", None)
+    if callable(isatty) and isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else CONSOLE_WIDTH
+
+
+def _per_second(count: float, seconds: float) -> str:
+    return f"{count / seconds:.3g}" if seconds > 0 else "?"
+
+
+class _Generation:
+    """The decoding steps of the engine's current ``generate`` call (host-side counts),
+    timed from the first decoding step reported (the prompts' forward pass before it, step
+    0, is not: it would make the first rates look slow)."""
+
+    def __init__(self, step: int, steps: int, rows: int, now: float) -> None:
+        self.steps = steps
+        self.rows = rows
+        self.first = step
+        self.began = now
+        self.step = step
+        self.at = now
+
+    def text(self, now: float) -> str:
+        """``step 12/48 x 32 responses, 41 tok/s, at most 25s left`` (a response may end
+        before the last step: the time left is an upper bound)."""
+        took = self.at - self.began
+        done = self.step - self.first
+        head = f"step {self.step}/{self.steps} x {self.rows} responses"
+        if self.step == 0:
+            return f"{head}: the prompts' forward pass"
+        if done < 1 or took <= 0:
+            return head
+        left = max(0.0, (self.steps - self.step) * took / done - (now - self.at))
+        tokens = _per_second(done * self.rows, took)
+        return f"{head}, {tokens} tok/s, at most {duration(left)} left"
+
+
 class Display:
     """Progress of a run: live (``live`` and a terminal) or plain lines; messages and the
-    summary either way."""
+    summary either way.
+
+    The run reports what it is doing: :meth:`step` before the rounds (each one a line
+    without a terminal), :meth:`start_round` and :meth:`phase` inside them,
+    :meth:`status` for a step's own progress (a GGUF file's tensors converted) and
+    :meth:`generation` for an engine's decoding steps. Without a terminal a status line
+    (``round 1/30  generating 1m15s: step 12/48 x 32 responses, ...``) is printed every
+    ``every`` seconds in which nothing else was (0: never)."""
 
     def __init__(
         self,
@@ -134,10 +196,12 @@ class Display:
         live: bool = True,
         stream: Any = None,
         console: Console | None = None,
+        every: float = PLAIN_EVERY,
     ) -> None:
         self.total = total
         self.start = start
-        self.console = console or Console(file=stream or sys.stderr, highlight=False)
+        stream = stream or sys.stderr
+        self.console = console or Console(file=stream, highlight=False, width=console_width(stream))
         self.live = live and self.console.is_terminal
         self.began = time.perf_counter()
         self.round_began: float | None = None
@@ -145,6 +209,17 @@ class Display:
         self.times: list[float] = []
         self.current = start
         self.phase_name = ""
+        self.phase_began = self.began
+        self.in_round = False
+        self.detail = ""
+        self.gen: _Generation | None = None
+        self.passes = 0  # generate calls since the step or phase began
+        self.expected_passes: int | None = None
+        self.every = every
+        self.last_line = self.began
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
         self.progress: Progress | None = None
         if self.live:
             self.progress = Progress(
@@ -153,12 +228,13 @@ class Display:
                 _Counter(),
                 _Clock(self),
                 _Field("phase", style="cyan"),
+                _Field("detail"),
                 _Field("info"),
                 console=self.console,
                 transient=False,
             )
             self.task = self.progress.add_task(
-                "train", total=total, completed=start, phase="", info=""
+                "train", total=total, completed=start, phase="", detail="", info=""
             )
             self.progress.start()
 
@@ -177,22 +253,129 @@ class Display:
             left = max(0.0, left - (now - self.last_end))
         return f"{duration(now - self.began)}  eta {duration(left)}"
 
+    # ------------------------------------------------------------------ output
+    def _print(self, text: str) -> None:
+        with self._lock:
+            self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+            self.last_line = time.perf_counter()
+
+    def _show(self) -> None:
+        """The live display's phase and detail fields."""
+        if self.progress is not None:
+            self.progress.update(self.task, phase=self.phase_name, detail=self.detail)
+
+    def status_line(self, now: float | None = None) -> str:
+        """``round 3/30  generating 45s: step 12/48 x 32 responses, 41 tok/s, at most 25s
+        left  eta 24m10s`` (inside a round) or ``ppokit: loading the model 20s: ...``
+        (before the rounds), at most the console's width."""
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            detail = self._gen_text(now) if self.gen is not None else self.detail
+            what = f"{self.phase_name} {duration(now - self.phase_began)}"
+            what += f": {printable(detail)}" if detail else ""
+            if self.in_round:
+                line = f"round {self.current + 1}/{self.total}  {what}"
+                left = self.eta()
+                if left is not None and self.last_end is not None:
+                    line += f"  eta {duration(max(0.0, left - (now - self.last_end)))}"
+            else:
+                line = f"ppokit: {what}"
+        width = self.console.width
+        return line if len(line) <= width else line[: width - 3] + "..."
+
+    def _gen_text(self, now: float) -> str:
+        assert self.gen is not None
+        text = self.gen.text(now)
+        if self.expected_passes is not None and self.expected_passes > 1:
+            return f"pass {self.passes}/{self.expected_passes}, {text}"
+        return f"pass {self.passes}, {text}" if self.passes > 1 else text
+
+    def _start_ticker(self) -> None:
+        """The plain status lines' thread, from the first step or phase on (a display that
+        only prints messages and a summary starts none)."""
+        wanted = self.progress is None and self.every > 0 and not self._stop.is_set()
+        if wanted and self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, name="ppokit-status", daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        """The plain status lines: one whenever ``every`` seconds went by without a line."""
+        while not self._stop.wait(min(1.0, self.every)):
+            with self._lock:
+                quiet = time.perf_counter() - self.last_line
+                if self.phase_name and quiet >= self.every and self.progress is None:
+                    self._print(self.status_line())
+
     # ------------------------------------------------------------------ events
     def message(self, text: str) -> None:
         """A line of the run (a warning, an error that a plugin's text may be part of), its
         control characters escaped."""
-        self.console.print(printable(text), highlight=False, markup=False, soft_wrap=True)
+        self._print(printable(text))
+
+    def step(self, name: str, passes: int | None = None) -> None:
+        """A step before the rounds begins (``loading the model smollm2-135m-instruct``,
+        ``evaluating 200 held-out prompts``): shown at once, a line without a terminal.
+        ``passes``: the engine's ``generate`` calls the step makes, when known."""
+        with self._lock:
+            self.in_round = False
+            self.phase_name = name
+            self.phase_began = time.perf_counter()
+            self.detail = ""
+            self.gen = None
+            self.passes = 0
+            self.expected_passes = passes
+            self._show()
+            self._start_ticker()
+            if self.progress is None:
+                self._print(f"ppokit: {printable(name)}")
+
+    def status(self, text: str) -> None:
+        """The current step's own progress (``tensor 120/272``)."""
+        with self._lock:
+            self.detail = text
+            self.gen = None
+            self._show()
+
+    def generation(self, step: int, steps: int, rows: int) -> None:
+        """The engine decoded ``step`` of at most ``steps`` tokens for ``rows`` responses
+        (a new ``generate`` call at step 0, or when ``step`` goes back)."""
+        now = time.perf_counter()
+        with self._lock:
+            again = self.gen is None or step == 0 or step < self.gen.step
+            if again or (steps, rows) != (self.gen.steps, self.gen.rows):
+                self.gen = _Generation(step, steps, rows, now)
+                self.passes += 1
+            elif self.gen.step == 0 and self.gen.first == 0:  # the rate counts from step 1:
+                self.gen.first, self.gen.began = step, now  # not the prompts' forward pass
+            self.gen.step = step
+            self.gen.at = now
+            if self.progress is not None:
+                self.detail = self._gen_text(now)
+                self._show()
 
     def start_round(self, round_no: int) -> None:
         """Round ``round_no`` (1-based) begins."""
         self.round_began = time.perf_counter()
+        self.in_round = True
         self.phase(f"round {round_no}")
 
     def phase(self, name: str) -> None:
         """The Learner's phase inside a round ("generating", "scoring", ...)."""
-        self.phase_name = name
+        with self._lock:
+            self.phase_name = name
+            self.phase_began = time.perf_counter()
+            self.detail = ""
+            self.gen = None
+            self.passes = 0
+            self.expected_passes = None
+            self._show()
+            self._start_ticker()
+
+    def resumed(self, start: int) -> None:
+        """The run continues after round ``start`` (a resumed run's checkpoint)."""
+        self.start = self.current = start
         if self.progress is not None:
-            self.progress.update(self.task, phase=name)
+            self.progress.update(self.task, completed=start)
 
     def round(self, record: dict[str, Any], total: int) -> None:
         """A round ended (after its checkpoint, if any)."""
@@ -209,19 +392,23 @@ class Display:
             info = f"reward {fmt(record.get('reward_mean'), 3)}" + (
                 f"  {tps:.0f} tok/s" if tps is not None else ""
             )
-            self.progress.update(self.task, completed=self.current, info=info, phase="")
+            self.progress.update(self.task, completed=self.current, info=info, phase="", detail="")
         else:
-            self.console.print(
-                plain_line(record, total, seconds, self.eta()),
-                highlight=False,
-                markup=False,
-                soft_wrap=True,
-            )
+            self._print(plain_line(record, total, seconds, self.eta()))
+        with self._lock:  # between rounds: no step under way
+            self.phase_name = self.detail = ""
+            self.gen = None
+            self.in_round = False
 
     def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join(timeout=5)
+            self._ticker = None
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+        self.phase_name = ""
 
     # ------------------------------------------------------------------ summary
     def summary(self, history: Sequence[dict[str, Any]], out: str) -> None:

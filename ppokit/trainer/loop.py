@@ -4,6 +4,7 @@ checkpoints, display)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import shlex
 import tempfile
@@ -36,7 +37,7 @@ from ppokit.trainer.checkpoint import checkpoint_round, load_checkpoint, save_ch
 from ppokit.trainer.display import Display
 from ppokit.trainer.evaluation import Evaluator
 from ppokit.trainer.metrics import MetricsLog, curves_title, plot_curves, read_once
-from ppokit.trainer.models import Models, build_models, resolve_device
+from ppokit.trainer.models import Models, build_models, quiet_progress_bars, resolve_device
 from ppokit.trainer.round import Learner, run_round
 from ppokit.trainer.trackers import Trackers
 
@@ -225,16 +226,33 @@ def _train(
     world = distributed.world()
     _check_shares(spec, world.size)
     _seed_all(spec.seed)
-    assembly = Assembly.from_spec(spec)
-    models = build_models(spec, assembly.head_size)
-    threads = _set_threads(spec, models)
-    if world.distributed:
-        models.shard(spec.parallel)
-    learner = Learner(spec, models, assembly)
+    # the display first: a model that takes a minute to load says so from the first second
+    display: Any = Display(spec.train.rounds, 0, spec.output.progress) if world.main else _Quiet()
     try:
-        return _rounds(spec, out, resume, smoke, changes, learner, threads, wall)
+        if smoke:
+            display.message(SMOKE_NOTE)
+        assembly = Assembly.from_spec(spec)
+        with quiet_progress_bars():
+            models = build_models(spec, assembly.head_size, report=display)
+        threads = _set_threads(spec, models)
+        if world.distributed:
+            display.step(f"sharding the models over {world.size} processes")
+            models.shard(spec.parallel)
+        display.step(f"starting the rollout engine ({spec.rollout.engine.name})")
+        learner = Learner(spec, models, assembly)
+        try:
+            return _rounds(spec, out, resume, smoke, changes, learner, threads, wall, display)
+        finally:
+            learner.close()
     finally:
-        learner.close()
+        display.close()
+
+
+#: What a smoke run says first: its numbers check the plumbing, not the method.
+SMOKE_NOTE = (
+    "ppokit: smoke run: 2 rounds of the spec's components on the tiny random model, a check "
+    "that the spec runs end to end, not of learning"
+)
 
 
 def _rounds(
@@ -246,16 +264,19 @@ def _rounds(
     learner: Learner,
     threads: str,
     wall: float,
+    display: Any,
 ) -> dict[str, Any]:
     from ppokit.data import format_prompts, make_prompt_source
 
     world = distributed.world()
     models = learner.models
+    display.step(f"reading the prompts ({spec.data.source})")
     source = make_prompt_source(spec.data, spec.seed)
     log = MetricsLog(out) if world.main else _Quiet()
     start = 0
     redo: list[int] = []
     if resume:
+        display.step("restoring the checkpoint")
         with io_errors(out / "checkpoint", "cannot restore the checkpoint"):
             start = load_checkpoint(out, learner, source)
         distributed.barrier()  # every process has read it before it is changed
@@ -266,16 +287,19 @@ def _rounds(
                     truncate_jsonl(path, start)
             if changes:
                 record_spec_changes(out, start, changes)
+        display.resumed(start)
     spec_yaml = spec.to_yaml()
     if world.main:
         write_atomic(out / SPEC, spec_yaml)
     history = read_metrics(out)
     evaluator = Evaluator.of(spec, learner) if spec.eval is not None else None
     tracked = spec if world.main else spec.model_copy(update={"output": _no_trackers(spec)})
+    if spec.output.report_to:
+        display.step(f"starting the trackers ({', '.join(spec.output.report_to)})")
     with Trackers(tracked, out, start_round=start) as trackers:
         total = spec.train.rounds
-        display: Any = Display(total, start, spec.output.progress) if world.main else _Quiet()
         learner.on_phase = display.phase
+        learner.on_progress = display.generation
         processes = f", {world.size} processes" if world.distributed else ""
         display.message(
             f"ppokit: {max(0, total - start)} round(s) on {models.runtime.device}{processes}, "
@@ -292,7 +316,13 @@ def _rounds(
                 f"{out / 'spec_changes.jsonl'}"
             )
         if evaluator is not None and spec.eval is not None and spec.eval.at_start and start == 0:
-            display.phase("evaluating")
+            prompts, size = len(evaluator.rows), spec.eval.batch_size
+            share = math.ceil(prompts / world.size)  # this process's prompts
+            batches = math.ceil(share / size)
+            display.step(
+                f"evaluating {prompts} held-out prompts",
+                passes=2 * batches,  # a greedy and a sampled pass over each batch
+            )
             record = {"round": 0, **evaluator.run(), "time_eval": evaluator.seconds}
             log.append(record)
             trackers.log_metrics(0, record)
@@ -329,6 +359,11 @@ def _rounds(
             else:
                 trackers.log_image(curves)
         display.summary(history, str(out))
+        if smoke and not any(h.get("reward_mean") for h in history):
+            display.message(
+                "ppokit: every reward of the smoke run was 0, as expected of the tiny random "
+                "model on this task, so its advantages, losses and gradients are 0 too"
+            )
         rewards = [h["reward_mean"] for h in history if h.get("reward_mean") is not None]
         first = rewards[0] if rewards else None  # round 0 (an evaluation only) has none
         tail = [h["reward_mean"] for h in history[-5:] if h.get("reward_mean") is not None]
@@ -352,8 +387,17 @@ def _no_trackers(spec: Spec) -> Any:
 
 
 def eval_line(record: dict[str, Any]) -> str:
-    """``round 0 (before training): eval/accuracy 0.41  eval/pass@4 0.62 ...``"""
-    parts = [f"{k} {v:.4g}" for k, v in record.items() if k.startswith("eval/") and v is not None]
+    """``round 0 (before training): accuracy 0.41 ±0.068  pass@4 0.62  reward_mean 0.4
+    response_length_mean 21.5  prompts 200`` (the ``eval/`` metrics, the interval's
+    half-width beside the accuracy): under 100 characters for the built-in metrics."""
+    values = {k[5:]: v for k, v in record.items() if k.startswith("eval/") and v is not None}
+    ci = values.pop("accuracy_ci95", None)
+    parts = []
+    for key, value in values.items():
+        text = f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+        if key == "accuracy" and isinstance(ci, (int, float)):
+            text += f" \u00b1{ci:.2g}"
+        parts.append(text)
     return f"round {record['round']} (before training): " + "  ".join(parts)
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "build_models",
     "is_peft",
     "load_actor",
+    "quiet_progress_bars",
     "resolve_device",
     "trunk_of",
 ]
@@ -66,6 +67,62 @@ class Runtime:
 
     device: torch.device
     amp_dtype: torch.dtype | None
+
+
+class Silent:
+    """What :func:`build_models` tells of its steps when nobody listens: nothing. A run's
+    :class:`~ppokit.trainer.display.Display` has the same two methods."""
+
+    def step(self, name: str) -> None:
+        """A step begins (``loading the actor ...``)."""
+
+    def status(self, text: str) -> None:
+        """The step's own progress (``tensor 12/272``)."""
+
+
+@contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """transformers' own progress bars off (they would print through a live display and
+    into a log), restored on exit; the run shows its own progress instead."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _gguf_progress(report: Any) -> Iterator[None]:
+    """transformers' "Converting and de-quantizing GGUF tensors" bar (a plain ``tqdm`` that
+    its progress-bar switch does not reach) replaced, while a GGUF file loads, by the
+    count of tensors converted, reported to ``report.status``."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # another transformers layout: its bar, if any, stays
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+
+    def counted(iterable: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        total = len(iterable) if hasattr(iterable, "__len__") else None
+        for i, item in enumerate(iterable, 1):
+            report.status(
+                f"dequantizing tensor {i}/{total if total is not None else '?'} to float32"
+            )
+            yield item
+
+    gguf_utils.tqdm = counted
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 def resolve_device(device: str, dtype: str) -> Runtime:
@@ -352,33 +409,45 @@ def load_actor(
     seed: int,
     trust_remote_code: bool = False,
     revision: str | None = None,
+    report: Any = None,
 ) -> tuple[Any, nn.Module]:
     """(tokenizer, causal LM) of ``spec.model.actor``, on CPU in float32.
 
     A model whose config needs its own code is refused (:class:`UserError`) unless
     ``trust_remote_code``; so is a name that is neither a local model directory nor a Hub
-    model id that can be read (``revision``: its branch, tag or commit).
+    model id that can be read (``revision``: its branch, tag or commit). ``report`` hears
+    of the steps (:class:`Silent`'s methods): a GGUF file's conversion, tensor by tensor.
     """
+    report = report if report is not None else Silent()
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from ppokit.trainer.tokenizer import char_tokenizer
 
     if actor == "tiny":
+        report.step("building the tiny model")
         tokenizer = char_tokenizer()
         return tokenizer, tiny_model(tokenizer, tiny, seed)
     source: str | Path
     if actor == SMOLLM2:
         source = _smollm2_folder()
         kwargs: dict[str, Any] = {"gguf_file": SMOLLM2_GGUF}
+        report.step(f"loading {actor}")
     else:
         source, kwargs = _model_source("model.actor", actor, revision)
+        report.step(f"loading {actor}")
     kwargs["trust_remote_code"] = trust_remote_code
 
     def load() -> tuple[Any, nn.Module]:
         if "gguf_file" not in kwargs:
             AutoConfig.from_pretrained(source, **kwargs)  # the remote-code check, before all
+        gguf = "gguf_file" in kwargs  # a GGUF file is parsed again for each of the three
+        report.status("reading the tokenizer" + (" from its GGUF file" if gguf else ""))
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs)
+        report.status(
+            "reading its GGUF file's config and tensors" if gguf else "reading the weights"
+        )
+        with _gguf_progress(report), quiet_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs)
         return tokenizer, model
 
     tokenizer, model = _load("model.actor", actor, source, trust_remote_code, load)
@@ -492,23 +561,40 @@ def build_models(
     reference: bool = True,
     critic: bool = True,
     device: str | None = None,
+    report: Any = None,
 ) -> Models:
     """Actor, critic (when ``spec.critic`` is set and ``critic``), reference (when
     ``spec.kl`` is set and ``reference``: a frozen copy of the actor, or with
     ``spec.model.lora`` the actor with its adapters disabled). ``device`` overrides
-    ``spec.model.device`` (``ppokit export`` builds on the CPU, without a reference)."""
+    ``spec.model.device`` (``ppokit export`` builds on the CPU, without a reference).
+    ``report`` hears of each step as it begins (:class:`Silent`'s ``step`` and
+    ``status``: a run's display)."""
+    report = report if report is not None else Silent()
     m = spec.model
     runtime = resolve_device(device or m.device, m.dtype)
     trust = m.trust_remote_code
-    tokenizer, actor = load_actor(m.actor, m.tiny.model_dump(), spec.seed, trust, m.revision)
+    tokenizer, actor = load_actor(
+        m.actor, m.tiny.model_dump(), spec.seed, trust, m.revision, report
+    )
     lora = m.lora
     wants_ref = reference and spec.kl is not None
     ref = None
     if wants_ref and lora is None:
+        report.step("copying the actor as the frozen reference policy")
         ref = copy.deepcopy(actor).eval().requires_grad_(False)
     value = None
     shared = m.critic == "shared"
     if spec.critic is not None and critic:
+        report.step(
+            "building the critic: "
+            + (
+                "a value head on the actor's trunk"
+                if shared
+                else f"its trunk from {m.critic_init}"
+                if m.critic_init is not None
+                else "a copy of the actor's trunk and a value head"
+            )
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed + 1)
             if shared:
@@ -522,9 +608,12 @@ def build_models(
         if value is not None and value.trunk is not None:
             _checkpointing(value.trunk)
     if lora is not None:
+        report.step(f"adding LoRA adapters (r={lora.r}) to the actor")
         actor = add_lora(actor, lora, "actor", spec.seed + 2, "CAUSAL_LM")
         if value is not None and value.trunk is not None:
             value.trunk = add_lora(value.trunk, lora, "critic's trunk", spec.seed + 3)
+    if runtime.device.type != "cpu":
+        report.step(f"moving the models to {runtime.device}")
     actor.to(runtime.device)
     if value is not None:
         value.to(runtime.device)

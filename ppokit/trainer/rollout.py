@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +28,15 @@ def eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def engine_context(models: Any, model_spec: Any, process: int = 0, processes: int = 1) -> Any:
+def engine_context(
+    models: Any,
+    model_spec: Any,
+    process: int = 0,
+    processes: int = 1,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> Any:
     """The :class:`EngineContext` a run starts its engine with (``models``: the run's
-    :class:`~ppokit.trainer.models.Models`)."""
+    :class:`~ppokit.trainer.models.Models`; ``progress``: the decoding steps' listener)."""
     from ppokit.trainer.models import autocast
 
     return EngineContext(
@@ -41,6 +48,7 @@ def engine_context(models: Any, model_spec: Any, process: int = 0, processes: in
         autocast=lambda: autocast(models.runtime),
         process=process,
         processes=processes,
+        progress=progress,
     )
 
 

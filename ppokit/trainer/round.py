@@ -60,6 +60,10 @@ def _no_phase(phase: str) -> None:
     """The default ``Learner.on_phase``: nothing."""
 
 
+def _no_progress(step: int, steps: int, rows: int) -> None:
+    """The default ``Learner.on_progress``: nothing."""
+
+
 @contextmanager
 def _timed(timings: dict[str, float], key: str) -> Iterator[None]:
     start = time.perf_counter()
@@ -86,7 +90,9 @@ class Learner:
     rollout engine among them), the optimizers, β of the KL term and the non-finite guard.
 
     ``round`` is the number of the round being run (1-based), for messages; ``on_phase`` is
-    called with each of :data:`PHASES` as the phase starts (a live display's hook).
+    called with each of :data:`PHASES` as the phase starts (a live display's hook), and
+    ``on_progress(step, steps, rows)`` after each decoding step of an engine that reports
+    them (the ``hf`` engine does), in a round or an evaluation.
     """
 
     def __init__(self, spec: Spec, models: Models, assembly: Assembly) -> None:
@@ -104,10 +110,14 @@ class Learner:
         self.kl_coef = torch.tensor(coef, dtype=torch.float32, device=self.device)
         self.guard = Guard(spec.train.on_nonfinite, spec.train.max_skipped_steps)
         self.on_phase: Callable[[str], None] = _no_phase
+        self.on_progress: Callable[[int, int, int], None] = _no_progress
         self.round = 0
         self.engine = assembly.engine
         world = distributed.world()
-        self.engine.start(engine_context(models, spec.model, world.rank, world.size))
+        context = engine_context(
+            models, spec.model, world.rank, world.size, lambda *step: self.on_progress(*step)
+        )
+        self.engine.start(context)
         mode = spec.rollout.logp_old
         self.recompute_logp_old = mode == "forward" or (
             mode == "auto" and not self.engine.samples_from_policy

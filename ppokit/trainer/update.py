@@ -33,12 +33,63 @@ from ppokit.trainer.rollout import Rollout
 if TYPE_CHECKING:
     from ppokit.trainer.round import Learner
 
-__all__ = ["UpdateResult", "accumulate", "optimizers", "peak_memory_gb", "step", "update"]
+__all__ = [
+    "UpdateResult",
+    "accumulate",
+    "lr_factor",
+    "optimizer_steps",
+    "optimizers",
+    "peak_memory_gb",
+    "step",
+    "update",
+]
 
 
-def _linear_warmup(steps: int) -> Callable[[int], float]:
-    def factor(step: int) -> float:
-        return 1.0 if steps <= 0 else min(1.0, (step + 1) / steps)
+def optimizer_steps(spec: Spec) -> tuple[int, int]:
+    """(the actor's, the critic's) optimizer steps in a run of ``spec`` with none skipped:
+    ``ppo_epochs`` passes of ceil(responses of a round / minibatch) steps a round, the
+    actor's none in the ``critic_warmup_rounds``."""
+    t, r = spec.train, spec.rollout
+    responses = r.prompts_per_round * r.n
+    per_round = t.ppo_epochs * -(-responses // (t.minibatch_size or responses))
+    actor_rounds = max(0, t.rounds - t.critic_warmup_rounds)
+    return actor_rounds * per_round, t.rounds * per_round
+
+
+def lr_factor(train: Any, steps: int) -> Callable[[int], float]:
+    """``factor(k)``: the learning rate of optimizer step ``k + 1`` (``k`` steps taken) as
+    a fraction of the spec's, for a run of ``steps`` steps: transformers' schedule of
+    ``train.lr_schedule`` (``constant``: ``get_constant_schedule_with_warmup``;
+    ``linear``: ``get_polynomial_decay_schedule_with_warmup`` with power 1, which is
+    ``get_linear_schedule_with_warmup`` down to ``min_lr_ratio``; ``cosine``:
+    ``get_cosine_with_min_lr_schedule_with_warmup``) evaluated at the step's number,
+    1-based: the warm-up's first step is not a step at rate 0, and the run's last step has
+    the rate ``min_lr_ratio`` (later steps, after a resume that added rounds, keep it)."""
+    from transformers import (
+        get_constant_schedule_with_warmup,
+        get_cosine_with_min_lr_schedule_with_warmup,
+        get_polynomial_decay_schedule_with_warmup,
+    )
+
+    warmup = train.warmup_steps
+    total = max(steps, warmup + 1)
+    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # rate 1: factors
+    if train.min_lr_ratio >= 1.0:  # no decay: the constant schedule
+        made = get_constant_schedule_with_warmup(probe, warmup)
+    elif train.lr_schedule == "linear":
+        made = get_polynomial_decay_schedule_with_warmup(
+            probe, warmup, total, lr_end=train.min_lr_ratio, power=1.0
+        )
+    elif train.lr_schedule == "cosine":
+        made = get_cosine_with_min_lr_schedule_with_warmup(
+            probe, warmup, total, min_lr_rate=train.min_lr_ratio
+        )
+    else:
+        made = get_constant_schedule_with_warmup(probe, warmup)
+    shape = made.lr_lambdas[0]
+
+    def factor(k: int) -> float:
+        return float(shape(min(k + 1, total)))
 
     return factor
 
@@ -58,17 +109,20 @@ def optimizers(
     spec: Spec, models: Models
 ) -> tuple[torch.optim.Optimizer, Schedule, torch.optim.Optimizer | None, Schedule | None]:
     """AdamW and its learning-rate schedule for the actor, and for the critic when there is
-    one: ``(actor_opt, actor_sched, critic_opt, critic_sched)``."""
+    one: ``(actor_opt, actor_sched, critic_opt, critic_sched)``; the schedules follow
+    ``train.lr_schedule`` over the run's optimizer steps (:func:`lr_factor`)."""
     t = spec.train
+    actor_steps, critic_steps = optimizer_steps(spec)
 
-    def adamw(params: Any, lr: float) -> tuple[torch.optim.Optimizer, Schedule]:
+    def adamw(params: Any, lr: float, steps: int) -> tuple[torch.optim.Optimizer, Schedule]:
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=t.weight_decay)
-        return opt, Schedule(opt, _linear_warmup(t.warmup_steps))
+        return opt, Schedule(opt, lr_factor(t, steps))
 
-    actor_opt, actor_sched = adamw(models.actor_parameters(), t.actor_lr)
+    actor_opt, actor_sched = adamw(models.actor_parameters(), t.actor_lr, actor_steps)
     if models.critic is None:
         return actor_opt, actor_sched, None, None
-    return (actor_opt, actor_sched, *adamw(list(models.critic_parameters()), t.critic_lr))
+    critic = adamw(list(models.critic_parameters()), t.critic_lr, critic_steps)
+    return (actor_opt, actor_sched, *critic)
 
 
 @dataclass

@@ -43,7 +43,8 @@ UNIFORM = Component(
     params=NoParams,
     summary="Every prompt weighs 1",
     formula="w = 1 (0 for a row without tokens)",
-    source="the general critic loss of ppokit's docs/concepts.md",
+    source="ppokit's docs/concepts.md: the actor's prompt weight (section 4) and the general "
+    "critic loss (section 5)",
 )
 
 

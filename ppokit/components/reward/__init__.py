@@ -20,6 +20,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ppokit import papers
 from ppokit.catalogue import Component, Contract, NoParams, Params
+from ppokit.papers import cite
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -42,8 +43,10 @@ __all__ = [
     "HFClassifierParams",
     "LengthPenaltyParams",
     "MathVerifyParams",
+    "PythonParams",
     "RegexParams",
     "register_components",
+    "split_function",
 ]
 
 
@@ -129,6 +132,36 @@ class HFClassifierParams(Params):
         return value
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def split_function(value: str) -> tuple[str, str, bool]:
+    """``(where, name, is_file)`` of ``"path/to/file.py:fn"`` (a file: it ends in ``.py``
+    or names a folder) or ``"package.module:fn"``; ValueError naming the expected form."""
+    where, sep, name = value.strip().rpartition(":")
+    form = "expected 'path/to/file.py:function' or 'package.module:function'"
+    if not sep or not where or not _IDENTIFIER.fullmatch(name):
+        raise ValueError(f"{value!r}: {form}")
+    is_file = where.endswith(".py") or "/" in where or "\\" in where
+    if not is_file and not all(_IDENTIFIER.fullmatch(part) for part in where.split(".")):
+        raise ValueError(f"{value!r}: {where!r} is neither a .py file nor a module name; {form}")
+    return where, name, is_file
+
+
+class PythonParams(Params):
+    function: str = Field(
+        description="'path/to/file.py:fn' (relative to the working directory) or "
+        "'package.module:fn' (importable): fn(prompts, responses, **fields) returns one "
+        "number per response; ppokit imports and runs this code"
+    )
+
+    @field_validator("function")
+    @classmethod
+    def _a_function_reference(cls, value: str) -> str:
+        split_function(value)  # the form only: validating a spec runs no code
+        return value
+
+
 MATH_VERIFY = Component(
     "reward",
     "math_verify",
@@ -184,6 +217,21 @@ HF_CLASSIFIER = Component(
 )
 
 
+PYTHON = Component(
+    "reward",
+    "python",
+    MODULE,
+    params=PythonParams,
+    summary="your own Python function fn(prompts, responses, **fields), from a file or module",
+    formula="r = fn(prompts, responses, **fields), or fn(prompts=, completions=, **fields) for a "
+    "TRL reward function; fields it has no parameter for are not passed",
+    source=cite(
+        ("verifiable rewards as code", papers.TULU3),
+        "as TRL's reward_funcs and verl's custom_reward_function",
+    ),
+)
+
+
 DEMO = Component(
     "reward",
     "demo",
@@ -201,5 +249,6 @@ ENTRIES: tuple[Component, ...] = (
     REGEX,
     LENGTH_PENALTY,
     HF_CLASSIFIER,
+    PYTHON,
     DEMO,
 )

@@ -6,8 +6,13 @@ naming a field it needs but did not get (:func:`require_field`).
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import importlib.util
 import inspect
+import logging
 import re
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,7 +28,9 @@ __all__ = [
     "HFClassifierReward",
     "LengthPenaltyReward",
     "MathVerifyReward",
+    "PythonReward",
     "RegexReward",
+    "load_function",
     "require_field",
 ]
 
@@ -54,6 +61,25 @@ def _scores(values: Sequence[float]) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.float32)
 
 
+class _NoTimeoutNotice(logging.Filter):
+    """Drops math-verify's "Timeout is disabled ..." warning: off the main thread ppokit
+    calls it without its timeouts on purpose (``signal.alarm`` cannot work there) and
+    bounds the whole reward call itself (``train.reward_timeout``). Its other records pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
+_NO_TIMEOUT_NOTICE = _NoTimeoutNotice()
+
+
+def _quiet_math_verify() -> None:
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logger = logging.getLogger(name)
+        if _NO_TIMEOUT_NOTICE not in logger.filters:
+            logger.addFilter(_NO_TIMEOUT_NOTICE)
+
+
 @catalogue.MATH_VERIFY.implementation
 class MathVerifyReward:
     """The gold answer and the response are parsed with the ``math-verify`` library (LaTeX,
@@ -69,6 +95,7 @@ class MathVerifyReward:
             raise MissingDependency(
                 "math-verify", "the math_verify reward", "pip install 'ppokit[math]'"
             ) from None
+        _quiet_math_verify()
         self.field = field
         self.correct = correct
         self.incorrect = incorrect
@@ -324,3 +351,85 @@ class HFClassifierReward:
             inputs = {k: v.to(device) for k, v in enc.items() if k in self._inputs}
             chunks.append(self._score_logits(self._model(**inputs).logits))
         return torch.cat(chunks)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def load_function(reference: str) -> Callable[..., Any]:
+    """The function ``"path/to/file.py:fn"`` or ``"package.module:fn"`` names: the file is
+    imported as a module of its own (its folder is not put on ``sys.path``), the module
+    with ``importlib``. Anything that goes wrong is one :class:`UserError` line."""
+    where, name, is_file = catalogue.split_function(reference)
+    what = f"the python reward's function {reference!r}"
+    if is_file:
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise UserError(f"{what}: file not found: {where} (a path relative to {Path.cwd()})")
+        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        module_name = f"ppokit_reward_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
+        module = sys.modules.get(module_name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            if spec is None or spec.loader is None:
+                raise UserError(f"{what}: {where} cannot be imported as a Python file")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:
+                del sys.modules[module_name]
+                raise UserError(f"{what}: importing {where} raised {_first_line(exc)}") from None
+    else:
+        try:
+            module = importlib.import_module(where)
+        except Exception as exc:
+            raise UserError(f"{what}: cannot import {where}: {_first_line(exc)}") from None
+    fn = getattr(module, name, None)
+    if fn is None:
+        found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise UserError(
+            f"{what}: {where} has no {name!r}; its functions: {', '.join(found) or 'none'}"
+        )
+    if not callable(fn):
+        raise UserError(f"{what}: {name!r} in {where} is a {type(fn).__name__}, not a function")
+    return fn  # type: ignore[no-any-return]
+
+
+@catalogue.PYTHON.implementation
+class PythonReward:
+    """Calls ``fn(prompts, responses, **fields)``. A function with a ``**kwargs`` parameter
+    gets every field; one without gets only the fields it names (``answer``, ``lengths``,
+    ...), so ``def reward(prompts, responses, answer)`` works as written. A function written
+    for TRL's ``reward_funcs`` (a ``completions`` parameter, no ``responses``) is called as
+    TRL calls it, by keyword: ``fn(prompts=..., completions=..., **fields)``. What it returns
+    is checked like any reward's: one real number per response (a list, a tensor, a numpy
+    array)."""
+
+    def __init__(self, *, function: str) -> None:
+        self.function = function
+        self.fn = load_function(function)
+        self.accepts: frozenset[str] | None = None  # None: every keyword (**kwargs)
+        names: set[str] = set()
+        try:
+            parameters = list(inspect.signature(self.fn).parameters.values())
+        except (TypeError, ValueError):  # a builtin without a signature: give it all
+            parameters = []
+        names = {p.name for p in parameters}
+        if parameters and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            self.accepts = frozenset(names)
+        self.by_keyword = "completions" in names and "responses" not in names
+
+    def __call__(self, prompts: list[str], responses: list[str], **fields: Any) -> Any:
+        if self.by_keyword:  # TRL's convention
+            fields = {"prompts": prompts, "completions": responses, **fields}
+        if self.accepts is not None:
+            fields = {k: v for k, v in fields.items() if k in self.accepts}
+        if self.by_keyword:
+            return self.fn(**fields)
+        return self.fn(prompts, responses, **fields)
+
+    def __repr__(self) -> str:
+        return f"PythonReward({self.function!r})"

@@ -141,7 +141,11 @@ class EngineContext:
     section (where the actor came from, its dtype, the LoRA settings), for an engine that
     holds a copy of its own. ``eos_ids`` end a response, ``pad_id`` pads one; ``autocast()``
     is the run's mixed-precision context. ``process`` of ``processes``: each process drives
-    its own engine over its share of the prompts.
+    its own engine over its share of the prompts. ``progress``, when set, is the trainer's
+    progress display: an engine may call ``progress(step, steps, rows)`` as it decodes
+    (``step`` of at most ``steps`` tokens done for each of ``rows`` responses; 0 as it
+    begins); it is
+    optional both ways (None: nobody listens; an engine that never calls it is fine).
     """
 
     model: Any
@@ -152,6 +156,7 @@ class EngineContext:
     autocast: Callable[[], AbstractContextManager[Any]]
     process: int = 0
     processes: int = 1
+    progress: Callable[[int, int, int], None] | None = None
 
 
 class RolloutEngine(Protocol):

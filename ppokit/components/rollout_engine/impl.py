@@ -8,7 +8,7 @@ Unlike the other kinds' tensor modules this one imports ``transformers`` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -71,6 +71,22 @@ class LogProbRecorder:
         return out.float()[:, :width]
 
 
+class _Steps:
+    """A stopping criterion that stops nothing: it reports each decoding step to
+    ``progress(step, steps, rows)`` (:class:`EngineContext`'s ``progress``); a host-side
+    count of the sequence length, no tensor read."""
+
+    def __init__(self, progress: Callable[[int, int, int], None], start: int, steps: int) -> None:
+        self.progress = progress
+        self.start = start
+        self.steps = steps
+
+    def __call__(self, input_ids: Tensor, scores: Any, **kwargs: Any) -> Tensor:
+        rows = input_ids.shape[0]
+        self.progress(input_ids.shape[1] - self.start, self.steps, rows)
+        return torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+
+
 def generate(
     model: nn.Module,
     prompt_ids: Tensor,
@@ -78,11 +94,13 @@ def generate(
     sampling: Sampling,
     eos_ids: Sequence[int],
     pad_id: int,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> Generation:
     """``sampling.n`` responses per prompt row from ``model.generate``; stop at EOS. A model
     sharded over several processes decodes in step with the others (as many steps as the
-    longest: each takes part in the others' forwards)."""
-    from transformers import GenerationConfig, LogitsProcessorList
+    longest: each takes part in the others' forwards). ``progress(step, steps, rows)`` is
+    called before the first step (step 0) and after each decoding step."""
+    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
     from ppokit.distributed import as_forward, gathered, sharded
 
@@ -105,6 +123,12 @@ def generate(
         else LogProbRecorder(sampling.temperature, sampling.top_k, sampling.top_p)
     )
     processors = LogitsProcessorList([] if recorder is None else [recorder])
+    steps = None
+    if progress is not None:  # step 0: the prompts' forward pass begins
+        progress(0, sampling.max_new_tokens, prompt_ids.shape[0])
+        steps = StoppingCriteriaList(
+            [_Steps(progress, prompt_ids.shape[1], sampling.max_new_tokens)]
+        )
     was_training = model.training
     model.eval()
 
@@ -114,6 +138,7 @@ def generate(
             attention_mask=prompt_mask,
             generation_config=config,
             logits_processor=processors,
+            stopping_criteria=steps,
             synced_gpus=sharded(model),
         )
 
@@ -155,7 +180,13 @@ class HFEngine:
             raise RuntimeError("the hf engine was not started")
         with torch.no_grad(), self._autocast(context):
             return generate(
-                context.model, prompt_ids, prompt_mask, sampling, context.eos_ids, context.pad_id
+                context.model,
+                prompt_ids,
+                prompt_mask,
+                sampling,
+                context.eos_ids,
+                context.pad_id,
+                context.progress,
             )
 
     def sync(self) -> None:
