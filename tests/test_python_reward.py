@@ -21,7 +21,7 @@ from ppokit.errors import ComponentError, UserError
 from ppokit.runfolder import CHECKPOINT, read_run_spec
 from ppokit.spec import SpecError
 from ppokit.trainer import train
-from tests.trainer.helpers import reseal_manifest, small_spec
+from tests.helpers.trainer import reseal_manifest, small_spec
 
 PROOF = """
 from pathlib import Path

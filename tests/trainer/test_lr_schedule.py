@@ -23,8 +23,7 @@ from ppokit.trainer import train
 from ppokit.trainer.loop import Interrupted
 from ppokit.trainer.metrics import TIMING, read_metrics
 from ppokit.trainer.update import lr_factor, optimizer_steps
-
-from .helpers import small_spec
+from tests.helpers.trainer import small_spec
 
 
 def rates(made: torch.optim.lr_scheduler.LambdaLR, steps: int) -> list[float]:

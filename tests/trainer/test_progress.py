@@ -22,8 +22,7 @@ from ppokit.spec import validate_spec
 from ppokit.trainer import train
 from ppokit.trainer.display import CONSOLE_WIDTH, Display, console_width, summary_table
 from ppokit.trainer.models import _gguf_progress
-
-from .helpers import DEMO, learner, small_spec
+from tests.helpers.trainer import DEMO, learner, small_spec
 
 
 def plain(every: float = 0.2) -> tuple[Display, io.StringIO]:
