@@ -675,6 +675,8 @@ def _optional_packages(spec: Spec) -> Iterator[tuple[str, str, str]]:
         yield "data.source", "datasets", "data"
     if spec.eval is not None and spec.eval.data is not None and spec.eval.data.needs_datasets():
         yield "eval.data.source", "datasets", "data"
+    if spec.rollout.engine.name == "vllm":
+        yield "rollout.engine", "vllm", "vllm"
 
 
 def _check_slot(
@@ -740,11 +742,13 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
         )
     except ValueError as exc:
         errors.append(f"data.options: {exc}")
+    from ppokit.components.rollout_engine import VLLM_INSTALL
+
     for path, package, extra in _optional_packages(spec):
         if importlib.util.find_spec(package) is None:
             errors.append(
                 f"{path}: needs the package {package!r}, which is not installed: "
-                f"pip install 'ppokit[{extra}]'"
+                + (VLLM_INSTALL if extra == "vllm" else f"pip install 'ppokit[{extra}]'")
             )
     if t.critic_warmup_rounds and spec.critic is None:
         errors.append(

@@ -51,6 +51,7 @@ TIMING = (
     "time_score",
     "time_logprob",
     "time_update",
+    "time_sync",
     "time_round",
     "time_eval",
 )

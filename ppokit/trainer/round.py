@@ -152,7 +152,8 @@ def run_round(
     ``train_actor`` False: a critic-only round (``train.critic_warmup_rounds``)."""
     data, result = collect(lrn, rows, formatted, round_no=round_no)  # steps 1-4
     lrn.update(data, train_actor, result)  # 5. update
-    lrn.engine.sync()  # 6. the engine follows the policy
+    with _timed(result.timings, "time_sync"):  # 6. the engine follows the policy
+        lrn.engine.sync()
     return result
 
 
