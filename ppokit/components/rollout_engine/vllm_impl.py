@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import gc
 import importlib.util
 import json
@@ -119,7 +120,10 @@ def _write_model(model: nn.Module, folder: Path) -> None:
     from safetensors.torch import save_file
 
     lm = model.get_base_model() if _peft(model) else model  # type: ignore[operator]
-    lm.config.save_pretrained(folder)
+    config = copy.deepcopy(lm.config)
+    if hasattr(config, "quantization_config"):  # a GGUF file's: the weights are dequantized
+        del config.quantization_config
+    config.save_pretrained(folder)
     weights = {name: t.contiguous().cpu() for name, t in base_weights(model)}
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
