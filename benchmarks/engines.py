@@ -49,6 +49,7 @@ ENGINES = {
     "vllm": "rollout.engine={name: vllm, dtype: float32}",
     "vllm-bf16": "rollout.engine={name: vllm, dtype: bfloat16}",
     "hf-bf16": "rollout.engine={name: hf, dtype: bfloat16}",
+    "vllm-sleep": "rollout.engine={name: vllm, dtype: bfloat16, sleep: true}",
 }
 #: The demo's tiny model with heads vLLM's CPU attention supports.
 TINY_32 = [
@@ -106,6 +107,7 @@ def rounds(args: argparse.Namespace) -> None:
                 "sync": t.get("time_sync", 0.0),
                 "tokens": metrics["tokens"],
                 "reward": metrics["reward_mean"],
+                "mismatch_k3": metrics.get("rollout/mismatch_k3", 0.0),  # μ against π_old
             }
             row["tokens_per_s"] = row["tokens"] / row["generate"]
             print(

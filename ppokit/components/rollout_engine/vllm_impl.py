@@ -90,11 +90,13 @@ def _full(x: Tensor) -> Tensor:
     return full_tensor(x.detach())
 
 
-def base_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+def base_weights(
+    model: nn.Module, dtype: torch.dtype | None = None
+) -> Iterator[tuple[str, Tensor]]:
     """(checkpoint name, whole tensor) of each weight of the actor's causal LM, as
     ``save_pretrained`` names them; under LoRA the frozen base weights (peft's
     ``base_layer`` names mapped back, the adapters left out). Sharded parameters are
-    gathered one at a time, in the same order on every process."""
+    gathered one at a time, in the same order on every process; ``dtype``: cast to it."""
     lm = model.get_base_model() if _peft(model) else model  # type: ignore[operator]
     tied = bool(getattr(lm.config, "tie_word_embeddings", False))
     for name, tensor in lm.state_dict(keep_vars=True).items():
@@ -103,7 +105,8 @@ def base_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         name = name.replace(".base_layer.", ".")
         if tied and name == "lm_head.weight":
             continue
-        yield name, _full(tensor)
+        whole = _full(tensor)
+        yield name, whole if dtype is None else whole.to(dtype)
 
 
 def adapter_weights(model: nn.Module) -> dict[str, Tensor]:
@@ -111,11 +114,11 @@ def adapter_weights(model: nn.Module) -> dict[str, Tensor]:
     gathered whole."""
     from peft import get_peft_model_state_dict
 
-    state = get_peft_model_state_dict(model)
+    state = get_peft_model_state_dict(model, save_embedding_layers=False)
     return {k: _full(v).contiguous().cpu() for k, v in state.items()}
 
 
-def _write_model(model: nn.Module, folder: Path) -> None:
+def _write_model(model: nn.Module, folder: Path, dtype: torch.dtype) -> None:
     """The actor's config and weights (the base model's under LoRA) as a model folder."""
     from safetensors.torch import save_file
 
@@ -124,7 +127,7 @@ def _write_model(model: nn.Module, folder: Path) -> None:
     if hasattr(config, "quantization_config"):  # a GGUF file's: the weights are dequantized
         del config.quantization_config
     config.save_pretrained(folder)
-    weights = {name: t.contiguous().cpu() for name, t in base_weights(model)}
+    weights = {name: t.contiguous().cpu() for name, t in base_weights(model, dtype)}
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -137,6 +140,28 @@ def _write_adapter(model: nn.Module, folder: Path) -> None:
     config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
     (folder / "adapter_config.json").write_text(json.dumps(config, default=str))
     save_file(adapter_weights(model), str(folder / "adapter_model.safetensors"))
+
+
+@contextlib.contextmanager
+def _own_random_state() -> Iterator[None]:
+    """The block leaves Python's, NumPy's and torch's global generators as they were: vLLM
+    seeds them all when it starts inside the process, and the trainer's draws (minibatch
+    order, the hf engine's sampling) follow the spec's seed, not vLLM's."""
+    import random
+
+    python = random.getstate()
+    numpy = None
+    with contextlib.suppress(ImportError):
+        import numpy as np
+
+        numpy = np.random.get_state()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    devices = list(range(torch.cuda.device_count())) if cuda else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+    random.setstate(python)
+    if numpy is not None:
+        np.random.set_state(numpy)
 
 
 def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -199,6 +224,7 @@ class VLLMEngine:
         self.pushes = 0
         self.asleep = 0  # vLLM's sleep level now (0: awake)
         self.tp_group: Any = None
+        self.torch_dtype = torch.float32  # vLLM's, resolved at the start
 
     # ------------------------------------------------------------------ start
     def _resolved_dtype(self, context: EngineContext, gpu: bool) -> str:
@@ -240,7 +266,8 @@ class VLLMEngine:
                 f"divide the run's {context.processes} processes"
             )
         self.folder = Path(tempfile.mkdtemp(prefix="ppokit-vllm-"))
-        _write_model(model, self.folder / "model")
+        self.torch_dtype = getattr(torch, self._resolved_dtype(context, gpu))
+        _write_model(model, self.folder / "model", self.torch_dtype)
         config = model.get_base_model().config if _peft(model) else model.config  # type: ignore[operator]
         max_len = self.max_model_len or getattr(config, "max_position_embeddings", None)
         kwargs: dict[str, Any] = dict(
@@ -273,7 +300,7 @@ class VLLMEngine:
             kwargs["max_lora_rank"] = lora_rank(int(lora.r if lora is not None else 8))
             kwargs["max_loras"] = 1
         threads = torch.get_num_threads()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _own_random_state():
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             warnings.filterwarnings("ignore", category=FutureWarning)
             self.llm = vllm.LLM(**kwargs)
@@ -385,7 +412,7 @@ class VLLMEngine:
         model = self.context.model  # type: ignore[union-attr]
         if self.asleep:  # level 2: the weights were dropped; they come back as pushed
             self.llm.wake_up(tags=["weights"])
-        weights = base_weights(model)
+        weights = base_weights(model, self.torch_dtype)
         if torch.device(self.context.device).type != "cuda" and self.context.processes == 1:
             weights_in: Any = weights
         else:
