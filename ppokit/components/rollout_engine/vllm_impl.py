@@ -299,13 +299,12 @@ class VLLMEngine:
             kwargs["enable_lora"] = True
             kwargs["max_lora_rank"] = lora_rank(int(lora.r if lora is not None else 8))
             kwargs["max_loras"] = 1
-        threads = torch.get_num_threads()
+        # vLLM computes with torch's threads as they are now; on a CPU it then makes
+        # torch.set_num_threads a no-op for the rest of the process
         with warnings.catch_warnings(), _own_random_state():
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             warnings.filterwarnings("ignore", category=FutureWarning)
             self.llm = vllm.LLM(**kwargs)
-        if torch.get_num_threads() != threads:  # the trainer keeps its threads
-            torch.set_num_threads(threads)
         if _peft(model):
             self._push_adapters()
 
