@@ -109,6 +109,26 @@ def test_the_same_seed_draws_the_same_responses(full: Learner) -> None:
 
 
 @needs_vllm
+def test_greedy_responses_are_the_trainers_argmax(full: Learner) -> None:
+    """Greedy decoding (a baseline rollout, the evaluation): no log-probs, the same response
+    for each of a prompt's n rows, each token the argmax of the trainer's own logits."""
+    from ppokit.trainer.logprobs import position_ids
+
+    prompts = [r["prompt"] for r in demo_rows(3, 6)]
+    ro = full.sample(prompts, 2, greedy=True)
+    assert ro.logp_rollout is None
+    assert torch.equal(ro.response_ids[0::2], ro.response_ids[1::2])
+    ids, attn = ro.inputs()
+    with torch.no_grad():
+        logits = full.models.actor(
+            input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)
+        ).logits
+    width = ro.response_ids.shape[1]
+    best = logits[:, ro.prompt_len - 1 : ro.prompt_len - 1 + width].argmax(-1)
+    assert torch.equal(best[ro.response_mask], ro.response_ids[ro.response_mask])
+
+
+@needs_vllm
 def test_logprobs_match_the_trainers_forward_and_follow_each_push(full: Learner) -> None:
     """log μ from vLLM equals the trainer's log π to 1e-4 (float32), and after an update and
     a push it is the new weights' (not the old ones')."""
