@@ -411,19 +411,20 @@ class VLLMEngine:
         model = self.context.model  # type: ignore[union-attr]
         if self.asleep:  # level 2: the weights were dropped; they come back as pushed
             self.llm.wake_up(tags=["weights"])
-        weights = base_weights(model, self.torch_dtype)
-        if torch.device(self.context.device).type != "cuda" and self.context.processes == 1:
-            weights_in: Any = weights
-        else:
-            weights_in = list(weights)  # gathered here, on the trainer's thread
-        if self.tensor_parallel_size > 1 and self.context.processes == 1:
-            weights_in = [(k, v.cpu()) for k, v in weights_in]  # sent to vLLM's workers
+        weights: Any = base_weights(model, self.torch_dtype)  # one weight at a time
+        if self.context.processes > 1:  # the gathers (collectives) on the trainer's thread
+            weights = list(weights)
+        elif self.tensor_parallel_size > 1:  # sent to vLLM's worker processes
+            weights = [(k, v.cpu()) for k, v in weights]
+        device = torch.device(self.context.device)
 
         def push() -> None:
+            if device.type == "cuda":  # a thread starts on the first GPU
+                torch.cuda.set_device(device)
             with torch.no_grad():
                 self.llm.collective_rpc(
                     "reload_weights",
-                    kwargs={"weights_iterator": weights_in, "is_checkpoint_format": True},
+                    kwargs={"weights_iterator": weights, "is_checkpoint_format": True},
                 )
 
         _bounded(push, self.sync_timeout_s, "the weight push into vLLM")
