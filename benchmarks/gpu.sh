@@ -40,3 +40,18 @@ if [ "$GPUS" -ge 2 ]; then
 else
   echo "== one GPU: the scaling benchmark needs two (skipped)"
 fi
+
+# The vllm rollout engine (docs/engines.md), when the GPU machine has vLLM (pip install
+# -e '.[vllm]'; its wheels are too large to carry in .whl/): the SmolLM2 GRPO round with hf
+# and with vllm in bf16, with and without sleep mode, interleaved in one process; then the
+# demo's learning with each engine over three seeds.
+if python3 -c "import vllm" >/dev/null 2>&1; then
+  echo "== rollout engines on cuda: SmolLM2 GRPO round, hf against vllm (bf16; sleep mode)"
+  timeout 420 python3 benchmarks/engines.py --rounds 3 --engines hf,vllm-bf16,vllm-sleep \
+    --set model.device=cuda 2>&1 | grep -v WARN | tail -n 30 | tee "$OUT/engines.txt"
+  echo "== the demo's learning on cuda, hf against vllm, seeds 0-2"
+  timeout 300 python3 benchmarks/engines.py --demo 0-2 --demo-rounds 120 \
+    --set model.device=cuda 2>&1 | grep -v WARN | tail -n 12 | tee "$OUT/engines_demo.txt"
+else
+  echo "== vLLM is not installed here: the rollout engine benchmark is skipped"
+fi

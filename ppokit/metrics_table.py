@@ -162,6 +162,7 @@ METRICS: tuple[Metric, ...] = (
     _m("time_score", "seconds", required=True, timing=True),
     _m("time_logprob", "seconds", required=True, timing=True),
     _m("time_update", "seconds", required=True, timing=True),
+    _m("time_sync", "seconds", timing=True),
     _m("time_round", "seconds", required=True, summary=True, timing=True),
     _m("time_eval", "seconds", timing=True),
 )

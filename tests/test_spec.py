@@ -3,6 +3,7 @@ semantics, every error at once with its path, close names and cross-slot require
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,8 @@ def test_any_choice_of_registered_components_validates(data: st.DataObject) -> N
             i.name
             for i in registry.components(kind)
             if not i.params.model_json_schema().get("required")
+            # an engine whose package is missing is a validation error by design
+            and not (i.name == "vllm" and importlib.util.find_spec("vllm") is None)
         ]
         return data.draw(st.sampled_from(names), label=kind)
 

@@ -14,6 +14,7 @@ from pydantic import (
     ValidationError,
 )
 
+from ppokit.components.rollout_engine import VLLM_INSTALL
 from ppokit.registry import (
     ComponentInfo,
     Registry,
@@ -79,6 +80,8 @@ def _optional_packages(spec: Spec) -> Iterator[tuple[str, str, str]]:
         yield "data.source", "datasets", "data"
     if spec.eval is not None and spec.eval.data is not None and spec.eval.data.needs_datasets():
         yield "eval.data.source", "datasets", "data"
+    if spec.rollout.engine.name == "vllm":
+        yield "rollout.engine", "vllm", "vllm"
 
 
 def _check_slot(
@@ -149,7 +152,7 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
         if importlib.util.find_spec(package) is None:
             errors.append(
                 f"{path}: needs the package {package!r}, which is not installed: "
-                f"pip install 'ppokit[{extra}]'"
+                + (VLLM_INSTALL if extra == "vllm" else f"pip install 'ppokit[{extra}]'")
             )
     if t.critic_warmup_rounds and spec.critic is None:
         errors.append(

@@ -176,7 +176,8 @@ def run_round(
     data, result = collect(lrn, rows, formatted, round_no=round_no, draw=draw)  # steps 1-4
     if data is not None:  # a round without groups has no update
         lrn.update(data, train_actor, result)  # 5. update
-        lrn.engine.sync()  # 6. the engine follows the policy
+        with _timed(result.timings, "time_sync"):  # 6. the engine follows the policy
+            lrn.engine.sync()
     return result
 
 

