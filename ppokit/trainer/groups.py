@@ -69,10 +69,14 @@ class Filled:
     batches: int = 0
     #: the bound stopped the drawing before the round was full
     exhausted: bool = False
+    #: a filter ran (False for one that keeps every group: no counts to report)
+    filtered: bool = True
 
     def metrics(self, device: torch.device) -> dict[str, Tensor]:
         """``rollout/kept_groups``, ``_passed_groups``, ``_generated_groups``,
-        ``_generation_batches`` and ``_exhausted`` (whole-round)."""
+        ``_generation_batches`` and ``_exhausted`` (whole-round), when a filter ran."""
+        if not self.filtered:
+            return {}
         values = {
             "rollout/kept_groups": self.kept_groups,
             "rollout/passed_groups": self.passed_groups,
@@ -146,7 +150,9 @@ def fill(
             "(rollout.max_generation_batches); rollout.filter_exhausted: error stops the run "
             "(set it to train to train on the groups that passed)"
         )
-    return _gather(lrn, batches, take, exhausted, n, total)
+    got = _gather(lrn, batches, take, exhausted, n, total)
+    got.filtered = not keeps_all
+    return got
 
 
 def _passed_sum(batches: list[_Batch], device: torch.device) -> int:

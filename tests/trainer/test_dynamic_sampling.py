@@ -377,4 +377,4 @@ def test_a_filter_reads_the_host_once_per_batch(use_registry, tmp_path, monkeypa
         type(lrn.assembly.filter.component), "__call__", lambda self, g: called.append(g)
     )
     result = run_round(lrn, rows, formatted, round_no=1)
-    assert not called and float(result.metrics["rollout/kept_groups"]) == 4
+    assert not called and "rollout/kept_groups" not in result.metrics  # nothing filtered
