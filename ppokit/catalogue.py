@@ -20,7 +20,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ppokit.metrics_table import Metric
 
@@ -47,6 +47,20 @@ class Params(BaseModel):
 
 class NoParams(Params):
     """A component without parameters."""
+
+
+class Bounds(Params):
+    """Parameters with an interval ``[low, high]``: refused when ``low > high``. A subclass
+    declares ``low`` and ``high`` with its own defaults and bounds."""
+
+    low: float
+    high: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Bounds:
+        if self.low > self.high:
+            raise ValueError(f"low must not exceed high, got low={self.low}, high={self.high}")
+        return self
 
 
 class Gamma(Params):
@@ -95,6 +109,9 @@ class Component:
     requires: tuple[str, ...] = field(default=())
     #: the diagnostics its optional ``metrics(batch, out)`` member reports each round
     metrics: tuple[Metric, ...] = field(default=())
+    #: (import name, how to install it) of each package it needs beyond ppokit's own: a
+    #: spec naming it is refused at validation while one is missing
+    packages: tuple[tuple[str, str], ...] = field(default=())
 
     def implementation(self, obj: T) -> T:
         """Decorator of the implementation: records ``obj`` as this entry's implementation

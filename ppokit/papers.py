@@ -170,4 +170,11 @@ PRIME = Paper(
     "Process Reinforcement through Implicit Rewards", "Cui et al.", 2025, "arXiv:2502.01456"
 )
 
+PAGED_ATTENTION = Paper(
+    "Efficient Memory Management for Large Language Model Serving with PagedAttention",
+    "Kwon et al.",
+    2023,
+    "arXiv:2309.06180",
+)
+
 PAPERS: dict[str, Paper] = {k: v for k, v in globals().items() if isinstance(v, Paper)}

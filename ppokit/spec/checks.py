@@ -14,7 +14,6 @@ from pydantic import (
     ValidationError,
 )
 
-from ppokit.components.rollout_engine import VLLM_INSTALL
 from ppokit.registry import (
     ComponentInfo,
     Registry,
@@ -80,8 +79,6 @@ def _optional_packages(spec: Spec) -> Iterator[tuple[str, str, str]]:
         yield "data.source", "datasets", "data"
     if spec.eval is not None and spec.eval.data is not None and spec.eval.data.needs_datasets():
         yield "eval.data.source", "datasets", "data"
-    if spec.rollout.engine.name == "vllm":
-        yield "rollout.engine", "vllm", "vllm"
 
 
 def _check_slot(
@@ -152,8 +149,15 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
         if importlib.util.find_spec(package) is None:
             errors.append(
                 f"{path}: needs the package {package!r}, which is not installed: "
-                + (VLLM_INSTALL if extra == "vllm" else f"pip install 'ppokit[{extra}]'")
+                f"pip install 'ppokit[{extra}]'"
             )
+    for path, kind, comp in spec.slots():  # the packages a component's entry declares
+        entry = registry.info(kind, comp.name).entry if registry.has(kind, comp.name) else None
+        for package, install in entry.packages if entry is not None else ():
+            if importlib.util.find_spec(package) is None:
+                errors.append(
+                    f"{path}: needs the package {package!r}, which is not installed: {install}"
+                )
     if t.critic_warmup_rounds and spec.critic is None:
         errors.append(
             "train.critic_warmup_rounds: critic-only rounds need a critic: add a 'critic' "

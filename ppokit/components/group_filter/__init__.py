@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ppokit import papers
-from ppokit.catalogue import Component, Contract, NoParams, Params
+from ppokit.catalogue import Bounds, Component, Contract, NoParams, Params
 from ppokit.papers import cite
 
 if TYPE_CHECKING:
@@ -82,18 +82,12 @@ class InformativeParams(Params):
     )
 
 
-class PassRateParams(Params):
+class PassRateParams(Bounds):
     low: float = Field(0.2, ge=0.0, le=1.0, description="the smallest pass rate kept")
     high: float = Field(0.8, ge=0.0, le=1.0, description="the largest pass rate kept")
     correct_at: float = Field(
         1.0, le=1e9, description="a response passes when its reward R is at least this"
     )
-
-    @model_validator(mode="after")
-    def _ordered(self) -> PassRateParams:
-        if self.low > self.high:
-            raise ValueError(f"low must not exceed high, got low={self.low}, high={self.high}")
-        return self
 
 
 NONE = Component(

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ppokit import papers
-from ppokit.catalogue import Component, Contract, NoParams, Params
+from ppokit.catalogue import Bounds, Component, Contract, NoParams, Params
 from ppokit.metrics_table import Metric
 
 if TYPE_CHECKING:
@@ -62,19 +62,12 @@ class CapParams(Params):
     )
 
 
-class BoundsParams(Params):
+class BoundsParams(Bounds):
     low: float = Field(0.5, gt=0.0, le=1.0, description="the smallest ratio kept (<= 1)")
     high: float = Field(2.0, ge=1.0, le=1e6, description="the largest ratio kept (>= 1)")
 
-    @model_validator(mode="after")
-    def _ordered(self) -> BoundsParams:
-        if self.low > self.high:
-            raise ValueError(f"low must not exceed high, got low={self.low}, high={self.high}")
-        return self
-
 
 class TokenMISParams(BoundsParams):
-    low: float = Field(0.5, gt=0.0, le=1.0, description="the smallest ratio kept (<= 1)")
     high: float = Field(5.0, ge=1.0, le=1e6, description="the largest ratio kept (>= 1)")
 
 

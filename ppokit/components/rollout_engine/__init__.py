@@ -270,8 +270,9 @@ class VLLMParams(Params):
 VLLM = Component(
     "rollout_engine",
     "vllm",
-    "ppokit.components.rollout_engine.vllm_impl:VLLMEngine",
+    "ppokit.components.rollout_engine.vllm_impl",
     params=VLLMParams,
+    packages=(("vllm", VLLM_INSTALL),),
     summary="Samples with vLLM in the training process; the actor's weights (or LoRA adapters) "
     "are pushed after every update",
     formula=(
@@ -279,10 +280,7 @@ VLLM = Component(
         "(after temperature; with top-k/top-p, of the filtered distribution it sampled from);"
         " μ ≠ π_old in general: the trainer recomputes log π_old"
     ),
-    source=(
-        "Efficient Memory Management for Large Language Model Serving with PagedAttention "
-        "(Kwon et al., 2023), arXiv:2309.06180"
-    ),
+    source=str(papers.PAGED_ATTENTION),
 )
 
 #: Every built-in rollout engine, registered by the default plugin.
