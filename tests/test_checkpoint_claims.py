@@ -19,42 +19,24 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from ppokit.cli import app
-from ppokit.data import make_prompt_source
 from ppokit.errors import UserError
 from ppokit.runfolder import CHECKPOINT, MAX_DEPTH, check_metrics, load_json, read_metrics
-from ppokit.trainer import train
-from ppokit.trainer.checkpoint import load_checkpoint
-from tests.helpers.trainer import learner, reseal_manifest, small_spec
+from tests.helpers.trainer import one_line_error, reseal_manifest, run_fixtures, small_spec
+from tests.helpers.trainer import resume as resume_run
 
 RUN = ["train.rounds=2", "output.save_every=1"]
 DEEP = 100_000
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("trained") / "run"
-    train(small_spec(out, *RUN))
-    return out
-
-
-@pytest.fixture
-def run(trained: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(trained, out)
-    return out
+trained, run = run_fixtures(*RUN)
 
 
 def resume(out: Path) -> int:
-    spec = small_spec(out, *RUN)
-    return load_checkpoint(out, learner(spec), make_prompt_source(spec.data, spec.seed))
+    return resume_run(out, *RUN)
 
 
 def resume_error(out: Path) -> str:
-    with pytest.raises(UserError) as info:
-        resume(out)
-    message = str(info.value)
-    assert message and "\n" not in message
-    return message
+    return one_line_error(resume, out)
 
 
 def cli_error(*args: str) -> str:

@@ -4,7 +4,6 @@ and output folders whose parent cannot be written. Nothing is written through a 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,7 @@ from typer.testing import CliRunner
 
 from ppokit.cli import app
 from ppokit.runfolder import CHECKPOINT
-from ppokit.trainer import train
-from tests.helpers.trainer import reseal_manifest, small_spec
+from tests.helpers.trainer import reseal_manifest, run_fixtures
 from tests.trainer.test_checkpoint_safety import (  # the crafted headers resume refuses
     _dtype,
     _edit_header,
@@ -25,18 +23,7 @@ from tests.trainer.test_checkpoint_safety import (  # the crafted headers resume
 SHARD = "shard-00001-model-00001-of-00001.safetensors"
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("trained") / "run"
-    train(small_spec(out, "train.rounds=1", "output.save_every=1"))
-    return out
-
-
-@pytest.fixture
-def run(trained: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(trained, out)
-    return out
+trained, run = run_fixtures("train.rounds=1", "output.save_every=1")
 
 
 def export_error(*args: str) -> str:

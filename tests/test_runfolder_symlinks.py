@@ -27,7 +27,7 @@ from ppokit.runfolder import (
 from ppokit.trainer import train
 from ppokit.trainer.checkpoint import read_state
 from ppokit.trainer.metrics import plot_curves
-from tests.helpers.trainer import small_spec
+from tests.helpers.trainer import run_fixtures, small_spec
 
 RUN = ["train.rounds=2", "output.save_every=1", "output.sample_every=1"]
 MORE = ["train.rounds=3", "output.save_every=1", "output.sample_every=1"]
@@ -35,18 +35,7 @@ MORE = ["train.rounds=3", "output.save_every=1", "output.sample_every=1"]
 pytestmark = pytest.mark.skipif(not hasattr(os, "symlink") or os.name != "posix", reason="POSIX")
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("trained") / "run"
-    train(small_spec(out, *RUN))
-    return out
-
-
-@pytest.fixture
-def run(trained: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(trained, out, symlinks=True)
-    return out
+trained, run = run_fixtures(*RUN, symlinks=True)
 
 
 class Outside:

@@ -69,3 +69,54 @@ def reseal_manifest(folder: Path) -> None:
         for p in files
     }
     (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def run_fixtures(*overrides: str, symlinks: bool = False, after: Any = None) -> tuple[Any, Any]:
+    """The ``trained`` (a run of ``small_spec(out, *overrides)``, trained once for the test
+    module) and ``run`` (a fresh copy of it for each test; ``symlinks``: links copied as
+    links; ``after(out)``: applied to the copy) fixtures: ``trained, run = run_fixtures(...)``
+    at a test module's top level."""
+    import shutil
+
+    import pytest
+
+    from ppokit.trainer import train
+
+    @pytest.fixture(scope="module", name="trained")
+    def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        out = tmp_path_factory.mktemp("trained") / "run"
+        train(small_spec(out, *overrides))
+        return out
+
+    @pytest.fixture(name="run")
+    def run(trained: Path, tmp_path: Path) -> Path:
+        out = tmp_path / "run"
+        shutil.copytree(trained, out, symlinks=symlinks)
+        if after is not None:
+            after(out)
+        return out
+
+    return trained, run
+
+
+def resume(out: Path, *overrides: str) -> int:
+    """``load_checkpoint`` of ``out`` into a fresh learner of ``small_spec(out, *overrides)``:
+    the round it resumes at."""
+    from ppokit.data import make_prompt_source
+    from ppokit.trainer.checkpoint import load_checkpoint
+
+    spec = small_spec(out, *overrides)
+    return load_checkpoint(out, learner(spec), make_prompt_source(spec.data, spec.seed))
+
+
+def one_line_error(fn: Any, *args: Any) -> str:
+    """The message of the ``UserError`` that ``fn(*args)`` raises: one line, not empty."""
+    import pytest
+
+    from ppokit.errors import UserError
+
+    with pytest.raises(UserError) as info:
+        fn(*args)
+    message = str(info.value)
+    assert message and "\n" not in message
+    return message

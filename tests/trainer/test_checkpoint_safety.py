@@ -33,7 +33,7 @@ from ppokit.trainer.checkpoint import (
 )
 from ppokit.trainer.checkpoint.states import _rng_files, _rng_from_files
 from ppokit.trainer.metrics import TIMING, read_metrics
-from tests.helpers.trainer import learner, small_spec
+from tests.helpers.trainer import learner, one_line_error, resume, run_fixtures, small_spec
 
 RNG0 = "rng/process-00000.json"
 RUN = ["train.rounds=2", "output.save_every=1", "kl.coef=0.05"]
@@ -60,34 +60,15 @@ class Payload:
         return (open, (self.proof, "w"))
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-round run with a checkpoint after each round (trained once for the module)."""
-    out = tmp_path_factory.mktemp("trained") / "run"
-    train(small_spec(out, *RUN))
-    return out
-
-
-@pytest.fixture
-def run(trained: Path, tmp_path: Path) -> Path:
-    """A fresh copy of the trained run."""
-    out = tmp_path / "run"
-    shutil.copytree(trained, out)
-    return out
+trained, run = run_fixtures(*RUN)
 
 
 def _resume(out: Path) -> int:
-    """``load_checkpoint`` into a fresh learner of the run's spec."""
-    spec = small_spec(out, *RUN)
-    return load_checkpoint(out, learner(spec), make_prompt_source(spec.data, spec.seed))
+    return resume(out, *RUN)
 
 
 def _error(out: Path) -> str:
-    with pytest.raises(UserError) as info:
-        _resume(out)
-    message = str(info.value)
-    assert "\n" not in message and message
-    return message
+    return one_line_error(_resume, out)
 
 
 def _rewrite_manifest(folder: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +42,7 @@ from ppokit.runfolder import (
 )
 from ppokit.trainer import train
 from ppokit.trainer.checkpoint import NonFiniteCheckpointError, check_finite, read_state
-from tests.helpers.trainer import DEMO, SMALL, learner, small_spec
+from tests.helpers.trainer import DEMO, SMALL, learner, run_fixtures, small_spec
 
 RUN = ["train.rounds=2", "output.save_every=1"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,20 +54,7 @@ def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
     return message
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-round run with a checkpoint after each round (trained once for the module)."""
-    out = tmp_path_factory.mktemp("trained") / "run"
-    train(small_spec(out, *RUN))
-    return out
-
-
-@pytest.fixture
-def run(trained: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "run"
-    shutil.copytree(trained, out)
-    (out / LOCK).unlink(missing_ok=True)
-    return out
+trained, run = run_fixtures(*RUN, after=lambda out: (out / LOCK).unlink(missing_ok=True))
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
