@@ -22,8 +22,8 @@ from ppokit.slots import FIELDS as OPTIONAL_FIELDS
 
 __all__ = ["BatchError", "RolloutBatch"]
 
-#: Optional [B, T] float fields.
-TOKEN_FIELDS = tuple(f.name for f in OPTIONAL_FIELDS if f.shape == "BT")
+#: Optional [B, T] fields with their expected dtype family.
+TOKEN_FIELDS = {f.name: f.dtype for f in OPTIONAL_FIELDS if f.shape == "BT"}
 #: Optional [B] fields with their expected dtype family.
 ROW_FIELDS = {f.name: f.dtype for f in OPTIONAL_FIELDS if f.shape == "B"}
 #: Every field of a batch.
@@ -61,6 +61,8 @@ class RolloutBatch:
         truncated [B] bool | None: the response hit the length limit without EOS.
         bootstrap_values [B] float | None: V_old of the state after a truncated row's last token.
         baseline_rewards [B] float | None: score of a baseline response (ReMax).
+        env_mask [B,T] bool | None: the environment's tokens inside a multi-turn response
+            (observations between the model's turns: never in response_mask).
     """
 
     response_mask: Tensor
@@ -73,6 +75,7 @@ class RolloutBatch:
     truncated: Tensor | None = None
     bootstrap_values: Tensor | None = None
     baseline_rewards: Tensor | None = None
+    env_mask: Tensor | None = None
 
     def __post_init__(self) -> None:
         mask = self.response_mask
@@ -83,10 +86,10 @@ class RolloutBatch:
         shape = tuple(mask.shape)
         device = mask.device
         self._check("token_rewards", self.token_rewards, shape, "float", device)
-        for name in TOKEN_FIELDS:
+        for name, kind in TOKEN_FIELDS.items():
             value = getattr(self, name)
             if value is not None:
-                self._check(name, value, shape, "float", device)
+                self._check(name, value, shape, kind, device)
         for name, kind in ROW_FIELDS.items():
             value = getattr(self, name)
             if value is not None:

@@ -123,7 +123,7 @@ class DemoSource(GeneratedSource):
         from ppokit.tasks.demo import make_row
 
         settings = _options(DemoOptions, options)
-        super().__init__(seed, lambda rng: make_row(rng, settings.symbols))
+        super().__init__(seed, lambda rng: make_row(rng, settings.symbols, settings.turns))
 
 
 # ----------------------------------------------------------------- arithmetic

@@ -46,6 +46,8 @@ EXAMPLES = frozenset(
         "smollm2_arithmetic_cpu",
         "smollm2_arithmetic_ppo_cpu",
         "smollm2_gsm8k_style",
+        "echo_multiturn",
+        "smollm2_calculator_cpu",
     }
 )
 #: The paper methods of examples/specs (by file stem), in the order of variants.md: the one

@@ -185,6 +185,7 @@ def evaluate(
     evaluation runs on the spec's rollout engine, started on the loaded actor, and its
     rewards: no training state is built."""
     from ppokit.trainer.assembly import Assembly
+    from ppokit.trainer.episodes import Sampler
     from ppokit.trainer.evaluation import Evaluator
     from ppokit.trainer.rollout import PromptEncoder, engine_context
     from ppokit.trainer.scoring import Scorer
@@ -196,12 +197,11 @@ def evaluate(
         device = models.runtime.device
         assembly.engine.start(engine_context(models, spec.model))
         try:
-            evaluator = Evaluator(
-                spec,
-                assembly.engine,
-                Scorer(assembly, models.tokenizer, device),
-                PromptEncoder(models.tokenizer, models.actor, device),
+            encode = PromptEncoder(models.tokenizer, models.actor, device)
+            sampler = Sampler(
+                assembly.engine, assembly.environment, encode, models.tokenizer, spec.rollout
             )
+            evaluator = Evaluator(spec, sampler, Scorer(assembly, models.tokenizer, device))
             metrics = evaluator.run()
         finally:
             assembly.engine.close()

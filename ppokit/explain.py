@@ -88,11 +88,27 @@ def _rollout(w: _Writer, spec: Spec, source: str | None) -> None:
     )
     w.component("rollout.engine", r.engine)
     w.line(f"log π_old: {_LOGP_OLD[r.logp_old]} (rollout.logp_old: {r.logp_old})", 1)
+    if r.environment.name != slot("rollout.environment").default:
+        w.component("rollout.environment", r.environment)
+        budget = (
+            f"at most {r.max_episode_tokens} response tokens"
+            if r.max_episode_tokens
+            else "room for every turn and observation"
+        )
+        w.line(
+            f"episodes of up to {r.max_turns} model turns of up to {r.max_new_tokens} tokens, "
+            f"observations of up to {r.max_observation_tokens} tokens between them, "
+            f"{budget}; the environment's tokens are never trained (outside "
+            "the loss, critic, KL and entropy masks); turn rewards on each turn's last token",
+            1,
+        )
 
 
 def _reward(w: _Writer, spec: Spec) -> None:
     w.section(1, "Reward (an outcome score R on each response's last token)")
     terms = [f"{r.weight:g}·{r.name}" for r in spec.reward]
+    if spec.rollout.environment.name != slot("rollout.environment").default:
+        terms.append(f"the turn rewards of {spec.rollout.environment.name}")
     w.line("R = " + " + ".join(terms), 1)
     for r in spec.reward:
         w.component("reward", r)

@@ -165,7 +165,6 @@ ICEPOP = Paper(
     "arXiv:2510.18855",
 )
 
-#: Every paper, by its name here.
 PRIME = Paper(
     "Process Reinforcement through Implicit Rewards", "Cui et al.", 2025, "arXiv:2502.01456"
 )
@@ -177,4 +176,18 @@ PAGED_ATTENTION = Paper(
     "arXiv:2309.06180",
 )
 
+TOOLFORMER = Paper(
+    "Toolformer: Language Models Can Teach Themselves to Use Tools",
+    "Schick et al.",
+    2023,
+    "arXiv:2302.04761",
+)
+SEARCH_R1 = Paper(
+    "Search-R1: Training LLMs to Reason and Leverage Search Engines with Reinforcement Learning",
+    "Jin et al.",
+    2025,
+    "arXiv:2503.09516",
+)
+
+#: Every paper, by its name here.
 PAPERS: dict[str, Paper] = {k: v for k, v in globals().items() if isinstance(v, Paper)}

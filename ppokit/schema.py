@@ -89,7 +89,7 @@ def _replace_slot(schema: dict[str, Any], path: str, kind: str) -> None:
     if kind == "reward":
         holder["properties"][slot] = {
             **keep,
-            "anyOf": [ref, {"type": "array", "items": ref, "minItems": 1}],
+            "anyOf": [ref, {"type": "array", "items": ref}],
         }
     else:
         holder["properties"][slot] = {**keep, **ref}
@@ -115,4 +115,30 @@ def spec_schema(registry: Registry | None = None) -> dict[str, Any]:
         _replace_slot(schema, s.path, s.kind)
     for unused in ("ComponentSpec", "RewardSpec"):
         defs.pop(unused, None)
+    schema["if"] = _NO_ENVIRONMENT
+    schema["then"] = {"properties": {"reward": {"not": {"type": "array", "maxItems": 0}}}}
     return {"$schema": SCHEMA_DIALECT, **schema}
+
+
+#: A spec without an environment (``rollout.environment`` absent or ``none``): it needs a
+#: reward (an empty list is for an environment's rewards).
+_NO_ENVIRONMENT: dict[str, Any] = {
+    "not": {
+        "required": ["rollout"],
+        "properties": {
+            "rollout": {
+                "required": ["environment"],
+                "properties": {
+                    "environment": {
+                        "not": {
+                            "anyOf": [
+                                {"const": "none"},
+                                {"type": "object", "properties": {"name": {"const": "none"}}},
+                            ]
+                        }
+                    }
+                },
+            }
+        },
+    }
+}

@@ -67,11 +67,22 @@ SLOTS: tuple[Slot, ...] = (
         attribute="engine",
     ),
     Slot(
+        "rollout.environment",
+        "environment",
+        "none",
+        "env",
+        "what answers the model between its turns (multi-turn rollouts: a tool, a game); "
+        "none: one turn",
+        label="environment (multi-turn)",
+        attribute="environment",
+    ),
+    Slot(
         "reward",
         "reward",
         "demo",
         "R",
-        "the outcome reward: one component or a list, summed with their `weight`",
+        "the outcome reward: one component or a list, summed with their `weight` (an empty "
+        "list with an environment: its turn rewards only)",
         label="reward",
         attribute="rewards",
     ),
@@ -293,6 +304,15 @@ FIELDS: tuple[BatchField, ...] = (
         "B",
         "float",
         "nothing: the trainer adds a greedy baseline rollout",
+    ),
+    BatchField(
+        "env_mask",
+        "BT",
+        "bool",
+        "a `rollout.environment`: the environment's tokens inside multi-turn responses",
+        "rollout.environment",
+        lambda spec: spec.rollout.environment.name != "none",
+        "{who} reads the environment's tokens: set rollout.environment",
     ),
 )
 

@@ -118,3 +118,9 @@ def test_reward_accepts_a_name_an_object_with_weight_or_a_list(validator: Any) -
     bad = [{"reward": []}, {"reward": {"name": "regex"}}, {"reward": {"name": "demo", "wieght": 1}}]
     assert all(validator.is_valid(d) for d in good)
     assert not any(validator.is_valid(d) for d in bad)
+    # no reward is for an environment's rewards only
+    assert validator.is_valid({"reward": [], "rollout": {"environment": "echo"}})
+    assert validator.is_valid({"reward": [], "rollout": {"environment": {"name": "echo"}}})
+    for none in ("none", {"name": "none"}):
+        assert not validator.is_valid({"reward": [], "rollout": {"environment": none}})
+    assert not validator.is_valid({"reward": [], "rollout": {"n": 2}})

@@ -16,6 +16,7 @@ import importlib
 from ppokit.components.advantage import Advantage
 from ppokit.components.aggregation import Aggregation
 from ppokit.components.critic_target import CriticTarget
+from ppokit.components.environment import Environment
 from ppokit.components.group_filter import GroupFilter
 from ppokit.components.kl_estimator import KLEstimator
 from ppokit.components.policy_loss import PolicyLoss
@@ -34,6 +35,7 @@ __all__ = [
     "Advantage",
     "Aggregation",
     "CriticTarget",
+    "Environment",
     "GroupFilter",
     "KLEstimator",
     "PolicyLoss",

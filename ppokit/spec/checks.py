@@ -128,9 +128,19 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
             problem = f.problem(spec, ", ".join(requires[f.name]))
             if problem is not None:
                 errors.append(problem)
-    t = spec.train
-    batch = spec.rollout.prompts_per_round * spec.rollout.n
-    errors.extend(_too_large("rollout", "a round", batch, spec.rollout.max_new_tokens))
+    if not spec.reward and spec.rollout.environment.name == "none":
+        errors.append(
+            "reward: give at least one reward (no reward is for a spec whose "
+            "rollout.environment gives the rewards)"
+        )
+    t, ro = spec.train, spec.rollout
+    batch = ro.prompts_per_round * ro.n
+    tokens = ro.max_new_tokens
+    if ro.environment.name != "none":  # an episode's budget, without its chat markup
+        tokens = ro.max_episode_tokens or ro.max_turns * tokens + (ro.max_turns - 1) * (
+            ro.max_observation_tokens
+        )
+    errors.extend(_too_large("rollout", "a round", batch, tokens))
     if spec.eval is not None:
         e = spec.eval
         tokens = e.max_new_tokens or spec.rollout.max_new_tokens

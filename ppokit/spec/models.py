@@ -202,6 +202,13 @@ class DemoOptions(_Strict):
     symbols: str = Field(
         DEMO_SYMBOLS, min_length=1, max_length=256, description="the symbols a prompt may show"
     )
+    turns: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="more than 1: each row also has 'symbols', one drawn symbol per turn (the "
+        "first is the prompt's), for the echo environment",
+    )
 
 
 class ArithmeticOptions(_Strict):
@@ -348,6 +355,37 @@ class RolloutSpec(_Strict):
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
     engine: ComponentSpec = _slot_field("rollout.engine")
     filter: ComponentSpec = _slot_field("rollout.filter")
+    environment: ComponentSpec = _slot_field("rollout.environment")
+    max_turns: int = Field(
+        4, ge=1, le=1024, description="with an environment: the most model turns an episode has"
+    )
+    max_observation_tokens: int = Field(
+        64,
+        ge=1,
+        le=1 << 20,
+        description="with an environment: the most tokens of one observation's text (longer "
+        "text is cut; a chat template's markup comes on top)",
+    )
+    max_episode_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 20,
+        description="with an environment: the most response tokens of an episode, the model's "
+        "and the environment's together (null: max_turns full turns and the observations "
+        "between them, max_turns·max_new_tokens + (max_turns − 1)·(max_observation_tokens + "
+        "the chat markup of an observation))",
+    )
+    observation_role: Literal["user", "tool"] = Field(
+        "user",
+        description="with an environment and data.chat_template: the chat role an observation "
+        "is written as",
+    )
+    environment_timeout: float | None = Field(
+        60.0,
+        gt=0,
+        le=1e6,
+        description="seconds one call of the environment's reset or step may take (null: no bound)",
+    )
     max_generation_batches: int = Field(
         10,
         ge=1,
@@ -591,7 +629,6 @@ class Spec(_Strict):
     )
     reward: list[RewardSpec] = Field(
         default_factory=lambda: [RewardSpec(name=slot("reward").default)],
-        min_length=1,
         description=slot("reward").description,
     )
     advantage: ComponentSpec = _slot_field("advantage")

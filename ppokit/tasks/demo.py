@@ -23,12 +23,17 @@ SYMBOLS = "abcd"
 SPAN = 4
 
 
-def make_row(rng: random.Random, symbols: str = SYMBOLS) -> dict[str, Any]:
-    """One prompt of the demo task: ``{"prompt": "echo b", "answer": "b"}``."""
+def make_row(rng: random.Random, symbols: str = SYMBOLS, turns: int = 1) -> dict[str, Any]:
+    """One prompt of the demo task: ``{"prompt": "echo b", "answer": "b"}``; with ``turns``
+    > 1 also ``"symbols"``, the symbol of each turn of the ``echo`` environment
+    (``"bdca"``: the prompt's, then ``turns - 1`` more drawn independently)."""
     if not symbols:
         raise ValueError("data.options.symbols must not be empty")
     symbol = rng.choice(symbols)
-    return {"prompt": f"echo {symbol}", "answer": symbol}
+    row = {"prompt": f"echo {symbol}", "answer": symbol}
+    if turns > 1:
+        row["symbols"] = symbol + "".join(rng.choice(symbols) for _ in range(turns - 1))
+    return row
 
 
 def echo_score(response: str, symbol: str, span: int = SPAN) -> float:

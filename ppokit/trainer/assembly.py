@@ -13,11 +13,13 @@ kind's contract (docs/design.md) where it crosses into the trainer, so a plugin 
 the contract is named in one line (``advantage (gae, plugin ppokit) returned ...``) instead
 of surfacing later as a tensor-shape traceback. The checks read only shapes, dtypes, devices
 and ``requires_grad``: no tensor is read back to the host. A reward runs under
-``train.reward_timeout``.
+``train.reward_timeout``, an environment under ``rollout.environment_timeout``
+(:class:`CheckedEnvironment`).
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 import threading
 from collections.abc import Callable
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
         Advantage,
         Aggregation,
         CriticTarget,
+        Environment,
         GroupFilter,
         KLEstimator,
         PolicyLoss,
@@ -60,6 +63,7 @@ __all__ = [
     "Assembly",
     "Checked",
     "CheckedEngine",
+    "CheckedEnvironment",
     "Where",
     "aggregate",
     "as_scores",
@@ -199,6 +203,30 @@ def _group_filter(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[st
     return out
 
 
+def _step(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """environment (a step): a Step, its observation text or None, its reward a finite
+    real number, done a bool."""
+    from ppokit.environments import Step
+
+    expect = "a Step(observation: str | None, reward: float, done: bool)"
+    if not all(hasattr(out, f) for f in ("observation", "reward", "done")):
+        raise ComponentError(f"{where} returned {_describe(out)}: expected {expect}")
+    observation, reward, done = out.observation, out.reward, out.done
+    if observation is not None and not isinstance(observation, str):
+        raise ComponentError(
+            f"{where} returned an observation of {_describe(observation)}: {expect}"
+        )
+    if (
+        isinstance(reward, bool)
+        or not isinstance(reward, numbers.Real)
+        or not math.isfinite(float(reward))
+    ):
+        raise ComponentError(f"{where} returned the reward {reward!r}: expected a finite number")
+    if not isinstance(done, bool):
+        raise ComponentError(f"{where} returned done={done!r}: expected True or False")
+    return Step(observation, float(reward), done)
+
+
 def _truncation(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     mask = _arg(args, kwargs, 0, "batch").response_mask
     if not isinstance(out, RolloutBatch) or out.response_mask.shape != mask.shape:
@@ -308,6 +336,7 @@ Check = Callable[[Where, Any, tuple[Any, ...], dict[str, Any]], Any]
 CHECKS: dict[str, Check] = {
     "scores": _reward,
     "group_keep": _group_filter,
+    "environment": _step,
     "batch": _truncation,
     "estimate": _estimate,
     "position_mask": _position_mask,
@@ -342,10 +371,16 @@ def optional(component: Any, kind: str, member: str) -> Any:
 
 
 def call_with_timeout(
-    fn: Callable[..., Any], timeout: float | None, where: Where | str, *args: Any, **kwargs: Any
+    fn: Callable[..., Any],
+    timeout: float | None,
+    where: Where | str,
+    *args: Any,
+    setting: str = "train.reward_timeout",
+    **kwargs: Any,
 ) -> Any:
     """``fn(*args, **kwargs)`` on a worker thread, waited for at most ``timeout`` seconds
-    (``None``: called here, unbounded). A call that runs over raises
+    (``None``: called here, unbounded; ``setting``: where the bound is set, for the
+    message). A call that runs over raises
     :class:`ComponentTimeout`. A Python thread cannot be killed: the call goes on in the
     background (a daemon thread, so the process can still exit) and the run stops."""
     if timeout is None:
@@ -366,7 +401,7 @@ def call_with_timeout(
         return future.result(timeout)
     except FutureTimeout:
         raise ComponentTimeout(
-            f"{where} did not return within train.reward_timeout ({timeout:g} s); a running "
+            f"{where} did not return within {setting} ({timeout:g} s); a running "
             "call cannot be interrupted, so the run stops"
         ) from None
 
@@ -479,6 +514,48 @@ class CheckedEngine:
         return f"CheckedEngine({self.where}: {self.engine!r})"
 
 
+class CheckedEnvironment:
+    """An environment behind the trainer's boundary: ``reset`` and ``step`` run under
+    ``rollout.environment_timeout``; an exception in either is a :class:`ComponentError`
+    naming the slot, the environment and its plugin; ``reset`` returns text or None and
+    ``step`` a :class:`~ppokit.environments.Step` (checked: its observation text or None,
+    a finite reward, a bool ``done``)."""
+
+    def __init__(self, where: Where, environment: Environment, timeout: float | None) -> None:
+        self.where = where
+        self.environment = environment
+        self.timeout = timeout
+
+    @property
+    def single_turn(self) -> bool:
+        return bool(optional(self.environment, "environment", "single_turn"))
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call_with_timeout(
+                fn, self.timeout, self.where, *args, setting="rollout.environment_timeout"
+            )
+        except (UserError, ComponentError):
+            raise
+        except Exception as exc:
+            raise ComponentError(f"{self.where} failed in {what}: {_one_line(exc)}") from exc
+
+    def reset(self, row: dict[str, Any]) -> str | None:
+        out = self._call("reset", self.environment.reset, row)
+        if out is not None and not isinstance(out, str):
+            raise ComponentError(
+                f"{self.where} returned {_describe(out)} from reset: expected text or None"
+            )
+        return out
+
+    def step(self, row: dict[str, Any], response: str, turn: int) -> Any:
+        out = self._call("step", self.environment.step, row, response, turn)
+        return _step(self.where, out, (row, response, turn), {})
+
+    def __repr__(self) -> str:
+        return f"CheckedEnvironment({self.where}: {self.environment!r})"
+
+
 def checked(kind: str, where: Where, component: Any, timeout: float | None = None) -> Checked:
     """``component`` behind the boundary checks of its ``kind`` (see :class:`Checked`)."""
     return Checked(kind, where, component, timeout)
@@ -491,6 +568,7 @@ class Assembly:
     :meth:`from_spec`; ``where`` names each slot's component and plugin."""
 
     engine: CheckedEngine
+    environment: CheckedEnvironment
     rewards: list[tuple[str, Reward, float]]  # (name, reward, weight)
     truncation: Truncation
     advantage: Advantage
@@ -528,11 +606,13 @@ class Assembly:
             except Exception as exc:
                 raise ComponentError(f"{here} failed to start: {_one_line(exc)}") from exc
             timeout = spec.train.reward_timeout if kind == "reward" else None
-            wrapped: Any = (
-                CheckedEngine(here, component)
-                if kind == "rollout_engine"
-                else checked(kind, here, component, timeout)
-            )
+            wrapped: Any
+            if kind == "rollout_engine":
+                wrapped = CheckedEngine(here, component)
+            elif kind == "environment":
+                wrapped = CheckedEnvironment(here, component, spec.rollout.environment_timeout)
+            else:
+                wrapped = checked(kind, here, component, timeout)
             if isinstance(comp, RewardSpec):
                 rewards.append((comp.name, wrapped, float(comp.weight)))
             else:

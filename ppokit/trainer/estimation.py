@@ -142,7 +142,9 @@ def round_batch(
     assembly: Assembly,
     recompute_logp_old: bool,
 ) -> RolloutBatch:
-    """The round's batch: R on each response's last token, the engine's log μ, groups of
+    """The round's batch: R on each response's last token (a multi-turn episode's turn
+    rewards on its turns' last tokens, the rest of its R on its last token; its
+    environment's tokens as ``env_mask``), the engine's log μ, groups of
     ``n`` responses, and (no-grad forwards) log π_old (the engine's log μ unless
     ``recompute_logp_old``), the critic's values with the value after each row's last token,
     and log π_ref."""
@@ -157,8 +159,14 @@ def round_batch(
         group_ids=torch.arange(b, device=device) // n,
         truncated=ro.truncated,
         baseline_rewards=baseline,
+        env_mask=ro.env_mask,
     )
-    batch = batch.replace(token_rewards=torch.where(batch.last_mask, scores[:, None], 0.0))
+    if ro.turn_rewards is None:
+        rewards = torch.where(batch.last_mask, scores[:, None], 0.0)
+    else:  # the turn rewards where they happened, the spec's rewards at the end
+        outcome = scores - ro.turn_rewards.sum(1)
+        rewards = ro.turn_rewards + torch.where(batch.last_mask, outcome[:, None], 0.0)
+    batch = batch.replace(token_rewards=rewards)
     models = forwards.models
     with torch.no_grad():
         if recompute_logp_old:

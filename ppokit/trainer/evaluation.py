@@ -26,7 +26,8 @@ evaluation does not move the training run's random streams (a run with evaluatio
 exactly like one without), every evaluation of a run draws the same sampling noise, and
 ``ppokit eval RUN`` reproduces the run's own evaluation at the checkpoint's round.
 
-Generation is batched (``eval.batch_size`` prompts at a time) on the run's engine;
+Generation is batched (``eval.batch_size`` prompts at a time) on the run's engine (episodes
+with the run's environment, :class:`~ppokit.trainer.episodes.Sampler`);
 ``eval.max_new_tokens`` replaces ``rollout.max_new_tokens`` for the evaluation only;
 sampling uses ``eval.temperature`` and ``eval.top_p`` (no top-k). Apart from the decoded
 responses the rewards need, the metric tensors are read back to the host once, at the end.
@@ -49,8 +50,8 @@ from ppokit.components.rollout_engine import Sampling
 from ppokit.errors import UserError
 from ppokit.spec import Spec
 from ppokit.stats import pass_at_k, wilson_half_width
-from ppokit.trainer.assembly import CheckedEngine
-from ppokit.trainer.rollout import PromptEncoder, Rollout
+from ppokit.trainer.episodes import Sampler
+from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Scorer
 
 __all__ = ["Evaluator", "eval_rows", "eval_seed", "isolated_rng"]
@@ -102,25 +103,22 @@ def isolated_rng(seed: int, device: Any) -> Iterator[None]:
 
 
 class Evaluator:
-    """The held-out evaluation of ``spec.eval``: responses from ``engine`` for prompts
-    encoded by ``encode``, scored by ``scorer``.
+    """The held-out evaluation of ``spec.eval``: responses from ``sampler`` (the run's
+    engine, and its environment), scored by ``scorer``.
 
     The prompts are read and formatted once, here; :meth:`run` evaluates the policy the
     engine samples from now. ``seconds`` is the duration of the last :meth:`run`.
     """
 
-    def __init__(
-        self, spec: Spec, engine: CheckedEngine, scorer: Scorer, encode: PromptEncoder
-    ) -> None:
+    def __init__(self, spec: Spec, sampler: Sampler, scorer: Scorer) -> None:
         from ppokit.data import format_prompts
 
         if spec.eval is None:
             raise UserError("the spec has no eval section")
         self.spec = spec
         self.settings = spec.eval
-        self.engine = engine
+        self.sampler = sampler
         self.scorer = scorer
-        self.encode = encode
         self.seed = eval_seed(spec.seed)
         self.rows = eval_rows(spec)
         self.formatted = format_prompts(self.rows, scorer.tokenizer, self.settings.data)
@@ -129,8 +127,8 @@ class Evaluator:
 
     @classmethod
     def of(cls, spec: Spec, learner: Any) -> Evaluator:
-        """The evaluation of a training run's ``learner`` (its engine, scorer and encoder)."""
-        return cls(spec, learner.engine, learner.scorer, learner.encode)
+        """The evaluation of a training run's ``learner`` (its sampler and scorer)."""
+        return cls(spec, learner.sampler, learner.scorer)
 
     @property
     def names(self) -> list[str]:
@@ -145,8 +143,9 @@ class Evaluator:
         ]
 
     # ------------------------------------------------------------------ generation
-    def _generate(self, prompts: list[str], n: int, greedy: bool, seed: int) -> Rollout:
-        ids, attn = self.encode(prompts, self.settings.data, self.max_new_tokens)
+    def _generate(
+        self, rows: list[dict[str, Any]], prompts: list[str], n: int, greedy: bool, seed: int
+    ) -> Rollout:
         sampling = Sampling(
             n=n,
             max_new_tokens=self.max_new_tokens,
@@ -155,15 +154,15 @@ class Evaluator:
             greedy=greedy,
             seed=seed,
         )
-        return Rollout.of(ids, attn, n, self.engine.generate(ids, attn, sampling))
+        return self.sampler(rows, prompts, self.settings.data, sampling)
 
     def _batch(
         self, rows: list[dict[str, Any]], prompts: list[str], seed: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(greedy rewards [b], sampled rewards [b, n], sampled lengths [b, n])."""
         n = self.settings.samples
-        greedy = self.scorer.rollout(rows, self._generate(prompts, 1, True, seed))[0]
-        sampled = self._generate(prompts, n, False, seed)
+        greedy = self.scorer.rollout(rows, self._generate(rows, prompts, 1, True, seed))[0]
+        sampled = self._generate(rows, prompts, n, False, seed)
         scores = self.scorer.rollout(rows, sampled)[0].float().view(len(rows), n)
         lengths = sampled.response_mask.float().sum(1).view(len(rows), n)
         return greedy.float(), scores, lengths

@@ -177,7 +177,7 @@ def _one_batch(
     n = lrn.spec.rollout.n
     lrn.on_phase("generating")
     start = time.perf_counter()
-    ro = rollout if rollout is not None else lrn.sample(formatted, n, batch=index)
+    ro = rollout if rollout is not None else lrn.sample(formatted, n, batch=index, rows=rows)
     lrn.on_phase("scoring")
     middle = time.perf_counter()
     if scores is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -123,14 +123,20 @@ class PromptEncoder:
 @dataclass
 class Rollout:
     """Prompts (each repeated for its responses) and the engine's responses, on the run's
-    device."""
+    device. A multi-turn rollout (``rollout.environment``) also records the environment's
+    tokens inside each response, the turn rewards at the ends of the model's turns, and
+    each episode's number of turns and how it ended."""
 
     prompt_ids: Tensor  # [B, P] left-padded
     prompt_mask: Tensor  # [B, P] long
     response_ids: Tensor  # [B, T]
-    response_mask: Tensor  # [B, T] bool
+    response_mask: Tensor  # [B, T] bool: the model's tokens
     truncated: Tensor  # [B] bool
     logp_rollout: Tensor | None  # [B, T] float32 log μ (0 where masked); None: greedy
+    env_mask: Tensor | None = None  # [B, T] bool: the environment's tokens
+    turn_rewards: Tensor | None = None  # [B, T] float32: each turn's reward on its last token
+    turns: Tensor | None = None  # [B] long: model turns played
+    ended: Tensor | None = None  # [B] long: how the episode ended, an index of ENDS
 
     @classmethod
     def of(cls, prompt_ids: Tensor, prompt_mask: Tensor, n: int, out: Generation) -> Rollout:
@@ -146,18 +152,25 @@ class Rollout:
     def prompt_len(self) -> int:
         return self.prompt_ids.shape[1]
 
+    @property
+    def present(self) -> Tensor:
+        """bool [B, T]: the response's tokens, the model's and the environment's."""
+        if self.env_mask is None:
+            return self.response_mask
+        return self.response_mask | self.env_mask
+
     def inputs(self) -> tuple[Tensor, Tensor]:
         """(input_ids, attention_mask) of prompt + response, ``[B, P+T]``."""
         ids = torch.cat([self.prompt_ids, self.response_ids], 1)
-        attn = torch.cat([self.prompt_mask, self.response_mask.long()], 1)
+        attn = torch.cat([self.prompt_mask, self.present.long()], 1)
         return ids, attn
 
     @classmethod
     def cat(cls, parts: list[Rollout], pad_id: int = 0) -> Rollout:
         """The rows of ``parts`` in order, one rollout: prompts left-padded to the longest
         prompt, responses right-padded to the longest response (``pad_id`` at the padding,
-        mask False, log μ 0). Positions count real tokens only, so the padding changes no
-        forward pass. log μ is None when a part has none."""
+        masks False, log μ and rewards 0). Positions count real tokens only, so the padding
+        changes no forward pass. An optional field is None when a part has none."""
         if len(parts) == 1:
             return parts[0]
         p = max(part.prompt_len for part in parts)
@@ -170,24 +183,26 @@ class Rollout:
             fill = x.new_full((x.shape[0], room), value)
             return torch.cat([fill, x] if left else [x, fill], 1)
 
-        logps = [part.logp_rollout for part in parts]
-        return cls(
-            torch.cat([pad(x.prompt_ids, p, pad_id, True) for x in parts]),
-            torch.cat([pad(x.prompt_mask, p, 0, True) for x in parts]),
-            torch.cat([pad(x.response_ids, t, pad_id, False) for x in parts]),
-            torch.cat([pad(x.response_mask, t, False, False) for x in parts]),
-            torch.cat([x.truncated for x in parts]),
-            None
-            if any(x is None for x in logps)
-            else torch.cat([pad(x, t, 0.0, False) for x in logps]),  # type: ignore[arg-type]
-        )
+        def joined(name: str) -> Tensor | None:
+            xs = [getattr(part, name) for part in parts]
+            if any(x is None for x in xs):
+                return None
+            if name in ("prompt_ids", "prompt_mask"):
+                return torch.cat(
+                    [pad(x, p, pad_id if name == "prompt_ids" else 0, True) for x in xs]
+                )
+            if xs[0].dim() == 1:
+                return torch.cat(xs)
+            value = pad_id if name == "response_ids" else 0
+            return torch.cat([pad(x, t, value, False) for x in xs])
+
+        return cls(**{f.name: joined(f.name) for f in fields(cls)})
 
     def rows(self, index: Tensor) -> Rollout:
+        """The rows ``index`` of every field."""
         return Rollout(
-            self.prompt_ids[index],
-            self.prompt_mask[index],
-            self.response_ids[index],
-            self.response_mask[index],
-            self.truncated[index],
-            None if self.logp_rollout is None else self.logp_rollout[index],
+            **{
+                f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index]
+                for f in fields(self)
+            }
         )

@@ -42,6 +42,7 @@ from ppokit import distributed
 from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.checks import Guard, NonFinite
+from ppokit.trainer.episodes import Sampler, episode_metrics
 from ppokit.trainer.estimation import UpdateData, estimate, gather_batch, round_batch
 from ppokit.trainer.forwards import Forwards
 from ppokit.trainer.groups import Draw, fill
@@ -118,20 +119,30 @@ class Learner:
             models, spec.model, world.rank, world.size, lambda *step: self.on_progress(*step)
         )
         self.engine.start(context)
+        self.sampler = Sampler(
+            self.engine, assembly.environment, self.encode, models.tokenizer, spec.rollout
+        )
         mode = spec.rollout.logp_old
         self.recompute_logp_old = mode == "forward" or (
             mode == "auto" and not self.engine.samples_from_policy
         )
 
-    def sample(self, prompts: list[str], n: int, batch: int = 0, **changes: Any) -> Rollout:
-        """``n`` responses per prompt from the engine under the spec's sampling settings
-        (``changes``: e.g. ``greedy=True``), with the seed of (seed, process, round) and,
-        for the round's generation batch number ``batch`` > 0, that seed xor ``batch``."""
-        ids, attn = self.encode(prompts, self.spec.data, self.spec.rollout.max_new_tokens)
+    def sample(
+        self,
+        prompts: list[str],
+        n: int,
+        batch: int = 0,
+        rows: list[dict[str, Any]] | None = None,
+        **changes: Any,
+    ) -> Rollout:
+        """``n`` responses per prompt (episodes with an environment, which reads the
+        prompts' data ``rows``) under the spec's sampling settings (``changes``: e.g.
+        ``greedy=True``), with the seed of (seed, process, round) and, for the round's
+        generation batch number ``batch`` > 0, that seed xor ``batch``."""
         seed = distributed.round_seed(self.spec.seed, distributed.world().rank, self.round)
         seed ^= batch
-        out = self.engine.generate(ids, attn, sampling(self.spec.rollout, n, seed, **changes))
-        return Rollout.of(ids, attn, n, out)
+        asked = sampling(self.spec.rollout, n, seed, **changes)
+        return self.sampler(rows, prompts, self.spec.data, asked)
 
     def collect(
         self,
@@ -223,7 +234,7 @@ def collect(
     baseline = None
     if "baseline_rewards" in lrn.assembly.requires:  # one greedy response per kept prompt
         start = time.perf_counter()
-        greedy = lrn.sample(formatted, 1, greedy=True)
+        greedy = lrn.sample(formatted, 1, rows=rows, greedy=True)
         baseline = lrn.scorer.rollout(rows, greedy, checks)[0].repeat_interleave(n)
         timings["time_score"] += time.perf_counter() - start
 
@@ -261,10 +272,22 @@ def collect(
         data.skip = True
 
     metrics.update(estimates)
+    metrics.update(_episode_metrics(ro))
     metrics["rollout/kept_reward_mean"] = scores.mean()
     metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=lrn.device)
     prompts = [row["prompt"] for row in rows for _ in range(n)]
     return data, RoundResult(metrics, timings, prompts, got.texts, own_scores, skipped)
+
+
+def _episode_metrics(ro: Rollout) -> dict[str, Tensor]:
+    """The kept episodes' turns, environment tokens and ends (gathered over the processes);
+    empty for a single-turn rollout."""
+    if ro.turns is None or ro.ended is None or ro.env_mask is None:
+        return {}
+    rows = {"turns": ro.turns, "env_tokens": ro.env_mask.sum(1), "ended": ro.ended}
+    if distributed.world().distributed:
+        rows = {k: distributed.gather_rows(v) for k, v in rows.items()}
+    return episode_metrics(**rows)
 
 
 def _generated_metrics(generated: dict[str, Tensor], parts: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -25,9 +25,11 @@ class Scorer:
         self.device = device
 
     def decode(self, ro: Rollout) -> tuple[list[str], list[int], list[bool]]:
-        """Response texts, lengths and truncation flags (one host read)."""
+        """Response texts (a multi-turn response's whole transcript, the environment's
+        text included), lengths (the model's tokens) and truncation flags (one host
+        read)."""
         tok = self.tokenizer
-        ids = ro.response_ids.masked_fill(~ro.response_mask, tok.pad_token_id)
+        ids = ro.response_ids.masked_fill(~ro.present, tok.pad_token_id)
         packed = torch.cat(
             [ids, ro.response_mask.sum(1, keepdim=True), ro.truncated.long()[:, None]], 1
         ).cpu()
@@ -67,9 +69,13 @@ class Scorer:
         self, rows: list[dict[str, Any]], ro: Rollout, checks: NonFinite | None = None
     ) -> tuple[Tensor, dict[str, Tensor], list[str]]:
         """(R [B], each reward's scores, the texts) of a rollout of ``B // len(rows)``
-        responses per data row."""
+        responses per data row. A multi-turn rollout's R adds the episode's turn rewards
+        (its part ``environment``)."""
         n = ro.response_ids.shape[0] // max(1, len(rows))
         expanded = [row for row in rows for _ in range(n)]
         texts, lengths, truncated = self.decode(ro)
         scores, parts = self.score(expanded, texts, lengths, truncated, checks)
+        if ro.turn_rewards is not None:
+            parts["environment"] = ro.turn_rewards.sum(1)
+            scores = scores + parts["environment"]
         return scores, parts, texts
