@@ -11,6 +11,7 @@ import torch
 from ppokit.spec import Spec, load_spec
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.models import build_models
+from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.round import Learner
 
 DEMO = Path(__file__).resolve().parents[2] / "ppokit" / "specs" / "demo.yaml"
@@ -51,6 +52,31 @@ def demo_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
 
     rng = random.Random(seed)
     return [make_row(rng) for _ in range(n)]
+
+
+def with_observations(ro: Rollout) -> Rollout:
+    """``ro`` as a multi-turn rollout: positions 1, 4, 7, ... inside each response (never
+    its first or last token) become the environment's tokens (``env_mask``, out of the
+    response mask, log μ 0), as observations between the model's turns."""
+    mask = ro.response_mask
+    t = torch.arange(mask.shape[1])
+    last = mask.sum(1, keepdim=True) - 1
+    env = mask & (t % 3 == 1) & (t < last)
+    model = mask & ~env
+    logp = None if ro.logp_rollout is None else ro.logp_rollout * model
+    b = mask.shape[0]
+    return Rollout(
+        ro.prompt_ids,
+        ro.prompt_mask,
+        ro.response_ids,
+        model,
+        ro.truncated,
+        logp,
+        env_mask=env,
+        turn_rewards=torch.zeros(mask.shape),
+        turns=1 + env.sum(1),
+        ended=torch.zeros(b, dtype=torch.long),
+    )
 
 
 def reseal_manifest(folder: Path) -> None:

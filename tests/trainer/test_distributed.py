@@ -32,7 +32,7 @@ from ppokit import distributed
 from ppokit.spec import Spec
 from ppokit.trainer.metrics import TIMING, read_once
 from ppokit.trainer.rollout import Rollout
-from tests.helpers.trainer import demo_rows, encode, learner, small_spec
+from tests.helpers.trainer import demo_rows, encode, learner, small_spec, with_observations
 
 PROMPTS, N, T = 4, 2, 6
 #: Response lengths: the first process's rows are longer than the second's.
@@ -85,6 +85,12 @@ CONFIGS: dict[str, list[str]] = {
         "advantage=grpo",
         "critic=null",
     ],
+    "seq_mean_token_mean, multi-turn (environment tokens), gae, micro-batches": [
+        "policy.aggregation=seq_mean_token_mean",
+        "rollout.environment=echo",
+        "reward=[]",
+        "train.micro_batch_size=2",
+    ],
     "seq_mean_token_sum_norm, shared critic, clipped grad norm": [
         "policy.aggregation=seq_mean_token_sum_norm",
         "model.critic=shared",
@@ -116,6 +122,8 @@ def _rollout(spec: Spec) -> tuple[list[dict[str, Any]], Rollout]:
     # an engine whose μ is off π_old by a little, as another kernel or dtype makes it
     mismatch = 0.05 * torch.randn(logp.shape, generator=g)
     ro.logp_rollout = (logp + mismatch) * mask
+    if spec.rollout.environment.name != "none":
+        ro = with_observations(ro)
     return rows, ro
 
 
@@ -123,11 +131,10 @@ def _own(ro: Rollout, rank: int, size: int) -> Rollout:
     """The rows of one process, cut to their own longest response."""
     each = ro.response_ids.shape[0] // size
     part = ro.rows(torch.arange(rank * each, (rank + 1) * each))
-    length = int(part.response_mask.sum(1).max())
-    part.response_ids = part.response_ids[:, :length]
-    part.response_mask = part.response_mask[:, :length]
-    assert part.logp_rollout is not None
-    part.logp_rollout = part.logp_rollout[:, :length]
+    length = int(part.present.sum(1).max())
+    for name in ("response_ids", "response_mask", "logp_rollout", "env_mask", "turn_rewards"):
+        x = getattr(part, name)
+        setattr(part, name, None if x is None else x[:, :length])
     return part
 
 

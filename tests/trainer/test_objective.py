@@ -30,7 +30,7 @@ from ppokit.trainer.estimation import UpdateData, estimate, round_batch
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.round import Learner
 from ppokit.trainer.update import accumulate
-from tests.helpers.trainer import demo_rows, encode, learner, small_spec
+from tests.helpers.trainer import demo_rows, encode, learner, small_spec, with_observations
 
 #: Outcome rewards R, 3 groups of 4: pass rates 0.25, 0.375 and 1 (weight 0).
 REWARDS = [1.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
@@ -176,13 +176,16 @@ def objective(
 
 
 def _setup(
-    tmp_path: Any, *extra: str, mismatch: float = 0.0
+    tmp_path: Any, *extra: str, mismatch: float = 0.0, observations: bool = False
 ) -> tuple[Spec, Learner, UpdateData, Tensor]:
     """A learner, the round's estimates on the fixed rollout, then the models moved;
-    ``mismatch``: the engine's log μ off π_old by noise of that scale (π_old recomputed)."""
+    ``mismatch``: the engine's log μ off π_old by noise of that scale (π_old recomputed);
+    ``observations``: a multi-turn rollout, with environment tokens inside the responses."""
     spec = small_spec(tmp_path, *OBJECTIVE, *extra)
     lrn = learner(spec)
     ro = _rollout(lrn)
+    if observations:
+        ro = with_observations(ro)
     if mismatch:
         assert ro.logp_rollout is not None
         noise = torch.randn(ro.logp_rollout.shape, generator=torch.Generator().manual_seed(5))
@@ -256,6 +259,51 @@ def test_a_correction_enters_the_objective_as_design_says(
     rows = torch.tensor([0, 5, 9, 10, 6])
     loss = accumulate(lrn, data, rows, 2, train_actor=True)
     torch.testing.assert_close(loss, objective(spec, lrn, data, scores, rows)["objective"])
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+def test_the_environment_tokens_get_no_gradient(tmp_path, monkeypatch, aggregation: str) -> None:
+    """A multi-turn batch: the loss is the objective over the model's tokens (the
+    environment's are in the forward passes' context only), for the whole minibatch and
+    micro-batches; and the gradient reaching the actor's hidden state that predicts an
+    environment token, and the critic's value of the state before one, is exactly 0."""
+    from ppokit.trainer import forwards
+
+    spec, lrn, data, scores = _setup(
+        tmp_path, f"policy.aggregation={aggregation}", *AGGREGATIONS[aggregation], observations=True
+    )
+    env = data.batch.env_mask
+    assert env is not None and env.any() and not (env & data.batch.response_mask).any()
+    grads: list[tuple[str, Tensor, Tensor, Tensor]] = []
+    hidden, head = forwards.Forwards._hidden, forwards.Forwards.critic_head_out
+
+    def watch(out: Tensor, ro: Rollout, who: str) -> Tensor:
+        if out.requires_grad:
+            out.register_hook(lambda g: grads.append((who, g, ro.env_mask, ro.response_mask)))
+        return out
+
+    def actor_states(self: Any, model: Any, ro: Rollout) -> Tensor:
+        return watch(hidden(self, model, ro), ro, "actor")
+
+    def critic_values(self: Any, ro: Rollout, shared: Any) -> Tensor:
+        return watch(head(self, ro, shared), ro, "critic")
+
+    monkeypatch.setattr(forwards.Forwards, "_hidden", actor_states)
+    monkeypatch.setattr(forwards.Forwards, "critic_head_out", critic_values)
+    b = len(REWARDS)
+    expected = objective(spec, lrn, data, scores, torch.arange(b))["objective"]
+    perm = torch.randperm(b, generator=torch.Generator().manual_seed(1))
+    for micro in (b, 5, 1):
+        grads.clear()
+        total = accumulate(lrn, data, perm, micro, train_actor=True)
+        torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-6)
+        assert len(grads) == 2 * len(range(0, b, micro))  # the actor's and the critic's
+        reached = {"actor": False, "critic": False}
+        for who, g, env_rows, model_rows in grads:
+            before = g[:, :-1].abs().sum(-1)  # the state before each response token
+            assert not before[env_rows].any()
+            reached[who] |= bool(before[model_rows].gt(0).any())
+        assert all(reached.values())  # (some micro-batches hold rows of weight 0 only)
 
 
 def test_a_minibatch_loss_is_the_objective_of_its_rows(tmp_path) -> None:
