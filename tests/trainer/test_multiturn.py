@@ -256,6 +256,31 @@ def test_a_round_keeps_the_environment_out_of_every_training_mask(tmp_path) -> N
     assert all(text.count("\necho ") == 2 for text in result.responses)
 
 
+def test_the_evaluation_plays_episodes(tmp_path) -> None:
+    """Greedy and sampled episodes of the echo game, scored by their turn rewards; a
+    turn of every episode reaches the environment."""
+    from ppokit.trainer.evaluation import Evaluator
+
+    spec = small_spec(tmp_path, *MULTI, "eval.prompts=6", "eval.k=[1,2]", "eval.correct_at=0.3")
+    lrn = learner(spec)
+    evaluator = Evaluator.of(spec, lrn)
+    assert all("symbols" in row for row in evaluator.rows)
+    calls: list[int] = []
+    step = lrn.assembly.environment.step
+
+    def counted(row: dict[str, Any], response: str, turn: int) -> Step:
+        calls.append(turn)
+        return step(row, response, turn)
+
+    lrn.assembly.environment.step = counted  # type: ignore[method-assign]
+    metrics = evaluator.run()
+    # 6 prompts x (1 greedy + 2 sampled) episodes of 3 turns each
+    assert sorted(calls) == sorted([0, 1, 2] * 6 * 3)
+    assert metrics["eval/prompts"] == 6.0
+    reward = metrics["eval/reward_mean"]
+    assert reward is not None and 0.0 <= reward <= 1.0
+
+
 def test_no_reward_needs_an_environment(tmp_path) -> None:
     with pytest.raises(SpecError, match="reward: give at least one reward"):
         small_spec(tmp_path, "reward=[]")
