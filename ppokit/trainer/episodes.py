@@ -362,17 +362,21 @@ class Sampler:
         self, script: Transcript, fit: list[tuple[int, list[int]]], device: torch.device
     ) -> None:
         """The observations' tokens after their episodes' turns."""
-        width = max(len(t) for _, t in fit)
-        tokens = torch.full((len(fit), width), script.pad_id, dtype=torch.long)
-        keep = torch.zeros((len(fit), width), dtype=torch.bool)
-        for row, (_, ids) in enumerate(fit):  # host tensors from token lists, as a tokenizer
-            tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            keep[row, : len(ids)] = True
+        from torch.nn.utils.rnn import pad_sequence
+
+        counts = [len(ids) for _, ids in fit]
+        tokens = pad_sequence(
+            [torch.tensor(ids, dtype=torch.long) for _, ids in fit],
+            batch_first=True,
+            padding_value=script.pad_id,
+        ).to(device)
+        keep = (
+            torch.arange(tokens.shape[1], device=device)
+            < torch.tensor(counts, device=device)[:, None]
+        )
         index = [i for i, _ in fit]
         rows = torch.tensor(index, device=device)
-        script.append(
-            index, rows, tokens.to(device), keep.to(device), [len(t) for _, t in fit], model=False
-        )
+        script.append(index, rows, tokens, keep, counts, model=False)
 
 
 def episode_metrics(turns: Tensor, env_tokens: Tensor, ended: Tensor) -> dict[str, Tensor]:

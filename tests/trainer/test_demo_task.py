@@ -37,3 +37,25 @@ def test_prompt_independent_response_scores_at_most_one_over_k(response: str) ->
     assert mean <= 1 / len(SYMBOLS) + 1e-9
     assert 0.0 <= echo_score(response, response[:1] or "a") <= 1.0
     assert echo_score(SYMBOLS[0] * SPAN, SYMBOLS[0]) == 1.0
+
+
+@given(st.lists(st.text(alphabet=SYMBOLS + "xy", max_size=6), min_size=3, max_size=3))
+@settings(max_examples=100, deadline=None)
+def test_ignoring_the_echo_games_observations_scores_at_most_one_half(turns: list[str]) -> None:
+    """The echo environment over 3 turns: turns 2 and 3 answer symbols drawn independently
+    of the prompt, shown only in the observations. Responses that do not read them (fixed
+    given the prompt's symbol) score, averaged over those symbols, at most
+    1/3 + 2/3 · 1/K = 0.5 with K = 4 symbols."""
+    from ppokit.components.environment.impl import Echo
+
+    echo = Echo(field="symbols")
+    for first in SYMBOLS:
+        total = 0.0
+        for second in SYMBOLS:
+            for third in SYMBOLS:
+                row = {"symbols": first + second + third}
+                total += sum(echo.step(row, r, k).reward for k, r in enumerate(turns))
+        mean = total / len(SYMBOLS) ** 2
+        assert mean <= 1 / 3 + 2 / 3 / len(SYMBOLS) + 1e-9
+    best = {"symbols": "abc"}
+    assert sum(echo.step(best, s * SPAN, k).reward for k, s in enumerate("abc")) == 1.0
