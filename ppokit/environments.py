@@ -1,7 +1,8 @@
 """Multi-turn rollouts: the contract of an environment (``rollout.environment``).
 
-An episode is one row of the round's batch. Its prompt is the data row's prompt, followed by
-the text :meth:`Environment.reset` returns; then the model answers (a turn of at most
+An episode is one row of the round's batch. Its prompt is the data row's prompt as the data
+formats it (with ``data.chat_template``: ending with the assistant's header), followed by the
+text :meth:`Environment.reset` returns; then the model answers (a turn of at most
 ``rollout.max_new_tokens`` tokens), the environment replies (:meth:`Environment.step`: an
 observation, a reward, whether the episode is done), the model answers again, and so on,
 until the environment says ``done``, ``rollout.max_turns`` turns have been played or the

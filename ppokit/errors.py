@@ -26,7 +26,8 @@ class ComponentError(UserError):
 
 
 class ComponentTimeout(ComponentError):
-    """A reward call did not return within ``train.reward_timeout`` seconds."""
+    """A reward or environment call did not return within its bound
+    (``train.reward_timeout``, ``rollout.environment_timeout``)."""
 
 
 class NonFiniteError(UserError):

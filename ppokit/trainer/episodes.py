@@ -36,6 +36,11 @@ from ppokit.trainer.rollout import PromptEncoder, Rollout
 __all__ = ["Limits", "ObservationFormat", "Sampler", "Transcript", "episode_metrics"]
 
 _DONE, _MAX_TURNS, _BUDGET = (ENDS.index(e) for e in ("done", "max_turns", "budget"))
+#: What sets an episode's budget, for messages.
+_BUDGET_SETTINGS = (
+    "the episode's budget (rollout.max_episode_tokens, or max_turns, max_new_tokens and "
+    "max_observation_tokens)"
+)
 #: Placeholders for the chat template's rendering of a message (private-use characters).
 _CONTENT, _ANSWER = "\ue000", "\ue001"
 
@@ -275,7 +280,7 @@ class Sampler:
         episodes = [dict(row) for row in rows for _ in range(n)]
         openings = [env.reset(row) for row in episodes]
         texts = [prompts[i // n] + (opening or "") for i, opening in enumerate(openings)]
-        prompt_ids, prompt_mask = self.encode(texts, data, limits.budget)
+        prompt_ids, prompt_mask = self.encode(texts, data, limits.budget, _BUDGET_SETTINGS)
         device = prompt_ids.device
         b = len(episodes)
         script = Transcript(

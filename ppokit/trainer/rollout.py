@@ -68,32 +68,37 @@ def sampling(rollout: Any, n: int, seed: int | None = None, **changes: Any) -> S
 
 
 def fit_context(
-    ids: Tensor, attn: Tensor, limit: int | None, max_new: int, long_prompts: str
+    ids: Tensor,
+    attn: Tensor,
+    limit: int | None,
+    max_new: int,
+    long_prompts: str,
+    room: str = "rollout.max_new_tokens",
 ) -> tuple[Tensor, Tensor]:
     """Left-padded prompts that leave room for ``max_new`` new tokens in a context of
     ``limit`` tokens (``config.max_position_embeddings``; None: no limit).
 
     A longer prompt is an error naming its length and the limit (``data.long_prompts:
-    error``), or keeps its last tokens (``truncate``, with a warning). Reads shapes and the
-    attention mask on the host only (the prompts are still on the CPU here).
+    error``), or keeps its last tokens (``truncate``, with a warning). ``room`` names what
+    sets ``max_new``, for the message. Reads shapes and the attention mask on the host only
+    (the prompts are still on the CPU here).
     """
-    room = None if limit is None else int(limit) - max_new
-    if room is None or ids.shape[1] <= room:
+    space = None if limit is None else int(limit) - max_new
+    if space is None or ids.shape[1] <= space:
         return ids, attn
     longest = int(attn.sum(dim=1).max())
-    if room > 0 and longest <= room:  # only padding is cut
-        return ids[:, -room:], attn[:, -room:]
+    if space > 0 and longest <= space:  # only padding is cut
+        return ids[:, -space:], attn[:, -space:]
     what = (
         f"a prompt of {longest} tokens plus {max_new} new tokens does not fit the model's "
         f"context of {limit} tokens"
     )
-    if room <= 0 or long_prompts == "error":
+    if space <= 0 or long_prompts == "error":
         raise UserError(
-            f"data: {what}: shorten the prompts or rollout.max_new_tokens, or set "
-            "data.long_prompts: truncate"
+            f"data: {what}: shorten the prompts or {room}, or set data.long_prompts: truncate"
         )
-    warnings.warn(f"{what}: its first {longest - room} tokens are cut", stacklevel=2)
-    return ids[:, -room:], attn[:, -room:]
+    warnings.warn(f"{what}: its first {longest - space} tokens are cut", stacklevel=2)
+    return ids[:, -space:], attn[:, -space:]
 
 
 class PromptEncoder:
@@ -105,9 +110,12 @@ class PromptEncoder:
         self.limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.device = device
 
-    def __call__(self, prompts: list[str], data: Any, max_new: int) -> tuple[Tensor, Tensor]:
+    def __call__(
+        self, prompts: list[str], data: Any, max_new: int, room: str = "rollout.max_new_tokens"
+    ) -> tuple[Tensor, Tensor]:
         """(ids, attention mask) ``[P, L]``; ``data`` (a data section) decides the chat
-        template (its special tokens are already in the text) and ``long_prompts``."""
+        template (its special tokens are already in the text) and ``long_prompts``;
+        ``room``: what sets ``max_new``, for the message."""
         enc = self.tokenizer(
             prompts,
             padding=True,
@@ -115,7 +123,7 @@ class PromptEncoder:
             add_special_tokens=not data.chat_template,
         )
         ids, attn = fit_context(
-            enc["input_ids"], enc["attention_mask"], self.limit, max_new, data.long_prompts
+            enc["input_ids"], enc["attention_mask"], self.limit, max_new, data.long_prompts, room
         )
         return ids.to(self.device), attn.to(self.device)
 
