@@ -26,6 +26,23 @@ SPECS = ROOT / "tests" / "specs"
 EXAMPLE_PLUGIN = ROOT / "plugins" / "ppokit-example"
 
 
+def module_from_page(page: str, name: str, folder: Path) -> Any:
+    """The plugin module the docs page ``docs/<page>`` prints (its python block with
+    ``ppokit_register``), written out as ``folder/<name>.py`` and imported afresh."""
+    import importlib
+    import re
+
+    text = (ROOT / "docs" / page).read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    (folder / f"{name}.py").write_text(next(b for b in blocks if "ppokit_register" in b))
+    sys.path.insert(0, str(folder))
+    try:
+        sys.modules.pop(name, None)
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(folder))
+
+
 # ---------------------------------------------------------------------- plugins
 @dataclass(eq=False)
 class Plugin:

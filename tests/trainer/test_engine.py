@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import sys
@@ -21,7 +20,7 @@ from ppokit.spec import SpecError, load_spec
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.round import run_round
-from tests.helpers import Plugin
+from tests.helpers import Plugin, module_from_page
 from tests.helpers.trainer import DEMO, demo_rows, learner, small_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,22 +92,8 @@ def test_forward_logp_old_matches_the_recorded_one_for_hf(tmp_path) -> None:
 
 
 # ---------------------------------------------------------------------- a plugin engine
-def _docs_engine(tmp_path: Path) -> Any:
-    """The engine module docs/engines.md prints, written out and imported."""
-    text = (ROOT / "docs" / "engines.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    code = next(b for b in blocks if "ppokit_register" in b)
-    (tmp_path / "ppokit_plain_engine.py").write_text(code)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        sys.modules.pop("ppokit_plain_engine", None)
-        return importlib.import_module("ppokit_plain_engine")
-    finally:
-        sys.path.remove(str(tmp_path))
-
-
 def test_the_documented_engine_plugin_trains(use_registry, tmp_path, monkeypatch) -> None:
-    module = _docs_engine(tmp_path)
+    module = module_from_page("engines.md", "ppokit_plain_engine", tmp_path)
     monkeypatch.setitem(sys.modules, "ppokit_plain_engine", module)
     use_registry(module)
     spec = small_spec(tmp_path / "run", "rollout.engine=plain", "train.rounds=3")

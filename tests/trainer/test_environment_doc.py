@@ -4,7 +4,6 @@ environment is named in one line, and every spec snippet on the page validates."
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import json
 import random
@@ -23,6 +22,7 @@ from ppokit.tasks.demo import make_row
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.round import run_round
+from tests.helpers import module_from_page
 from tests.helpers.trainer import learner, small_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,22 +40,10 @@ def _blocks(lang: str) -> list[str]:
     return re.findall(rf"^```{lang}\n(.*?)^```", PAGE.read_text(), re.S | re.M)
 
 
-def _docs_environment(tmp_path: Path) -> Any:
-    """The environment module docs/environments.md prints, written out and imported."""
-    code = next(b for b in _blocks("python") if "ppokit_register" in b)
-    (tmp_path / "ppokit_guess.py").write_text(code)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        sys.modules.pop("ppokit_guess", None)
-        return importlib.import_module("ppokit_guess")
-    finally:
-        sys.path.remove(str(tmp_path))
-
-
 @pytest.fixture
 def guess(use_registry, tmp_path, monkeypatch) -> Any:
     """The page's plugin, installed in the registry as plugin ``test0``."""
-    module = _docs_environment(tmp_path)
+    module = module_from_page("environments.md", "ppokit_guess", tmp_path)
     monkeypatch.setitem(sys.modules, "ppokit_guess", module)
     use_registry(module)
     return module
