@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ppokit import distributed
 from ppokit.components.rollout_engine import Sampling
 from ppokit.environments import ENDS
 from ppokit.errors import UserError
@@ -384,10 +385,15 @@ class Sampler:
         script.append(index, rows, tokens, keep, counts, model=False)
 
 
-def episode_metrics(turns: Tensor, env_tokens: Tensor, ended: Tensor) -> dict[str, Tensor]:
+def episode_metrics(ro: Rollout) -> dict[str, Tensor]:
     """``rollout/turns_mean``, ``rollout/env_tokens_mean`` and the share of episodes that
-    ended each way (``rollout/ended_done``, ``_max_turns``, ``_budget``) of episodes'
-    model turns, environment tokens and ends (indices of :data:`ENDS`), each ``[B]``."""
+    ended each way (``rollout/ended_done``, ``_max_turns``, ``_budget``), over the whole
+    round's episodes (gathered on several processes); empty for a single-turn rollout."""
+    if ro.turns is None or ro.ended is None or ro.env_mask is None:
+        return {}
+    turns, env_tokens, ended = ro.turns, ro.env_mask.sum(1), ro.ended
+    if distributed.world().distributed:
+        turns, env_tokens, ended = (distributed.gather_rows(x) for x in (turns, env_tokens, ended))
     out = {
         "rollout/turns_mean": turns.float().mean(),
         "rollout/env_tokens_mean": env_tokens.float().mean(),

@@ -1,7 +1,8 @@
 """One round, as a recipe of numbered steps (docs/design.md, "Order of a round"):
 
 1. **generate**: ``rollout.n`` responses per prompt from the rollout engine, which records
-   log μ of each sampled token;
+   log μ of each sampled token (with ``rollout.environment``: episodes, turn by turn,
+   :mod:`~ppokit.trainer.episodes`);
 2. **score** the decoded responses and **filter** their groups (``rollout.filter``): steps 1
    and 2 repeat on more prompts until ``prompts_per_round`` groups have passed
    (:mod:`~ppokit.trainer.groups`, at most ``rollout.max_generation_batches`` batches); then
@@ -272,22 +273,11 @@ def collect(
         data.skip = True
 
     metrics.update(estimates)
-    metrics.update(_episode_metrics(ro))
+    metrics.update(episode_metrics(ro))
     metrics["rollout/kept_reward_mean"] = scores.mean()
     metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=lrn.device)
     prompts = [row["prompt"] for row in rows for _ in range(n)]
     return data, RoundResult(metrics, timings, prompts, got.texts, own_scores, skipped)
-
-
-def _episode_metrics(ro: Rollout) -> dict[str, Tensor]:
-    """The kept episodes' turns, environment tokens and ends (gathered over the processes);
-    empty for a single-turn rollout."""
-    if ro.turns is None or ro.ended is None or ro.env_mask is None:
-        return {}
-    rows = {"turns": ro.turns, "env_tokens": ro.env_mask.sum(1), "ended": ro.ended}
-    if distributed.world().distributed:
-        rows = {k: distributed.gather_rows(v) for k, v in rows.items()}
-    return episode_metrics(**rows)
 
 
 def _generated_metrics(generated: dict[str, Tensor], parts: dict[str, Tensor]) -> dict[str, Tensor]:
