@@ -381,12 +381,17 @@ def test_the_calculator_evaluates_exact_arithmetic_and_nothing_else() -> None:
     for bad in ("__import__('os')", "x + 1", "2**1000", "9**9**9", "1/0", "3 % 0", "[1]", ""):
         with pytest.raises(ValueError):
             evaluate(bad)
-    calc = Calculator(open="<calc>", close="</calc>", max_length=20)
+    calc = Calculator(open="<calc>", close="</calc>", max_length=20, open_first=False)
     assert calc.step({}, "the answer is 5", 0) == Step(None, 0.0, True)
     assert calc.step({}, "<calc>1+1</calc> and <calc>6*7</calc>", 0) == Step("Result: 42")
     assert calc.step({}, "<calc>a</calc>", 0).observation.startswith("Error: only numbers")
     assert calc.step({}, f"<calc>{'1+' * 20}1</calc>", 0).observation.startswith("Error: an")
     assert calc.step({}, "<calc>1+1", 0).done  # an unclosed call is no call
+    assert calc.reset({}) is None
+    first = Calculator(open="<calc>", close="</calc>", max_length=20, open_first=True)
+    assert first.reset({}) == "<calc>"  # the first turn continues the opened call
+    assert first.step({}, "6*7</calc>", 0) == Step("Result: 42")
+    assert first.step({}, "6*7</calc>", 1).done  # later turns open their own calls
 
 
 def test_the_echo_game_scores_each_turn_on_its_symbol() -> None:

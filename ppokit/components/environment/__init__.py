@@ -43,6 +43,12 @@ class CalculatorParams(Params):
     max_length: int = Field(
         200, ge=1, le=10_000, description="the longest expression evaluated, in characters"
     )
+    open_first: bool = Field(
+        False,
+        description="the first turn starts inside a call: reset writes the opening text after "
+        "the prompt, so the model's first turn begins with an expression (for a model that "
+        "does not call the tool on its own yet)",
+    )
 
 
 class EchoParams(Params):

@@ -81,17 +81,21 @@ def evaluate(expression: str) -> str:
 @CALCULATOR.implementation
 class Calculator:
     """The last ``open EXPR close`` of a turn is evaluated and its value returned as the
-    observation (an error as ``Error: why``); a turn without a call ends the episode."""
+    observation (an error as ``Error: why``); a turn without a call ends the episode. With
+    ``open_first`` the first turn begins inside a call (``reset`` returns ``open``)."""
 
-    def __init__(self, *, open: str, close: str, max_length: int) -> None:
+    def __init__(self, *, open: str, close: str, max_length: int, open_first: bool) -> None:
         self.open = open
         self.close = close
         self.max_length = max_length
+        self.open_first = open_first
 
     def reset(self, row: dict[str, Any]) -> str | None:
-        return None
+        return self.open if self.open_first else None
 
     def step(self, row: dict[str, Any], response: str, turn: int) -> Step:
+        if turn == 0 and self.open_first:  # the opening text is reset's, before the turn
+            response = self.open + response
         start = response.rfind(self.open)
         end = response.find(self.close, start + len(self.open)) if start >= 0 else -1
         if end < 0:
