@@ -313,7 +313,11 @@ def test_empty_rows_do_not_count_in_their_group(name, batch, which, extra):
         response_mask=torch.zeros(extra, t, dtype=torch.bool),
         token_rewards=torch.randn(extra, t).to(batch.token_rewards.dtype) * 10,
     )
-    fields = {f: torch.cat([getattr(batch, f), getattr(added, f)]) for f in FIELDS}
+    fields = {
+        f: torch.cat([getattr(batch, f), getattr(added, f)])
+        for f in FIELDS
+        if getattr(batch, f) is not None
+    }
     grown = est(RolloutBatch(**fields))
     assert torch.allclose(grown[:b], adv, atol=1e-5, rtol=1e-5)
     assert bool((grown[b:] == 0).all())

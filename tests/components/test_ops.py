@@ -141,7 +141,13 @@ def _with_empty_rows(batch: RolloutBatch, rows: torch.Tensor, fresh: bool) -> Ro
     if fresh:
         changes["group_ids"] = torch.full((extra,), int(batch.group_ids.max()) + 1)
     added = added.replace(**changes)
-    return RolloutBatch(**{f: torch.cat([getattr(batch, f), getattr(added, f)]) for f in FIELDS})
+    return RolloutBatch(
+        **{
+            f: torch.cat([getattr(batch, f), getattr(added, f)])
+            for f in FIELDS
+            if getattr(batch, f) is not None
+        }
+    )
 
 
 @SETTINGS
