@@ -213,7 +213,7 @@ def main() -> None:
     saved = Path(out) / "smollm2-135m-instruct"
     model.save_pretrained(saved)
     tokenizer.save_pretrained(saved)
-    model.config._name_or_path = str(saved)
+    model.config._name_or_path = model.name_or_path = str(saved)
     # the prompt text both see: TRL applies the same chat template to the same messages
     assert format_prompts(batches[0], tokenizer, spec.data) == format_prompts(
         batches[0], first.models.tokenizer, spec.data
