@@ -11,8 +11,9 @@ without its evaluation, with ``--set`` overrides) and are translated into a ``GR
   both (TRL's dataset unshuffled), in the chat template with ``data.system_prompt``;
 - reward: the spec's reward components (ppokit's own ``math_verify`` object), called by TRL;
 - ``rollout.n`` -> ``num_generations``; ``prompts_per_round * n`` -> the completions of one
-  step (``per_device_train_batch_size``, one gradient-accumulation step, one generation per
-  step); ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``; ``train.actor_lr``
+  step, generated at once; ``train.micro_batch_size`` -> ``per_device_train_batch_size``, the
+  rest gradient-accumulation steps (one optimizer step per batch; log π_old: TRL's current
+  log-probs, ppokit's hf engine's own, its vllm engine a forward pass); ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``; ``train.actor_lr``
   (constant, no warm-up), ``weight_decay``, ``max_grad_norm``, ``ppo_epochs`` ->
   ``num_iterations``; ``kl.coef`` -> ``beta`` (both: k3 in the loss); the clip range ->
   ``epsilon``/``epsilon_high``; ``token_mean`` -> ``loss_type="dapo"``; ``grpo`` ->
@@ -85,6 +86,10 @@ def trl_config(spec: Any, steps: int, out: str, use_vllm: bool) -> Any:
 
     r, t = spec.rollout, spec.train
     clip = {"clip_low": 0.2, "clip_high": 0.2, **spec.policy.loss.params}  # ppo_clip's defaults
+    batch = r.prompts_per_round * r.n
+    micro = t.micro_batch_size or batch  # one optimizer step either way
+    if batch % micro:
+        raise SystemExit("trl_grpo.py: train.micro_batch_size must divide the batch")
     extra: dict[str, Any] = {}
     if use_vllm:
         extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False}
@@ -101,8 +106,8 @@ def trl_config(spec: Any, steps: int, out: str, use_vllm: bool) -> Any:
         dataloader_num_workers=0,
         shuffle_dataset=False,
         num_generations=r.n,
-        per_device_train_batch_size=r.prompts_per_round * r.n,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=batch // micro,
         num_iterations=t.ppo_epochs,
         max_completion_length=r.max_new_tokens,
         temperature=r.temperature,
