@@ -59,9 +59,7 @@ class _Learner:
         self.models = SimpleNamespace(tokenizer=SimpleNamespace(pad_token_id=0))
         self.rows: list[dict[str, Any]] = []
 
-    def sample(
-        self, formatted: list[str], n: int, batch: int = 0, rows: Any = None
-    ) -> Rollout:
+    def sample(self, formatted: list[str], n: int, batch: int = 0, rows: Any = None) -> Rollout:
         index = torch.tensor([int(p) for p in formatted]).repeat_interleave(n)
         prompt_len, length = 1 + batch % 3, 1 + batch
         b = index.shape[0]
