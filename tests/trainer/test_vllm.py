@@ -147,26 +147,6 @@ def test_logprobs_match_the_trainers_forward_and_follow_each_push(full: Learner)
 
 
 @needs_vllm
-def test_multi_turn_episodes_on_vllm_match_the_trainer() -> None:
-    """Episodes of the echo game on vLLM: each turn's context is the prompt and the
-    transcript so far (the environment's tokens included), and log μ of every model token
-    is the trainer's log π in that context (1e-4); the environment's tokens have none."""
-    from ppokit.data import make_prompt_source
-
-    lrn = _learner("data.options.turns=3", "rollout.environment=echo", "reward=[]", "rollout.n=2")
-    try:
-        rows = make_prompt_source(lrn.spec.data, 0).next_rows(4)
-        lrn.round = 1
-        ro = lrn.sample([r["prompt"] for r in rows], 2, rows=rows)
-        assert ro.env_mask is not None and ro.turns is not None and ro.logp_rollout is not None
-        assert ro.turns.eq(3).all() and ro.env_mask.sum(1).eq(2 * len("\necho a")).all()
-        assert not ro.logp_rollout[ro.env_mask].any()
-        assert _gap(lrn, ro) < 1e-4
-    finally:
-        lrn.close()
-
-
-@needs_vllm
 def test_the_push_is_timed_and_a_stuck_one_is_an_error(full: Learner, monkeypatch) -> None:
     from ppokit.errors import ComponentError
 
@@ -219,6 +199,27 @@ def test_the_lora_push_carries_the_adapters() -> None:
         assert engine.lora.lora_int_id > first  # a new request each push
         lrn.round = 2
         assert _gap(lrn, lrn.sample(prompts, 4)) < 1e-4
+    finally:
+        lrn.close()
+
+
+@needs_vllm
+def test_multi_turn_episodes_on_vllm_match_the_trainer() -> None:
+    """(After every test of the module's engine: closing an engine ends vLLM's process
+    state.) Episodes of the echo game on vLLM: each turn's context is the prompt and the
+    transcript so far (the environment's tokens included), and log μ of every model token
+    is the trainer's log π in that context (1e-4); the environment's tokens have none."""
+    from ppokit.data import make_prompt_source
+
+    lrn = _learner("data.options.turns=3", "rollout.environment=echo", "reward=[]", "rollout.n=2")
+    try:
+        rows = make_prompt_source(lrn.spec.data, 0).next_rows(4)
+        lrn.round = 1
+        ro = lrn.sample([r["prompt"] for r in rows], 2, rows=rows)
+        assert ro.env_mask is not None and ro.turns is not None and ro.logp_rollout is not None
+        assert ro.turns.eq(3).all() and ro.env_mask.sum(1).eq(2 * len("\necho a")).all()
+        assert not ro.logp_rollout[ro.env_mask].any()
+        assert _gap(lrn, ro) < 1e-4
     finally:
         lrn.close()
 
