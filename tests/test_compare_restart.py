@@ -83,6 +83,10 @@ def wait_for(paths: list[Path], seconds: float = 60) -> None:
     assert all(p.exists() for p in paths), paths
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_the_runs_of_a_stopped_sweep_end_with_it(
     tmp_path: Path, fake_script: Path, sig: str
@@ -94,6 +98,9 @@ def test_the_runs_of_a_stopped_sweep_end_with_it(
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        # as from a terminal, whatever this process inherited: a shell's background job
+        # ignores SIGINT, and a sweep started that way keeps ignoring it (by design)
+        preexec_fn=_default_sigint,
     )
     env_files = [out / "runs" / "a" / f"seed-{s}.env" for s in (0, 1)]
     try:
