@@ -257,8 +257,8 @@ def test_a_round_keeps_the_environment_out_of_every_training_mask(tmp_path) -> N
 
 
 def test_the_evaluation_plays_episodes(tmp_path) -> None:
-    """Greedy and sampled episodes of the echo game, scored by their turn rewards; a
-    every turn of every episode reaches the environment."""
+    """Greedy and sampled episodes of the echo game, scored by their turn rewards; every
+    turn of every episode reaches the environment."""
     from ppokit.trainer.evaluation import Evaluator
 
     spec = small_spec(tmp_path, *MULTI, "eval.prompts=6", "eval.k=[1,2]", "eval.correct_at=0.3")
