@@ -21,6 +21,7 @@ from ppokit.errors import ComponentError, UserError
 from ppokit.runfolder import CHECKPOINT, read_run_spec
 from ppokit.spec import SpecError
 from ppokit.trainer import train
+from tests.helpers import one_error_line
 from tests.helpers.trainer import reseal_manifest, small_spec
 
 PROOF = """
@@ -156,9 +157,8 @@ def test_a_run_folder_naming_a_function_is_refused(
     args = [command, str(run)] + ([str(tmp_path / "exported")] if command == "export" else [])
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.stderr
-    assert "python reward function" in lines[0] and "--trust-remote-code" in lines[0]
+    line = one_error_line(result.stderr)
+    assert "python reward function" in line and "--trust-remote-code" in line
     assert not proof.exists()
     assert "ppokit_reward_reward" not in " ".join(sys.modules)
 

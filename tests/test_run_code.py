@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from ppokit.cli import app
 from ppokit.runfolder import CHECKPOINT
 from ppokit.trainer import train
+from tests.helpers import one_error_line
 from tests.helpers.trainer import reseal_manifest, small_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,13 +58,6 @@ def hostile(trained: Path, root: Path, trust: bool = True) -> tuple[Path, Path]:
         spec_file.write_text(yaml.safe_dump(data))
     reseal_manifest(run / CHECKPOINT)
     return run, proof
-
-
-def one_error_line(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize("command", ["eval", "export"])

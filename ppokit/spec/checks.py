@@ -135,11 +135,8 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
         )
     t, ro = spec.train, spec.rollout
     batch = ro.prompts_per_round * ro.n
-    tokens = ro.max_new_tokens
-    if ro.environment.name != "none":  # an episode's budget, without its chat markup
-        tokens = ro.max_episode_tokens or ro.max_turns * tokens + (ro.max_turns - 1) * (
-            ro.max_observation_tokens
-        )
+    # with an environment an episode's budget (without its chat markup)
+    tokens = ro.max_new_tokens if ro.environment.name == "none" else ro.episode_budget()
     errors.extend(_too_large("rollout", "a round", batch, tokens))
     if spec.eval is not None:
         e = spec.eval

@@ -406,6 +406,16 @@ class RolloutSpec(_Strict):
         "trainer's own actor (hf), else 'forward'",
     )
 
+    def episode_budget(self, max_new_tokens: int | None = None, markup: int = 0) -> int:
+        """An episode's budget of response tokens: ``max_episode_tokens``, or room for
+        ``max_turns`` full turns (of ``max_new_tokens``, default this section's) and the
+        observations between them, each with ``markup`` tokens of chat template."""
+        if self.max_episode_tokens is not None:
+            return self.max_episode_tokens
+        turn = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        observation = self.max_observation_tokens + markup
+        return self.max_turns * turn + (self.max_turns - 1) * observation
+
 
 class CriticSpec(_Strict):
     target: ComponentSpec = _slot_field("critic.target")

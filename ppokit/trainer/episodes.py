@@ -61,9 +61,8 @@ class Limits:
         """The limits of a spec's ``rollout`` section for turns of ``max_new_tokens`` and
         observations wrapped in ``markup`` tokens of chat template; the default budget is
         ``max_turns`` full turns and the observations between them."""
-        turns, obs = rollout.max_turns, rollout.max_observation_tokens
-        budget = rollout.max_episode_tokens or turns * max_new_tokens + (turns - 1) * (obs + markup)
-        return cls(turns, max_new_tokens, obs, budget)
+        budget = rollout.episode_budget(max_new_tokens, markup)
+        return cls(rollout.max_turns, max_new_tokens, rollout.max_observation_tokens, budget)
 
 
 class ObservationFormat:
@@ -201,7 +200,6 @@ class Transcript:
         (self.model if model else self.env)[r, at] = keep
         if self.logp is not None and logp is not None:
             self.logp[r, at] = torch.where(keep, logp.float(), 0.0)
-        self._grow(width)
         self.ids, self.model, self.env, self.rewards = (
             x[:, :width] for x in (self.ids, self.model, self.env, self.rewards)
         )

@@ -26,6 +26,14 @@ SPECS = ROOT / "tests" / "specs"
 EXAMPLE_PLUGIN = ROOT / "plugins" / "ppokit-example"
 
 
+def one_error_line(stderr: str) -> str:
+    """The one line a command printed on ``stderr`` for a user's error (no traceback)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
 def module_from_page(page: str, name: str, folder: Path) -> Any:
     """The plugin module the docs page ``docs/<page>`` prints (its python block with
     ``ppokit_register``), written out as ``folder/<name>.py`` and imported afresh."""

@@ -135,6 +135,15 @@ def test_an_episode_is_the_model_turns_and_the_observations_in_order(tmp_path) -
     assert engine.contexts[2] == ["echo b|ab</s><0>c</s><1>"]  # row 0 is done
 
 
+def test_the_default_budget_is_every_turn_and_observation(tmp_path) -> None:
+    rollout = small_spec(tmp_path, *MULTI, "rollout.max_turns=3").rollout
+    turn, obs = rollout.max_new_tokens, rollout.max_observation_tokens
+    assert rollout.episode_budget() == 3 * turn + 2 * obs
+    assert rollout.episode_budget(10, markup=5) == 3 * 10 + 2 * (obs + 5)
+    fixed = rollout.model_copy(update={"max_episode_tokens": 7})
+    assert fixed.episode_budget(10, markup=5) == 7
+
+
 def test_the_budget_ends_an_episode_and_cuts_a_turn(tmp_path) -> None:
     lrn = learner(small_spec(tmp_path))
     tok = lrn.models.tokenizer

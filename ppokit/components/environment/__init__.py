@@ -87,7 +87,8 @@ CALCULATOR = Component(
     formula=(
         "observation = 'Result: ' + value(EXPR) (exact rational arithmetic: + - * / // % ** "
         "and parentheses, no names), turn reward 0, done ⇔ no call; the spec's rewards score "
-        "the transcript"
+        "the transcript; open_first: reset returns the opening text, and turn 0 is read as "
+        "opening + response"
     ),
     source=papers.cite(
         ("calculator calls inside the text", papers.TOOLFORMER),
