@@ -24,3 +24,38 @@ def test_readme_has_the_two_setup_commands() -> None:
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
     tests = _commands()[1]
     assert tests in (ROOT / ".ci" / "run").read_text()
+
+
+#: Paths a README names: repository files and folders (globs allowed), in text or code.
+PATH = re.compile(
+    r"(?<![\w/.-])((?:docs|examples|ppokit|plugins|benchmarks|tests|\.ci)/[\w./*-]*[\w*]"
+    r"|constraints\.txt)"
+)
+
+
+def test_every_path_the_readme_names_exists() -> None:
+    text = (ROOT / "README.md").read_text()
+    named = set(PATH.findall(text))
+    assert "docs/design.md" in named and "constraints.txt" in named  # the pattern finds them
+    missing = sorted(p for p in named if not list(ROOT.glob(p)))
+    assert not missing, f"the README names paths that do not exist: {missing}"
+
+
+def test_every_ppokit_command_the_readme_names_exists() -> None:
+    import typer.main
+
+    from ppokit.cli import app
+
+    commands = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    text = (ROOT / "README.md").read_text()
+    code = re.findall(r"```bash\n(.*?)```", text, re.S) + re.findall(r"`([^`\n]+)`", text)
+    named = set(re.findall(r"(?:^|\s)ppokit ([a-z][a-z-]*)", "\n".join(code), re.M))
+    assert {"train", "list", "compare"} <= named  # the pattern finds them
+    assert named <= commands, f"not ppokit commands: {sorted(named - commands)}"
+
+
+def test_the_readme_states_no_test_counts_and_one_figure_per_command() -> None:
+    """Test counts go stale with every test; timings with loads belong in docs/results.md."""
+    text = (ROOT / "README.md").read_text()
+    assert not re.search(r"\d[\d,]* (?:tests|passed)", text)
+    assert not re.search(r"\bload(?: average)? \d", text)
