@@ -19,8 +19,11 @@ import torch
 from ppokit import distributed
 from ppokit.errors import UserError
 from ppokit.runfolder import (
+    CHECKPOINT,
     CURVES_PNG,
+    METRICS,
     RUN_FILES,
+    SAMPLES,
     SPEC,
     RunFolder,
     check_metrics,
@@ -126,6 +129,27 @@ def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
         e.update(max_new_tokens=None)
         e.update(batch_size=min(e["batch_size"], 8))
     return validate_spec(data)
+
+
+#: What a finished run leaves in its folder, and what each is for.
+RESULTS = (
+    (CURVES_PNG, "the curves"),
+    (METRICS, "every round's metrics"),
+    (SAMPLES, "sampled responses"),
+    (f"{CHECKPOINT}/", "for --resume, eval and export"),
+)
+
+
+def where_results(out: Path) -> list[str]:
+    """The lines that end a run: where its results are (those that exist) and how to look
+    at them."""
+    files = [f"{name} ({what})" for name, what in RESULTS if (out / name.rstrip("/")).exists()]
+    if not files:
+        return []
+    look = [f"ppokit eval {shlex.quote(str(out))}"]
+    if (out / "tensorboard").is_dir():
+        look.append(f"tensorboard --logdir {shlex.quote(str(out / 'tensorboard'))}")
+    return [f"results in {out}: " + ", ".join(files), "look at them: " + "; ".join(look)]
 
 
 def _seed_all(seed: int) -> None:
@@ -359,6 +383,9 @@ def _rounds(
             else:
                 trackers.log_image(curves)
         display.summary(history, str(out))
+        if world.main and not smoke:
+            for line in where_results(out):
+                display.message(line)
         if smoke and not any(h.get("reward_mean") for h in history):
             display.message(
                 "ppokit: every reward of the smoke run was 0, as expected of the tiny random "

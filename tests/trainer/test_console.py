@@ -293,3 +293,30 @@ def test_a_small_cpu_run_uses_one_thread_and_restores_torchs(tmp_path: Path, cap
     assert "2 CPU threads (model.threads)" in capsys.readouterr().err
     assert (tmp_path / "b" / "curves.png").is_file()
     assert str(tmp_path / "b") in Image.open(tmp_path / "b" / "curves.png").text["Title"]
+
+
+# ---------------------------------------------------------------------- the end of a run
+def test_a_finished_run_says_where_its_results_are_and_how_to_look(tmp_path: Path) -> None:
+    out = tmp_path / "my run"
+    args = _cli_args(out, "--threads", "1", "--set", "output.sample_every=1", "--json")
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    json_out = result.stdout  # --json: stdout stays one JSON document
+    assert json_out.lstrip().startswith("{") and "results in" not in json_out
+    lines = result.stderr.strip().splitlines()
+    assert lines[-2] == (
+        f"results in {out}: curves.png (the curves), metrics.jsonl (every round's metrics), "
+        "samples.jsonl (sampled responses), checkpoint/ (for --resume, eval and export)"
+    )
+    assert lines[-1] == f"look at them: ppokit eval {shlex.quote(str(out))}"
+    for name in ("curves.png", "metrics.jsonl", "samples.jsonl", "checkpoint"):
+        assert (out / name).exists()
+
+
+def test_the_results_lines_name_only_what_exists(tmp_path: Path) -> None:
+    assert loop_module.where_results(tmp_path) == []
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "tensorboard").mkdir()
+    first, look = loop_module.where_results(tmp_path)
+    assert first == f"results in {tmp_path}: metrics.jsonl (every round's metrics)"
+    assert look.endswith(f"; tensorboard --logdir {tmp_path / 'tensorboard'}")

@@ -137,10 +137,13 @@ def test_short_demo_run_reward_rises(tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_demo_learns(tmp_path, seed: int) -> None:
-    spec = load_spec(DEMO, [f"output.dir={tmp_path}", "output.progress=false", f"seed={seed}"])
+def test_demo_learns(tmp_path) -> None:
+    """Seed 0 of the packaged demo ends learned as benchmarks/demo.py holds every seed to
+    (its table over ten seeds is in docs/results.md)."""
+    from benchmarks.demo import EACH_AT_LEAST, LAST, MEAN_AT_LEAST
+
+    spec = load_spec(DEMO, [f"output.dir={tmp_path}", "output.progress=false", "seed=0"])
     train(spec)
     rewards = [h["reward_mean"] for h in read_metrics(tmp_path)]
-    assert rewards[0] <= 0.3
-    assert sum(rewards[-5:]) / 5 >= 0.8
+    assert rewards[0] <= 0.25  # the most a policy that ignores the prompt scores
+    assert sum(rewards[-LAST:]) / LAST >= MEAN_AT_LEAST and min(rewards[-LAST:]) >= EACH_AT_LEAST
