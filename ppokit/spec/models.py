@@ -576,7 +576,7 @@ class HealthSpec(_Strict):
         "is below this",
     )
     entropy: float | None = Field(
-        0.01,
+        0.001,
         ge=0,
         le=1e3,
         description="fires when the policy's entropy (entropy, nats per token) is below this",

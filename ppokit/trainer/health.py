@@ -129,8 +129,8 @@ def check(record: Record, history: Sequence[Record], health: HealthSpec) -> list
 
 
 def warning(fired: Fired, health: HealthSpec) -> str:
-    """The line a run shows when a sign starts firing, e.g. ``health: entropy 0.0042 below
-    health.entropy (0.01) for 5 rounds: see docs/health.md#entropy``."""
+    """The line a run shows when a sign starts firing, e.g. ``health: entropy 0.00042 below
+    health.entropy (0.001) for 5 rounds: see docs/health.md#entropy``."""
     sign = fired.sign
     value = sign.shows.format(metric=sign.metric, value=fired.value)
     side = "above" if sign.above else "below"

@@ -58,7 +58,7 @@ def test_the_gradient_spike_is_relative_to_the_recent_median() -> None:
 
 def test_a_sign_fires_after_its_rounds_in_a_row_and_starts_once() -> None:
     health = _health(rounds=3)
-    bad, good = {"entropy": 0.001}, {"entropy": 1.0}
+    bad, good = {"entropy": 0.0001}, {"entropy": 1.0}
     rounds = [bad, bad, good, bad, bad, bad, bad, good, bad]
     history: list[dict[str, Any]] = [{"round": 0, "eval/accuracy": 0.5}]  # round 0: skipped
     seen = []
@@ -76,11 +76,11 @@ def test_a_sign_fires_after_its_rounds_in_a_row_and_starts_once() -> None:
 def test_the_warning_names_the_metric_the_setting_and_the_page() -> None:
     health = _health(rounds=5)
     entropy = next(s for s in SIGNS if s.name == "entropy")
-    history = [{"round": r, "entropy": 0.004} for r in range(1, 5)]
-    (fired,) = check({"round": 5, "entropy": 0.0042}, history, health)
+    history = [{"round": r, "entropy": 0.0004} for r in range(1, 5)]
+    (fired,) = check({"round": 5, "entropy": 0.00042}, history, health)
     assert fired.started and fired.sign == entropy
     assert warning(fired, health) == (
-        "health: entropy 0.0042 below health.entropy (0.01) for 5 rounds: "
+        "health: entropy 0.00042 below health.entropy (0.001) for 5 rounds: "
         "see docs/health.md#entropy"
     )
 
@@ -146,7 +146,7 @@ def test_a_collapsed_entropy_fires_its_sign(tmp_path: Path) -> None:
     result, records = _run(
         tmp_path, "train.actor_lr=1.0", "policy.entropy_coef=0", "train.rounds=4", "health.rounds=2"
     )
-    assert records[-1]["entropy"] < 0.01
+    assert records[-1]["entropy"] < 0.001
     assert result["health"]["entropy"]["rounds"] >= 1
 
 
