@@ -2,9 +2,10 @@
 
 Prints the number of rounds, the reward of the first round and the mean of the last five
 (named accuracy when every recorded sample reward in ``samples.jsonl`` is 0 or 1), the
-median tokens/s, the median seconds per round of each phase, and the peak memory when the
+median tokens/s, the median seconds per round of each phase, the peak memory when the
 metrics record ``peak_memory_gb`` (the trainer records the CUDA allocator's peak of allocated
-memory on CUDA runs).
+memory on CUDA runs), and the signs of an unhealthy run that fired (``health/<sign>`` keys,
+docs/health.md), if any.
 
     python benchmarks/summarize_run.py RUN_DIR
 """
@@ -67,6 +68,17 @@ def summarize(run: Path) -> list[str]:
         if peak
         else "peak memory: not recorded (the trainer records it on CUDA)"
     )
+    fired: dict[str, list[int]] = {}
+    for h in history:
+        for key, value in h.items():
+            if key.startswith("health/") and value == 1:
+                fired.setdefault(key.removeprefix("health/"), []).append(int(h["round"]))
+    if fired:
+        signs = [
+            f"{name} from round {r[0]} ({len(r)} round{'s' if len(r) != 1 else ''})"
+            for name, r in fired.items()
+        ]
+        lines.append("health signs that fired (docs/health.md): " + ", ".join(signs))
     return lines
 
 

@@ -44,8 +44,8 @@ Direction = Literal["higher", "lower", "none"]
 
 @dataclass(frozen=True)
 class Metric:
-    """One metric of a run. A ``name`` ending in ``@`` is a family (``eval/pass@`` is every
-    ``eval/pass@k``)."""
+    """One metric of a run. A ``name`` ending in ``@`` or ``/`` is a family (``eval/pass@``
+    is every ``eval/pass@k``, ``health/`` every ``health/<sign>``)."""
 
     name: str
     #: what the value is, with its unit (curves.png's y-axis)
@@ -65,7 +65,8 @@ class Metric:
     timing: bool = False
 
     def matches(self, key: str) -> bool:
-        return key == self.name or (self.name.endswith("@") and key.startswith(self.name))
+        family = self.name.endswith(("@", "/"))
+        return key == self.name or (family and key.startswith(self.name))
 
 
 def _m(name: str, label: str, **facts: object) -> Metric:
@@ -176,10 +177,16 @@ METRICS: tuple[Metric, ...] = (
     _m("rollout/ended_max_turns", "fraction of episodes ended by rollout.max_turns"),
     _m("rollout/ended_budget", "fraction of episodes ended by the token budget"),
     _m("rollout/passed_groups", "groups that passed rollout.filter"),
+    _m(
+        "rollout/zero_variance_groups",
+        "fraction of groups with rewards all equal",
+        direction="lower",
+    ),
     _m("rollout/exhausted", "the bound ended the drawing (1) or not (0)"),
     _m("rollout/mismatch_k1", "KL(μ ‖ π_old) per token (k1)"),
     _m("rollout/mismatch_k3", "KL(μ ‖ π_old) per token (k3)"),
     _m("rollout/mismatch_max", "max |log π_old − log μ|"),
+    _m("health/", "a sign of docs/health.md fired (1; absent: it did not)", direction="lower"),
     _m("tokens_per_s", "tokens per second", required=True, summary=True, timing=True),
     _m("peak_memory_gb", "GiB", timing=True),
     _m("time_generate", "seconds", required=True, timing=True),

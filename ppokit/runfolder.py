@@ -127,7 +127,8 @@ TEMP_FILES = (CHECKPOINT_TMP, CHECKPOINT_OLD, *(f"{name}.tmp" for name in _ATOMI
 #: JSON and YAML read from a run folder nest at most this deep.
 MAX_DEPTH = 64
 #: Spec keys whose change does not change what a run optimises (a resume may change them).
-FREE_KEYS = ("output", "eval", "parallel", "train.rounds", "model.device", "model.threads")
+FREE_KEYS = ("output", "eval", "parallel", "health", "train.rounds")
+FREE_KEYS += ("model.device", "model.threads")
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)

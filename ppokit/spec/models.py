@@ -549,6 +549,81 @@ class ParallelSpec(_Strict):
     )
 
 
+class HealthSpec(_Strict):
+    """The signs of an unhealthy run (docs/health.md): each compares one metric of a round
+    with its threshold, and fires once its condition has held for ``rounds`` rounds in a
+    row. A sign's threshold set to null turns it off."""
+
+    enabled: bool = Field(True, description="evaluate the signs each round (false: none)")
+    rounds: int = Field(
+        5,
+        ge=1,
+        le=1 << 20,
+        description="consecutive rounds a sign's condition must hold before the sign fires",
+    )
+    zero_variance: float | None = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="fires when more than this fraction of the round's groups have rewards "
+        "all equal (rollout/zero_variance_groups, reported when a component reads the groups)",
+    )
+    constant_reward: float | None = Field(
+        1e-6,
+        ge=0,
+        le=1e9,
+        description="fires when the standard deviation of the round's rewards (reward_std) "
+        "is below this",
+    )
+    entropy: float | None = Field(
+        0.001,
+        ge=0,
+        le=1e3,
+        description="fires when the policy's entropy (entropy, nats per token) is below this",
+    )
+    clipfrac: float | None = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="fires when the fraction of clipped tokens (clipfrac) is above this",
+    )
+    approx_kl: float | None = Field(
+        0.1,
+        ge=0,
+        le=1e3,
+        description="fires when KL(π_old ‖ π) per token over the round's optimizer steps "
+        "(approx_kl) is above this",
+    )
+    grad_spike: float | None = Field(
+        10.0,
+        gt=1,
+        le=1e9,
+        description="fires when the actor's gradient norm (grad_norm_actor) is above this "
+        "multiple of its median over the health.grad_window rounds before",
+    )
+    grad_window: int = Field(
+        10,
+        ge=1,
+        le=1 << 20,
+        description="rounds of gradient norms the median of health.grad_spike is taken over "
+        "(the sign is evaluated once that many rounds have one)",
+    )
+    mismatch: float | None = Field(
+        0.01,
+        ge=0,
+        le=1e3,
+        description="fires when KL(μ ‖ π_old) per token between the engine's and the "
+        "trainer's log-probs (rollout/mismatch_k3) is above this",
+    )
+    truncated: float | None = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="fires when more than this fraction of the responses were cut by a "
+        "length limit (truncated_frac)",
+    )
+
+
 #: A k of pass@k.
 _PassK = Annotated[int, Field(ge=1, le=1024)]
 
@@ -655,6 +730,11 @@ class Spec(_Strict):
     )
     truncation: ComponentSpec = _slot_field("truncation")
     train: TrainSpec = Field(TrainSpec(), description="optimisation")
+    health: HealthSpec = Field(
+        HealthSpec(),
+        description="the signs that a run has gone wrong (docs/health.md), each shown when it "
+        "starts firing; a sign's threshold set to null turns it off",
+    )
     output: OutputSpec = Field(
         OutputSpec(), description="where the run writes metrics, samples and checkpoints"
     )

@@ -5,8 +5,10 @@ tokens per second and the time it has left, and the time left of the run; otherw
 plain line per round (under 100 characters, never wrapped), a line as each step before the
 rounds begins, and while a step lasts a status line every ``PLAIN_EVERY`` seconds (so that a
 log shows a long first round as it goes). A summary table at the end whose "best" column
-knows which way each metric is better. Without a terminal nothing is wider than
-``CONSOLE_WIDTH`` columns (or ``COLUMNS``) but a run's own messages, which are never cut."""
+knows which way each metric is better, then the signs of an unhealthy run that fired
+(docs/health.md; each one's warning is a message of the round it starts firing on). Without
+a terminal nothing is wider than ``CONSOLE_WIDTH`` columns (or ``COLUMNS``) but a run's own
+messages, which are never cut."""
 
 from __future__ import annotations
 
@@ -25,8 +27,10 @@ from rich.text import Text
 
 from ppokit.errors import printable
 from ppokit.metrics_table import SHOWN, SUMMARY, best_direction
+from ppokit.trainer.health import fired_signs
 
-__all__ = ["Display", "best_direction", "console_width", "duration", "fmt", "plain_line"]
+__all__ = ["Display", "best_direction", "console_width", "duration", "fmt", "health_line"]
+__all__ += ["plain_line"]
 
 #: The longest plain progress line (a metric is dropped, from the last, to stay under it).
 PLAIN_WIDTH = 100
@@ -412,10 +416,25 @@ class Display:
 
     # ------------------------------------------------------------------ summary
     def summary(self, history: Sequence[dict[str, Any]], out: str) -> None:
+        """The summary table, then the signs of docs/health.md that fired, if any."""
         self.close()
         table = summary_table(history, out)
         if table is not None:
             self.console.print(table)
+        line = health_line(history)
+        if line:
+            self._print(line)
+
+
+def health_line(history: Sequence[dict[str, Any]]) -> str:
+    """``health: entropy from round 40 (12 rounds), clipfrac from round 3 (1 round): see
+    docs/health.md`` for the signs that fired in ``history``; "" when none did."""
+    fired = fired_signs(history)
+    parts = [
+        f"{name} from round {first} ({rounds} round{'s' if rounds != 1 else ''})"
+        for name, (first, rounds) in fired.items()
+    ]
+    return f"health: {', '.join(parts)}: see docs/health.md" if parts else ""
 
 
 def _rows(history: Sequence[dict[str, Any]]) -> list[str]:

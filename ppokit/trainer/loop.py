@@ -39,6 +39,7 @@ from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.checkpoint import checkpoint_round, load_checkpoint, save_checkpoint
 from ppokit.trainer.display import Display
 from ppokit.trainer.evaluation import Evaluator
+from ppokit.trainer.health import check, fired_signs, warning
 from ppokit.trainer.metrics import MetricsLog, curves_title, plot_curves, read_once
 from ppokit.trainer.models import Models, build_models, quiet_progress_bars, resolve_device
 from ppokit.trainer.round import Learner, run_round
@@ -359,9 +360,9 @@ def _rounds(
                     _seed_all(distributed.round_seed(spec.seed, world.rank, r + 1))
                 display.start_round(r + 1)
                 record = _run_round(
-                    spec, learner, source, format_prompts, r, log, evaluator, trackers
+                    spec, learner, source, format_prompts, r, log, evaluator, trackers, history
                 )
-                for problem in record.pop("_skipped", ()):
+                for problem in [*record.pop("_skipped", ()), *record.pop("_health", ())]:
                     display.message(f"warning: {problem}")
                 history.append(record)
                 if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
@@ -404,6 +405,10 @@ def _rounds(
             "reward_first": first,
             "reward_last": sum(tail) / len(tail) if tail else None,
             "final": history[-1] if history else None,
+            "health": {
+                name: {"first_round": first, "rounds": rounds}
+                for name, (first, rounds) in fired_signs(history).items()
+            },
             "processes": world.size,
             "main": world.main,
         }
@@ -445,7 +450,12 @@ def _run_round(
     log: MetricsLog,
     evaluator: Evaluator | None = None,
     trackers: Trackers | None = None,
+    history: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
+    """Round ``r`` (0-based) with its evaluation when due: its record, written to the log
+    and the trackers, with the signs of docs/health.md that fire on it given the ``history``
+    of records before it (evaluated once, on the first process; ``_health``: the warnings of
+    those that start firing) and the skipped steps' messages (``_skipped``)."""
     begin = time.perf_counter()
 
     def draw() -> tuple[list[dict[str, Any]], list[str]]:  # a batch: this process's prompts
@@ -466,6 +476,12 @@ def _run_round(
         learner.on_phase("evaluating")
         record.update(evaluator.run())
         record["time_eval"] = evaluator.seconds
+    warnings = []
+    if distributed.world().main:  # the metrics are the whole round's: evaluated once
+        for fired in check(record, history, spec.health):
+            record[fired.sign.key] = 1.0
+            if fired.started:
+                warnings.append(warning(fired, spec.health))
     log.append(record)
     if trackers is not None:
         trackers.log_metrics(r + 1, record)
@@ -474,4 +490,4 @@ def _run_round(
         log.samples(r + 1, result.prompts, result.responses, scores)
         if trackers is not None:
             trackers.log_samples(r + 1, result.prompts, result.responses, scores)
-    return {**record, "_skipped": list(result.skipped)}
+    return {**record, "_skipped": list(result.skipped), "_health": warnings}

@@ -220,7 +220,9 @@ def collect(
 
     # 1. generate and 2. score, batch after batch until the filter has passed a round's groups
     got = fill(lrn, rows, formatted, checks, timings, draw, rollout, scores)
-    metrics = {**_generated_metrics(got.generated, got.generated_parts), **got.metrics(lrn.device)}
+    groups = n if n > 1 and "group_ids" in lrn.assembly.requires else None
+    metrics = _generated_metrics(got.generated, got.generated_parts, groups)
+    metrics.update(got.metrics(lrn.device))
     rows, formatted, ro, scores = got.rows, got.formatted, got.rollout, got.scores
     if ro is None:  # nothing to estimate or update
         problem = checks.read_problem()
@@ -280,10 +282,14 @@ def collect(
     return data, RoundResult(metrics, timings, prompts, got.texts, own_scores, skipped)
 
 
-def _generated_metrics(generated: dict[str, Tensor], parts: dict[str, Tensor]) -> dict[str, Tensor]:
+def _generated_metrics(
+    generated: dict[str, Tensor], parts: dict[str, Tensor], n: int | None = None
+) -> dict[str, Tensor]:
     """What the policy generated this round, every response of every generation batch
     (gathered over the processes): reward mean and std (each reward's mean when there are
-    several), response length, truncated fraction and tokens."""
+    several), response length, truncated fraction and tokens; with ``n``, the size of a
+    group (a prompt's responses, side by side), the fraction of groups whose rewards are
+    all equal (``rollout/zero_variance_groups``: a group baseline gives them advantage 0)."""
     if distributed.world().distributed:
         generated = {k: distributed.gather_rows(v) for k, v in generated.items()}
         parts = {k: distributed.gather_rows(v) for k, v in parts.items()}
@@ -295,6 +301,10 @@ def _generated_metrics(generated: dict[str, Tensor], parts: dict[str, Tensor]) -
         "truncated_frac": generated["truncated"].float().mean(),
         "tokens": lengths.sum(),
     }
+    if n is not None and scores.numel():
+        groups = scores.view(-1, n)
+        equal = groups.amax(1) == groups.amin(1)
+        metrics["rollout/zero_variance_groups"] = equal.float().mean()
     if len(parts) > 1:
         metrics.update({f"reward/{name}": s.mean() for name, s in parts.items()})
     return metrics

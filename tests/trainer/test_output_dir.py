@@ -249,9 +249,8 @@ def test_resume_with_a_different_objective_is_refused(run: Path, extra, key: str
 
 
 def test_extending_a_run_and_changing_free_keys_resumes(run: Path) -> None:
-    result = train(
-        small_spec(run, "train.rounds=3", "output.save_every=5", "model.threads=2"), resume=True
-    )
+    changed = ("output.save_every=5", "model.threads=2", "health.entropy=0.05")
+    result = train(small_spec(run, "train.rounds=3", *changed), resume=True)
     assert result["resumed_from"] == 2 and result["rounds"] == 3
     assert not (run / SPEC_CHANGES).exists()
 

@@ -1,6 +1,7 @@
 """The ``vllm`` rollout engine on the tiny model in float32: well-formed generations, log μ
-equal to the trainer's forward pass, the weights (or LoRA adapters) pushed after an update,
-a run that learns, and its settings checked before any model loads.
+equal to the trainer's forward pass, the weights (or LoRA adapters) pushed after an update
+(a push skipped: the health sign of the mismatch fires), a run that learns, and its settings
+checked before any model loads.
 
 vLLM is an optional install (docs/engines.md). Without it these tests skip, except where
 ``PPOKIT_REQUIRE_VLLM=1`` (CI sets it): then a missing vLLM fails the collection.
@@ -293,6 +294,23 @@ def test_a_run_with_vllm_learns_the_demo_task(tmp_path: Path) -> None:
     assert first < 0.1 and last > 0.3, (first, last)
     assert all("time_sync" in r for r in records)
     assert all(abs(r["rollout/mismatch_k1"]) < 1e-3 for r in records)  # float32: μ ≈ π_old
+
+
+@needs_vllm
+def test_a_skipped_weight_push_fires_the_mismatch_sign(tmp_path: Path, monkeypatch) -> None:
+    """vLLM keeps sampling from the first weights while the trainer's move: μ drifts from
+    π_old, and the health sign of docs/health.md fires (with every push both agree to float
+    rounding: the test above)."""
+    from ppokit.components.rollout_engine import vllm_impl
+
+    monkeypatch.setattr(vllm_impl.VLLMEngine, "sync", lambda self: None)
+    out = tmp_path / "run"
+    settings = ("train.actor_lr=0.005", "train.rounds=3", "health.rounds=2")
+    result = train(small_spec(out, *VLLM_TINY, ENGINE, *settings))
+    records = read_metrics(out)
+    assert records[0]["rollout/mismatch_k3"] == pytest.approx(0.0, abs=1e-6)
+    assert records[-1].get("health/mismatch") == 1.0
+    assert result["health"]["mismatch"]["first_round"] <= 3
 
 
 # ---------------------------------------------------------------------- several processes

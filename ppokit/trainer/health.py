@@ -1,0 +1,152 @@
+"""The signs that a run has gone wrong (docs/health.md), evaluated on each round's record.
+
+A sign compares one metric of the round with its threshold in the spec's ``health``
+section (``entropy`` below ``health.entropy``, ``clipfrac`` above ``health.clipfrac``, ...);
+it fires on a round when its condition has held on that round and the ``health.rounds - 1``
+rounds before it, and keeps firing while the condition holds. The gradient-norm sign
+compares the norm with its median over the ``health.grad_window`` rounds before.
+
+Pure: plain floats in (the record a round writes to ``metrics.jsonl``, after its one host
+read, and the records before it), the fired signs out. A run writes ``health/<sign>: 1.0``
+into the record of each round a sign fires on; :func:`fired_signs` reads them back.
+Imports neither torch nor the trainer, so it reads any run's ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ppokit.spec import HealthSpec
+
+__all__ = ["PREFIX", "SIGNS", "Fired", "Sign", "check", "condition", "fired_signs", "warning"]
+
+#: The key of a sign in a round's record: ``health/<sign>``.
+PREFIX = "health/"
+
+Record = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Sign:
+    """One sign: its ``name`` (the field of the ``health`` section holding its threshold,
+    and ``health/<name>`` in the records), the ``metric`` it reads, whether it fires
+    ``above`` the threshold (else below), and how the warning names the value it compares
+    (``{metric}`` and ``{value}`` filled in)."""
+
+    name: str
+    metric: str
+    above: bool
+    shows: str = "{metric} {value:.3g}"
+
+    @property
+    def key(self) -> str:
+        return PREFIX + self.name
+
+
+#: Every sign, in the order of docs/health.md.
+SIGNS: tuple[Sign, ...] = (
+    Sign("zero_variance", "rollout/zero_variance_groups", above=True),
+    Sign("constant_reward", "reward_std", above=False),
+    Sign("entropy", "entropy", above=False),
+    Sign("clipfrac", "clipfrac", above=True),
+    Sign("approx_kl", "approx_kl", above=True),
+    Sign("grad_spike", "grad_norm_actor", True, "{metric} {value:.3g} times its recent median"),
+    Sign("mismatch", "rollout/mismatch_k3", above=True),
+    Sign("truncated", "truncated_frac", above=True),
+)
+
+
+@dataclass(frozen=True)
+class Fired:
+    """A sign that fires on a round: the value its condition read (for ``grad_spike`` the
+    ratio to the median), its threshold, and whether it starts firing on this round."""
+
+    sign: Sign
+    value: float
+    threshold: float
+    started: bool
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _trained(records: Sequence[Record]) -> list[Record]:
+    """The records of training rounds (round 0, an evaluation only, is none)."""
+    return [r for r in records if r.get("round") != 0]
+
+
+def condition(
+    sign: Sign, record: Record, before: Sequence[Record], health: HealthSpec
+) -> float | None:
+    """The value of ``sign`` on ``record`` when its condition holds there, else None (it
+    does not hold, the sign is off, or the record has no value). ``before``: the training
+    records before it, oldest first (the gradient norm's median reads them)."""
+    threshold = getattr(health, sign.name)
+    value = _number(record.get(sign.metric))
+    if threshold is None or value is None:
+        return None
+    if sign.name == "grad_spike":
+        norms = [_number(r.get(sign.metric)) for r in before]
+        window = [v for v in norms if v is not None][-health.grad_window :]
+        if len(window) < health.grad_window or statistics.median(window) <= 0:
+            return None
+        value /= statistics.median(window)
+    holds = value > threshold if sign.above else value < threshold
+    return value if holds else None
+
+
+def check(record: Record, history: Sequence[Record], health: HealthSpec) -> list[Fired]:
+    """The signs that fire on ``record``, the round just run, given the records before it
+    (``history``, oldest first; round 0 is skipped): each whose condition held on it and on
+    the ``health.rounds - 1`` training rounds before. ``started``: it did not fire on the
+    round before (the condition held exactly ``health.rounds`` rounds in a row)."""
+    if not health.enabled:
+        return []
+    recent = history[-(health.rounds + health.grad_window + 1) :]  # round 0 included
+    before = _trained(recent)[-(health.rounds + health.grad_window) :]
+    rounds = [*before, record]
+    fired = []
+    for sign in SIGNS:
+        value = condition(sign, record, before, health)
+        if value is None:
+            continue
+        streak = 1
+        while streak <= health.rounds and streak < len(rounds):  # one more: did it start?
+            i = len(rounds) - 1 - streak
+            if condition(sign, rounds[i], rounds[:i], health) is None:
+                break
+            streak += 1
+        if streak >= health.rounds:
+            threshold = getattr(health, sign.name)
+            fired.append(Fired(sign, value, threshold, started=streak == health.rounds))
+    return fired
+
+
+def warning(fired: Fired, health: HealthSpec) -> str:
+    """The line a run shows when a sign starts firing, e.g. ``health: entropy 0.00042 below
+    health.entropy (0.001) for 5 rounds: see docs/health.md#entropy``."""
+    sign = fired.sign
+    value = sign.shows.format(metric=sign.metric, value=fired.value)
+    side = "above" if sign.above else "below"
+    rounds = f"{health.rounds} rounds" if health.rounds > 1 else "1 round"
+    return (
+        f"health: {value} {side} health.{sign.name} ({fired.threshold:g}) for {rounds}: "
+        f"see docs/health.md#{sign.name}"
+    )
+
+
+def fired_signs(history: Sequence[Record]) -> dict[str, tuple[int, int]]:
+    """Each sign that fired in ``history`` (the records of a run): (the first round it fired
+    on, the number of rounds it fired on), in the order of :data:`SIGNS`."""
+    found: dict[str, tuple[int, int]] = {}
+    for sign in SIGNS:
+        rounds = [int(r["round"]) for r in history if r.get(sign.key) == 1 and "round" in r]
+        if rounds:
+            found[sign.name] = (rounds[0], len(rounds))
+    return found

@@ -1,0 +1,159 @@
+"""The signs of an unhealthy run (docs/health.md): each sign fires beyond its threshold and
+not at it, after ``health.rounds`` rounds in a row, warns once when it starts; a constant
+reward and a collapsed entropy fire theirs on the tiny model, and the demo fires none (a
+skipped weight push fires the mismatch sign in test_vllm.py, with the other runs that start
+vLLM in the test process)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ppokit.metrics_table import metric
+from ppokit.spec import HealthSpec, Spec, SpecError, load_spec
+from ppokit.trainer import train
+from ppokit.trainer.display import health_line
+from ppokit.trainer.health import SIGNS, check, fired_signs, warning
+from ppokit.trainer.metrics import read_metrics
+from tests.helpers.trainer import DEMO, small_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+LEVEL = [s for s in SIGNS if s.name != "grad_spike"]
+
+
+def _health(**settings: Any) -> HealthSpec:
+    return HealthSpec(**{"rounds": 1, **settings})
+
+
+def _names(record: dict[str, Any], history: list[dict[str, Any]], health: HealthSpec) -> set:
+    return {f.sign.name for f in check(record, history, health)}
+
+
+# ---------------------------------------------------------------------- the pure module
+@pytest.mark.parametrize("sign", LEVEL, ids=lambda s: s.name)
+def test_a_sign_fires_beyond_its_threshold_and_not_at_it(sign) -> None:
+    health = _health()  # the defaults, each sign on its own round
+    threshold = getattr(health, sign.name)
+    beyond = threshold + 0.05 if sign.above else threshold / 2
+    assert _names({"round": 1, sign.metric: threshold}, [], health) == set()
+    assert _names({"round": 1, sign.metric: beyond}, [], health) == {sign.name}
+    assert _names({"round": 1, sign.metric: None}, [], health) == set()  # no value
+    assert _names({"round": 1, sign.metric: beyond}, [], _health(**{sign.name: None})) == set()
+    assert _names({"round": 1, sign.metric: beyond}, [], _health(enabled=False)) == set()
+
+
+def test_the_gradient_spike_is_relative_to_the_recent_median() -> None:
+    health = _health(grad_window=3)  # grad_spike 10: above 10 times the median
+    history = [{"round": r, "grad_norm_actor": v} for r, v in enumerate([5.0, 1.0, 1.0, 2.0])]
+    assert _names({"round": 5, "grad_norm_actor": 10.0}, history, health) == set()  # median 1
+    assert _names({"round": 5, "grad_norm_actor": 10.5}, history, health) == {"grad_spike"}
+    # fewer rounds than the window, or a median of 0: not evaluated
+    assert _names({"round": 3, "grad_norm_actor": 99.0}, history[:2], health) == set()
+    zeros = [{"round": r, "grad_norm_actor": 0.0} for r in range(1, 4)]
+    assert _names({"round": 4, "grad_norm_actor": 99.0}, zeros, health) == set()
+
+
+def test_a_sign_fires_after_its_rounds_in_a_row_and_starts_once() -> None:
+    health = _health(rounds=3)
+    bad, good = {"entropy": 0.0001}, {"entropy": 1.0}
+    rounds = [bad, bad, good, bad, bad, bad, bad, good, bad]
+    history: list[dict[str, Any]] = [{"round": 0, "eval/accuracy": 0.5}]  # round 0: skipped
+    seen = []
+    for r, values in enumerate(rounds, start=1):
+        record = {"round": r, **values}
+        fired = check(record, history, health)
+        seen.append("".join("S" if f.started else "F" for f in fired) or ".")
+        history.append({**record, **{f.sign.key: 1.0 for f in fired}})
+    assert "".join(seen) == ".....SF.."  # rounds 6 (the third bad in a row) and 7
+    assert fired_signs(history) == {"entropy": (6, 2)}
+    assert health_line(history) == "health: entropy from round 6 (2 rounds): see docs/health.md"
+    assert health_line(history[:5]) == ""
+
+
+def test_the_warning_names_the_metric_the_setting_and_the_page() -> None:
+    health = _health(rounds=5)
+    entropy = next(s for s in SIGNS if s.name == "entropy")
+    history = [{"round": r, "entropy": 0.0004} for r in range(1, 5)]
+    (fired,) = check({"round": 5, "entropy": 0.00042}, history, health)
+    assert fired.started and fired.sign == entropy
+    assert warning(fired, health) == (
+        "health: entropy 0.00042 below health.entropy (0.001) for 5 rounds: "
+        "see docs/health.md#entropy"
+    )
+
+
+def test_every_sign_has_a_setting_a_metric_row_and_a_section_of_the_page() -> None:
+    page = (ROOT / "docs" / "health.md").read_text(encoding="utf-8")
+    settings = set(HealthSpec.model_fields) - {"enabled", "rounds", "grad_window"}
+    assert {s.name for s in SIGNS} == settings
+    for sign in SIGNS:
+        assert metric(sign.metric).label != sign.metric, sign.metric  # a row of the table
+        assert f"### `{sign.name}`" in page and f"`{sign.metric}`" in page
+        assert re.search(
+            rf"\| \[`{sign.name}`\]\(#{sign.name}\) \| `{re.escape(sign.metric)}`", page
+        )
+    assert metric("health/entropy").name == "health/"  # the family of the fired signs
+    assert "health" in Spec.model_json_schema()["properties"]
+
+
+def test_the_settings_are_in_the_printed_spec() -> None:
+    from typer.testing import CliRunner
+
+    from ppokit.cli import app
+
+    result = CliRunner().invoke(app, ["train", "--print-spec", "--set", "health.entropy=0.05"])
+    assert result.exit_code == 0, result.output
+    assert "\nhealth:\n  enabled: true\n  rounds: 5\n" in result.output
+    assert "  entropy: 0.05\n" in result.output and "  truncated: null\n" in result.output
+
+
+def test_the_settings_are_bounded() -> None:
+    for bad in ("health.grad_spike=1", "health.zero_variance=1.5", "health.rounds=0"):
+        with pytest.raises(SpecError, match=bad.split("=")[0].replace(".", r"\.")):
+            small_spec(None, bad)
+
+
+# ---------------------------------------------------------------------- runs
+def _run(tmp_path: Path, *overrides: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    result = train(small_spec(tmp_path / "run", *overrides))
+    return result, read_metrics(tmp_path / "run")
+
+
+def test_a_constant_reward_fires_its_signs_and_warns_once(tmp_path: Path, capsys) -> None:
+    code = tmp_path / "one.py"
+    code.write_text("def reward(prompts, responses):\n    return [1.0] * len(responses)\n")
+    result, records = _run(
+        tmp_path,
+        f"reward={{name: python, function: '{code}:reward'}}",
+        "advantage=grpo",  # a group baseline: the zero-variance groups are reported
+        "critic=null",
+        "train.rounds=3",
+        "health.rounds=2",
+    )
+    assert [r["rollout/zero_variance_groups"] for r in records] == [1.0, 1.0, 1.0]
+    for name in ("constant_reward", "zero_variance"):
+        assert [r.get(f"health/{name}") for r in records] == [None, 1.0, 1.0]
+        assert result["health"][name] == {"first_round": 2, "rounds": 2}
+    err = capsys.readouterr().err
+    assert err.count("warning: health: reward_std 0 below health.constant_reward") == 1
+    assert "health: zero_variance from round 2 (2 rounds), constant_reward from round 2" in err
+
+
+def test_a_collapsed_entropy_fires_its_sign(tmp_path: Path) -> None:
+    result, records = _run(
+        tmp_path, "train.actor_lr=1.0", "policy.entropy_coef=0", "train.rounds=4", "health.rounds=2"
+    )
+    assert records[-1]["entropy"] < 0.001
+    assert result["health"]["entropy"]["rounds"] >= 1
+
+
+def test_the_demo_fires_none(tmp_path: Path) -> None:
+    """The packaged demo at its own size and settings, its first 12 rounds (the gradient
+    norm's window full from round 11); ``ppokit train`` runs all 120 without a sign too."""
+    spec = load_spec(DEMO, [f"output.dir={tmp_path}", "output.progress=false", "train.rounds=12"])
+    result = train(spec)
+    assert result["health"] == {}
+    assert not any(k.startswith("health/") for r in read_metrics(tmp_path) for k in r)
