@@ -144,10 +144,14 @@ def test_a_constant_reward_fires_its_signs_and_warns_once(tmp_path: Path, capsys
 
 def test_a_collapsed_entropy_fires_its_sign(tmp_path: Path) -> None:
     result, records = _run(
-        tmp_path, "train.actor_lr=1.0", "policy.entropy_coef=0", "train.rounds=4", "health.rounds=2"
+        tmp_path, "train.actor_lr=1.0", "policy.entropy_coef=0", "train.rounds=6", "health.rounds=2"
     )
-    assert records[-1]["entropy"] < 0.001
-    assert result["health"]["entropy"]["rounds"] >= 1
+    below = [r["entropy"] < 0.001 for r in records]
+    first = next(i for i in range(1, len(below)) if below[i - 1] and below[i]) + 1  # 1-based
+    assert [r.get("health/entropy") for r in records][first - 1 :] == [1.0] * (
+        len(records) - first + 1
+    )
+    assert result["health"]["entropy"]["first_round"] == first
 
 
 def test_the_demo_fires_none(tmp_path: Path) -> None:
