@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import typer
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ppokit.compare import (
@@ -42,8 +44,10 @@ from ppokit.compare import (
 from ppokit.compare import progress as cmp_progress
 from ppokit.compare import render as cmp_render
 from ppokit.compare import runs as cmp_runs
+from ppokit.compare.summary import summarize
 from ppokit.errors import UserError
 from ppokit.spec import load_spec
+from ppokit.stats import mean_ci95
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("clean_registry")
@@ -346,6 +350,85 @@ def test_report_statistics_labels_and_plot(tmp_path: Path) -> None:
     # two panels (reward and eval/accuracy) of 7 x 4.5 inches at 100 dpi
     width, height = png_size(out / "compare.png")
     assert width == 1400 and height > 450  # two panels, the legend below them
+
+
+def _records(group: str, per_seed: Sequence[Sequence[float]]) -> list[RunRecord]:
+    return [
+        RunRecord(
+            group,
+            seed,
+            Path(f"runs/{group}/seed-{seed}"),
+            "finished",
+            len(rewards),
+            history=[{"round": i, "reward_mean": r} for i, r in enumerate(rewards, start=1)],
+            spec={"seed": seed},
+        )
+        for seed, rewards in enumerate(per_seed)
+    ]
+
+
+def _band(ax: Any) -> tuple[list[float], list[float]]:
+    """The lowest and highest y of the shaded band at each x of ``ax``'s first fill."""
+    fill = ax.collections[0]
+    low: dict[float, float] = {}
+    high: dict[float, float] = {}
+    for x, y in fill.get_paths()[0].vertices:
+        low[x] = min(low.get(x, y), y)
+        high[x] = max(high.get(x, y), y)
+    return [low[x] for x in sorted(low)], [high[x] for x in sorted(high)]
+
+
+def test_plot_band_stays_within_the_seeds_values() -> None:
+    """Two seeds: the 95% t-interval is 12.7 times their half-distance (-3..4 for rewards of
+    0 and 1); the band drawn is their span, within [0, 1]. The legend says how many seeds a
+    curve rests on."""
+    seeds = [[0.0, 1.0, 0.2, 0.5], [1.0, 0.0, 0.9, 0.5]]
+    one = [[0.3, 0.4, 0.5, 0.6]]
+    records = _records("wide", seeds) + _records("single", one)
+    summary = summarize(records, 0.9)
+    fig = cmp_render.figure(records, summary)
+    ax = fig.axes[0]
+    low, high = _band(ax)
+    assert low == pytest.approx([min(a, b) for a, b in zip(*seeds, strict=True)])
+    assert high == pytest.approx([max(a, b) for a, b in zip(*seeds, strict=True)])
+    assert all(0.0 <= y <= 1.0 for y in low + high)
+    # the unclipped interval went far outside [0, 1]
+    assert mean_ci95([0.0, 1.0])[1] > 6
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == [
+        f"{summary['specs'][0]['label']} (2 seeds)",
+        f"{summary['specs'][1]['label']} (1 seed)",
+    ]
+
+
+def test_plot_legend_counts_seeds_per_round() -> None:
+    """A run shorter than the others: the curve rests on 2 seeds at some rounds, 3 at others."""
+    records = _records("g", [[0.1, 0.2, 0.3], [0.2, 0.3, 0.4], [0.3]])
+    fig = cmp_render.figure(records, summarize(records, 0.9))
+    assert fig.legends[0].get_texts()[0].get_text().endswith("(2-3 seeds)")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(-5, 5, allow_nan=False), min_size=3, max_size=3),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_curve_band_is_the_interval_within_the_range(per_seed: list[list[float]]) -> None:
+    """At each round the band is [mean - h, mean + h] ∩ [min, max] of the seeds' values."""
+    xs, means, lows, highs, counts = cmp_render._curve(_records("g", per_seed), "reward_mean")
+    assert xs == [1, 2, 3] and counts == [len(per_seed)] * 3
+    for i, (mean, low, high) in enumerate(zip(means, lows, highs, strict=True)):
+        values = [run[i] for run in per_seed]
+        m, h = mean_ci95(values)
+        h = h if math.isfinite(h) else 0.0
+        assert mean == pytest.approx(m)
+        assert low == pytest.approx(max(m - h, min(values)))
+        assert high == pytest.approx(min(m + h, max(values)))
+        # within what the seeds reached; low <= high up to the mean's rounding
+        assert min(values) <= low <= high + 1e-12 and high <= max(values)
 
 
 def test_report_add_and_errors(tmp_path: Path) -> None:

@@ -98,35 +98,53 @@ def render_markdown(summary: Mapping[str, Any], title: str = "ppokit compare") -
     return "\n".join(lines) + "\n"
 
 
-def _curve(runs: Sequence[RunRecord], key: str) -> tuple[list[int], list[float], list[float]]:
-    """Per round: mean and 95% CI half-width (0 for one run) of ``key`` over the runs."""
+def _curve(
+    runs: Sequence[RunRecord], key: str
+) -> tuple[list[int], list[float], list[float], list[float], list[int]]:
+    """Per round: the mean of ``key`` over the runs, the band drawn around it and the number
+    of runs it rests on. The band is the 95% CI of the mean clipped to the range the runs'
+    values cover at that round: with few seeds the t-interval is wider than anything any seed
+    reached (with 2, always: t_{0.975,1} = 12.7), and a band beyond the seeds' values (or
+    beyond a metric's range, rewards in [0, 1]) shows nothing that happened. One run: no band
+    (the band is its value)."""
     by_round: dict[int, list[float]] = {}
     for r in runs:
         for h in _trim(r.history, r.rounds):
             if _number(h.get(key)):
                 by_round.setdefault(h["round"], []).append(float(h[key]))
     xs = sorted(by_round)
-    means, halves = [], []
+    means, lows, highs, counts = [], [], [], []
     for x in xs:
-        mean, half = mean_ci95(by_round[x])
+        values = by_round[x]
+        mean, half = mean_ci95(values)
+        half = half if math.isfinite(half) else 0.0
         means.append(mean)
-        halves.append(half if math.isfinite(half) else 0.0)
-    return xs, means, halves
+        lows.append(max(mean - half, min(values)))
+        highs.append(min(mean + half, max(values)))
+        counts.append(len(values))
+    return xs, means, lows, highs, counts
 
 
-def plot(
-    records: Sequence[RunRecord], summary: Mapping[str, Any], path: Path, title: str = ""
-) -> bool:
-    """compare.png: reward_mean against the round, per spec the mean over its finished runs
-    with a shaded 95% CI band, one colour per spec; a second panel for an eval metric when
-    any run logs one. Returns False when there is nothing to plot."""
+def _seeds(counts: Sequence[int]) -> str:
+    """``3 seeds``, ``1 seed``, or ``2-3 seeds`` where rounds rest on different numbers."""
+    lo, hi = min(counts), max(counts)
+    n = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return f"{n} seed" if hi == 1 else f"{n} seeds"
+
+
+def figure(records: Sequence[RunRecord], summary: Mapping[str, Any], title: str = "") -> Any:
+    """compare.png's figure: reward_mean against the round, per spec the mean over its
+    finished runs with a shaded band (the 95% CI clipped to the seeds' values, see
+    :func:`_curve`), one colour per spec, labelled with the number of seeds it rests on; a
+    second panel for an eval metric when any run logs one. None when there is nothing to
+    plot."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     finished = [r for r in records if r.status == "finished" and r.history]
     if not finished:
-        return False
+        return None
     evals = summary["eval_metrics"]
     keys = ["reward_mean", *evals[:1]]
     n_specs = len(summary["specs"])
@@ -141,35 +159,38 @@ def plot(
     for ax, key in zip(axes, keys, strict=True):
         for colour, g in zip(colours, summary["specs"], strict=True):
             runs = [r for r in finished if r.group == g["name"]]
-            xs, means, halves = _curve(runs, key)
+            xs, means, lows, highs, counts = _curve(runs, key)
             if not xs:
                 continue
-            n = len(runs)
             ax.plot(
                 xs,
                 means,
                 color=colour,
                 linewidth=1.5,
                 marker="." if len(xs) <= 30 else None,
-                label=f"{g['label']} (n={n})",
+                label=f"{g['label']} ({_seeds(counts)})",
             )
-            ax.fill_between(
-                xs,
-                [m - h for m, h in zip(means, halves, strict=True)],
-                [m + h for m, h in zip(means, halves, strict=True)],
-                color=colour,
-                alpha=0.2,
-                linewidth=0,
-            )
+            ax.fill_between(xs, lows, highs, color=colour, alpha=0.2, linewidth=0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("round")
         ax.set_ylabel(metric(key).label)
-        ax.set_title(f"{key}: mean over seeds, shaded 95% CI", fontsize=10)
+        ax.set_title(f"{key}: mean over seeds, shaded 95% CI within the seeds' range", fontsize=10)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.suptitle(title or "ppokit compare")
     fig.legend(handles, labels, loc="lower center", fontsize=8, ncol=1, frameon=False)
     fig.tight_layout(rect=(0, 0.22 * n_specs / (4.5 + 0.22 * n_specs) + 0.02, 1, 1))
+    return fig
+
+
+def plot(
+    records: Sequence[RunRecord], summary: Mapping[str, Any], path: Path, title: str = ""
+) -> bool:
+    """Write compare.png (:func:`figure`) to ``path``. Returns False when there is nothing to
+    plot."""
+    fig = figure(records, summary, title)
+    if fig is None:
+        return False
     write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
     return True
 

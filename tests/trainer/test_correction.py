@@ -49,7 +49,7 @@ def test_bfloat16_sampling_makes_a_mismatch_the_corrections_act_on(tmp_path) -> 
     bf16 = "rollout.engine={name: hf, dtype: bfloat16}"
     plain = _run(tmp_path, "plain", bf16)
     for h in plain:
-        assert h["rollout/mismatch_max"] > 1e-3
+        assert h["rollout/mismatch_max"] > 1e-4  # 10x the float32 paths' bound above
         assert h["rollout/mismatch_k3"] > 0
     tis = _run(tmp_path, "tis", bf16, "policy.correction={name: token_tis, cap: 1.001}")
     # the truncated weights min(r_t, cap) differ from 1, and the loss from the plain run's

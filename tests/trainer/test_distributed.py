@@ -254,6 +254,8 @@ def test_shares_and_seeds() -> None:
 # ------------------------------------------------------------- end to end (CLI)
 SMALL_RUN = [
     "--set",
+    "train.lr_schedule=constant",  # the run is lengthened on resume
+    "--set",
     "rollout.prompts_per_round=4",
     "--set",
     "rollout.n=2",
