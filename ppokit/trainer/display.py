@@ -250,12 +250,19 @@ class Display:
             return None
         return sum(self.times) / len(self.times) * max(0, self.total - self.current)
 
+    def left(self, now: float) -> float | None:
+        """:meth:`eta` less the time since the last round ended; None (shown ``?``) before the
+        first round ends and once a round outlasts the estimate (an evaluation, a slower
+        round): ``eta 0s`` would say the run is about to end."""
+        left = self.eta()
+        if left is None or self.last_end is None:
+            return left
+        left -= now - self.last_end
+        return left if left > 0 else None
+
     def clock(self) -> str:
         now = time.perf_counter()
-        left = self.eta()
-        if left is not None and self.last_end is not None:
-            left = max(0.0, left - (now - self.last_end))
-        return f"{duration(now - self.began)}  eta {duration(left)}"
+        return f"{duration(now - self.began)}  eta {duration(self.left(now))}"
 
     # ------------------------------------------------------------------ output
     def _print(self, text: str) -> None:
@@ -279,9 +286,8 @@ class Display:
             what += f": {printable(detail)}" if detail else ""
             if self.in_round:
                 line = f"round {self.current + 1}/{self.total}  {what}"
-                left = self.eta()
-                if left is not None and self.last_end is not None:
-                    line += f"  eta {duration(max(0.0, left - (now - self.last_end)))}"
+                if self.times:
+                    line += f"  eta {duration(self.left(now))}"
             else:
                 line = f"ppokit: {what}"
         width = self.console.width

@@ -225,3 +225,26 @@ def test_math_verify_timeout_notice_is_dropped_and_nothing_else() -> None:
     finally:
         logger.removeHandler(handler)
     assert stream.getvalue() == "something else\n"
+
+
+def test_the_time_left_is_unknown_once_a_round_outlasts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds of 10 s, 2 of 3 done: 10 s left; 4 s into the last round 6 s; 15 s into it
+    (an evaluation at the end) the estimate is spent, shown ``?``, never ``0s``."""
+    import ppokit.trainer.display as display_module
+
+    clock = [100.0]
+    monkeypatch.setattr(display_module.time, "perf_counter", lambda: clock[0])
+    display, _ = plain(every=0)
+    for r in (1, 2):
+        display.start_round(r)
+        clock[0] += 10.0
+        display.round({"round": r, "reward_mean": 0.5}, 3)
+    display.start_round(3)
+    display.phase("generating")
+    assert display.status_line().endswith("eta 10s")
+    clock[0] += 4.0
+    assert display.status_line().endswith("eta 6s") and display.clock().endswith("eta 6s")
+    clock[0] += 11.0
+    display.phase("evaluating")
+    assert display.status_line().endswith("eta ?") and display.clock().endswith("eta ?")
+    display.close()
