@@ -73,6 +73,7 @@ def main() -> None:
     else:
         command = [sys.executable, "-m", "ppokit", "compare", *SPECS, "--seeds", args.seeds]
         command += ["--jobs", args.jobs, "--out", args.out, "--set", "model.threads=1"]
+        command += ["--set", "eval.at_start=true"]  # the examples evaluate only at their end
         for item in args.sets:
             command += ["--set", item]
         done = subprocess.run(command, check=False)
