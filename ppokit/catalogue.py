@@ -17,6 +17,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -112,6 +113,10 @@ class Component:
     #: (import name, how to install it) of each package it needs beyond ppokit's own: a
     #: spec naming it is refused at validation while one is missing
     packages: tuple[tuple[str, str], ...] = field(default=())
+    #: ``check(spec, params)``: the ``path: message`` lines of what a run would refuse
+    #: about this component in ``spec`` (``params``: its validated parameters), found at
+    #: validation, without heavy imports; called once its parameters and packages pass
+    check: Callable[[Any, Any], Iterable[str]] | None = None
 
     def implementation(self, obj: T) -> T:
         """Decorator of the implementation: records ``obj`` as this entry's implementation

@@ -46,6 +46,7 @@ __all__ = [
     "CHECKPOINT_TMP",
     "COMPARE_LOCK",
     "CURVES_PNG",
+    "LIBRARY_LOG",
     "LOCK",
     "MARKER",
     "MAX_DEPTH",
@@ -104,6 +105,8 @@ SAMPLES = "samples.jsonl"
 CURVES_PNG = "curves.png"
 #: Deliberate spec changes on resume (``--allow-spec-change``), one JSON line each.
 SPEC_CHANGES = "spec_changes.jsonl"
+#: The log lines of the libraries a run drives (vLLM's), one a line, appended.
+LIBRARY_LOG = "library.log"
 #: What ``output.report_to`` writes (ppokit/trainer/trackers.py): the trackers' run ids and
 #: their local stores; removed with the run so an --overwrite starts new tracker runs.
 TRACKERS_JSON = "trackers.json"
@@ -111,7 +114,17 @@ TRACKER_FILES = (TRACKERS_JSON, "tensorboard", "wandb", "mlruns")
 
 #: Files a run writes into its output folder (``--overwrite`` removes these, and only these
 #: and TEMP_FILES; the lock file stays).
-RUN_FILES = (MARKER, METRICS, SAMPLES, CURVES_PNG, SPEC, SPEC_CHANGES, CHECKPOINT, *TRACKER_FILES)
+RUN_FILES = (
+    MARKER,
+    METRICS,
+    SAMPLES,
+    CURVES_PNG,
+    SPEC,
+    SPEC_CHANGES,
+    LIBRARY_LOG,
+    CHECKPOINT,
+    *TRACKER_FILES,
+)
 #: Files written whole (through :func:`write_atomic`, under :func:`temp_name`).
 _ATOMIC = (MARKER, METRICS, SAMPLES, CURVES_PNG, SPEC, TRACKERS_JSON)
 

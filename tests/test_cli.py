@@ -24,6 +24,7 @@ pytestmark = pytest.mark.usefixtures("clean_registry")
 runner = CliRunner()
 GRPO = str(ROOT / "tests" / "specs" / "valid" / "grpo.yaml")
 PPO = str(ROOT / "tests" / "specs" / "valid" / "ppo_critic.yaml")
+DEMO = str(ROOT / "ppokit" / "specs" / "demo.yaml")
 
 
 def invoke(*args: str) -> Any:
@@ -337,7 +338,7 @@ try:
     main(sys.argv[1:])
 except SystemExit:
     pass
-heavy = sorted(m for m in ("torch", "transformers", "numpy") if m in sys.modules)
+heavy = sorted(m for m in ("torch", "transformers", "numpy", "vllm") if m in sys.modules)
 print("HEAVY=" + ",".join(heavy))
 """
 
@@ -350,6 +351,8 @@ print("HEAVY=" + ",".join(heavy))
         ["plugins"],
         ["schema"],
         ["validate", GRPO, PPO],
+        # the vllm engine's checks (its heads of 16 refused) import neither torch nor vLLM
+        ["validate", DEMO, "-s", "rollout.engine=vllm", "-s", "model.tiny.num_attention_heads=4"],
         ["show", "advantage", "gae"],
     ],
     ids=lambda a: a[0],

@@ -260,6 +260,8 @@ def test_any_choice_of_registered_components_validates(data: st.DataObject) -> N
         return data.draw(st.sampled_from(names), label=kind)
 
     raw: dict[str, Any] = {"rollout": {"n": 4}, "critic": {}, "policy": {}, "kl": {}}
+    # heads of 32 dimensions, as the demo's: every engine runs them (vLLM's CPU attention too)
+    raw["model"] = {"tiny": {"num_attention_heads": 2, "num_key_value_heads": 2}}
     for path, kind in ((s.path, s.kind) for s in SLOTS):
         section, _, leaf = path.rpartition(".")
         (raw[section] if section else raw)[leaf] = pick(kind)
@@ -282,3 +284,30 @@ def test_any_choice_of_registered_components_validates(data: st.DataObject) -> N
 def test_the_tiny_models_options_are_checked(tiny: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         validate_spec({"model": {"tiny": tiny}})
+
+
+def test_an_entrys_check_adds_its_lines_and_a_failing_one_is_a_line(use_registry) -> None:
+    """A component's ``check(spec, params)`` runs at validation with its validated
+    parameters; one that raises is reported as a line naming it, never a traceback."""
+    from tests.helpers import Plugin, Scaled, ScaleParams
+
+    def picky(spec: Any, params: Any) -> list[str]:
+        return [] if params.scale < 2 else [f"advantage.scale: too large for {spec.seed}"]
+
+    def broken(spec: Any, params: Any) -> list[str]:
+        raise KeyError("oops")
+
+    use_registry(
+        Plugin()
+        .add("advantage", "picky", Scaled, params=ScaleParams, check=picky)
+        .add("advantage", "broken", Scaled, params=ScaleParams, check=broken)
+    )
+    validate_spec({"advantage": {"name": "picky", "scale": 1.0}})
+    with pytest.raises(SpecError) as err:
+        validate_spec({"advantage": {"name": "picky", "scale": 3.0}, "seed": 7})
+    assert err.value.errors == ["advantage.scale: too large for 7"]
+    with pytest.raises(SpecError) as err:
+        validate_spec({"advantage": "broken"})
+    assert err.value.errors == [
+        "advantage: the check of advantage 'broken' failed: KeyError('oops')"
+    ]

@@ -14,6 +14,7 @@ from pydantic import (
     ValidationError,
 )
 
+from ppokit.catalogue import Component
 from ppokit.registry import (
     ComponentInfo,
     Registry,
@@ -118,6 +119,23 @@ def _too_large(section: str, what: str, responses: int, tokens: int) -> list[str
     ]
 
 
+def _entry_check(
+    path: str, kind: str, comp: ComponentSpec, entry: Component, spec: Spec, registry: Registry
+) -> list[str]:
+    """The lines of the entry's own ``check`` (none while its parameters are invalid; a
+    check that raises, or calls ``sys.exit``, is a line naming it)."""
+    info = registry.info(kind, comp.name)
+    try:
+        params = info.validate(comp.params)
+    except ValidationError:
+        return []  # reported with the slot
+    assert entry.check is not None
+    try:
+        return [str(line) for line in entry.check(spec, params)]
+    except (Exception, SystemExit) as exc:  # a plugin's: reported, never a traceback
+        return [f"{path}: the check of {kind} {comp.name!r} failed: {exc!r}"]
+
+
 def _check_components(spec: Spec, registry: Registry) -> list[str]:
     errors: list[str] = []
     for path, kind, comp in spec.slots():
@@ -158,13 +176,18 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
                 f"{path}: needs the package {package!r}, which is not installed: "
                 f"pip install 'ppokit[{extra}]'"
             )
-    for path, kind, comp in spec.slots():  # the packages a component's entry declares
+    for path, kind, comp in spec.slots():  # the packages and the check an entry declares
         entry = registry.info(kind, comp.name).entry if registry.has(kind, comp.name) else None
-        for package, install in entry.packages if entry is not None else ():
-            if importlib.util.find_spec(package) is None:
-                errors.append(
-                    f"{path}: needs the package {package!r}, which is not installed: {install}"
-                )
+        if entry is None:
+            continue
+        missing = [
+            f"{path}: needs the package {package!r}, which is not installed: {install}"
+            for package, install in entry.packages
+            if importlib.util.find_spec(package) is None
+        ]
+        errors.extend(missing)
+        if entry.check is not None and not missing:
+            errors.extend(_entry_check(path, kind, comp, entry, spec, registry))
     if t.critic_warmup_rounds and spec.critic is None:
         errors.append(
             "train.critic_warmup_rounds: critic-only rounds need a critic: add a 'critic' "

@@ -12,12 +12,15 @@ messages, which are never cut."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -25,12 +28,12 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task
 from rich.table import Column, Table
 from rich.text import Text
 
-from ppokit.errors import printable
+from ppokit.errors import UserError, printable
 from ppokit.metrics_table import SHOWN, SUMMARY, best_direction
 from ppokit.trainer.health import fired_signs
 
 __all__ = ["Display", "best_direction", "console_width", "duration", "fmt", "health_line"]
-__all__ += ["plain_line"]
+__all__ += ["folded_logs", "plain_line"]
 
 #: The longest plain progress line (a metric is dropped, from the last, to stay under it).
 PLAIN_WIDTH = 100
@@ -430,6 +433,61 @@ class Display:
         line = health_line(history)
         if line:
             self._print(line)
+
+
+#: The loggers of the libraries a run drives whose lines :func:`folded_logs` takes in: vLLM's
+#: (the ``vllm`` engine; vLLM leaves them to the application, VLLM_CONFIGURE_LOGGING=0).
+FOLDED_LOGGERS = ("vllm",)
+
+
+class _Folded(logging.Handler):
+    """Each record as a line of ``path`` (None: no file); a warning or an error also as a
+    message of the display, each distinct one once (its first line)."""
+
+    def __init__(self, display: Any, path: Path | None) -> None:
+        super().__init__(logging.INFO)
+        self.display = display
+        self.path = path
+        self.seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # a record whose arguments do not format
+            self.handleError(record)
+            return
+        if self.path is not None:
+            from ppokit.runfolder import append_line
+
+            with contextlib.suppress(UserError):  # the log is best effort, never the run's end
+                append_line(self.path, f"{record.levelname} {record.name}: {printable(text)}")
+        if record.levelno >= logging.WARNING and text not in self.seen:
+            self.seen.add(text)
+            first = text.strip().splitlines()[0] if text.strip() else ""
+            self.display.message(f"{record.name.split('.')[0]}: {first}")
+
+
+@contextlib.contextmanager
+def folded_logs(display: Any, path: Path | None) -> Iterator[None]:
+    """While the block runs, the lines of :data:`FOLDED_LOGGERS` (INFO and above) go to
+    ``path`` and not to the terminal, where they would write over the live display; each
+    distinct warning is also a message of ``display``, once. The loggers' levels, handlers
+    and propagation are restored after."""
+    handler = _Folded(display, path)
+    saved = []
+    for name in FOLDED_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.level, logger.propagate))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        for logger, level, propagate in saved:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
 
 
 def health_line(history: Sequence[dict[str, Any]]) -> str:

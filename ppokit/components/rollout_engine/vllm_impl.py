@@ -33,7 +33,9 @@ from torch import Tensor, nn
 
 from ppokit.components.rollout_engine import (
     VLLM,
+    VLLM_CPU_HEAD_SIZES,
     VLLM_INSTALL,
+    VLLM_LORA_RANKS,
     EngineContext,
     Generation,
     Sampling,
@@ -42,10 +44,10 @@ from ppokit.errors import MissingDependency, UserError
 
 __all__ = ["VLLMEngine", "adapter_weights", "base_weights", "lora_rank"]
 
-#: The head sizes vLLM's CPU attention supports (vllm/v1/attention/backends/cpu_attn.py).
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-#: The LoRA ranks vLLM can be started for (vllm/config/lora.py, MaxLoRARanks).
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: The head sizes vLLM's CPU attention supports, and the LoRA ranks it can be started for
+#: (stated in the catalogue, which ``ppokit validate`` checks a spec against).
+CPU_HEAD_SIZES = VLLM_CPU_HEAD_SIZES
+LORA_RANKS = VLLM_LORA_RANKS
 
 
 #: vLLM's loggers whose warnings say nothing wrong here: the chat-template warmup that a
@@ -281,6 +283,7 @@ class VLLMEngine:
             seed=context.process,
             tensor_parallel_size=self.tensor_parallel_size,
             enable_prefix_caching=True,
+            use_tqdm_on_load=False,  # no progress bar through the trainer's display
         )
         gib = 1 << 30
         if gpu:
@@ -354,12 +357,13 @@ class VLLMEngine:
         if self.tp_group is not None:  # the group's engines generate the group's prompts
             prompts, seeds, share = self._group_prompts(prompts, seeds, per)
         params = [self._params(sampling, s, per) for s in seeds]
-        outputs = self.llm.generate(
+        self.llm.enqueue(
             [TokensPrompt(prompt_token_ids=p) for p in prompts],
             params,
             use_tqdm=False,
             lora_request=self.lora,
         )
+        outputs = self._run(sampling.max_new_tokens, len(prompts) * per)
         responses: list[list[int]] = []
         logps: list[list[float]] = []
         for out in outputs:
@@ -382,6 +386,25 @@ class VLLMEngine:
             context.pad_id,
             prompt_ids.device,
         )
+
+    def _run(self, steps: int, rows: int) -> list[Any]:
+        """The queued requests' outputs in their order, stepping vLLM's engine as
+        ``LLM.generate`` does; each engine step is reported to the context's ``progress``
+        (step 0 before the first). A step decodes one token of every running response
+        while they fit vLLM's batch, so the count is the tokens done; it stops at
+        ``steps`` (more steps: responses that waited for a place in the batch)."""
+        engine = self.llm.llm_engine
+        progress = self.context.progress  # type: ignore[union-attr]
+        if progress is not None:
+            progress(0, steps, rows)
+        done: list[Any] = []
+        step = 0
+        while engine.has_unfinished_requests():
+            done.extend(out for out in engine.step() if out.finished)
+            step += 1
+            if progress is not None:
+                progress(min(step, steps), steps, rows)
+        return sorted(done, key=lambda out: int(out.request_id))
 
     def _group_prompts(
         self, prompts: list[list[int]], seeds: list[int | None], per: int
