@@ -127,14 +127,14 @@ def load_target(
     )
 
 
-def load_models(target: EvalTarget) -> Models:
+def load_models(target: EvalTarget, report: Any = None) -> Models:
     """The actor of ``target`` (no critic, no reference); a run's checkpoint weights are
-    loaded as a resume loads them."""
+    loaded as a resume loads them. ``report``: a display the loading's steps are shown on."""
     from ppokit.trainer.checkpoint import load_weights
     from ppokit.trainer.models import build_models
 
     spec = target.spec
-    models = build_models(spec.model_copy(update={"critic": None, "kl": None}), 1)
+    models = build_models(spec.model_copy(update={"critic": None, "kl": None}), 1, report=report)
     if target.checkpoint is not None:
         try:
             load_weights(target.checkpoint, "actor", models.actor, models)
@@ -180,28 +180,43 @@ def evaluate(
     spec_path: str | Path | None = None,
     overrides: list[str] | None = None,
     trust_remote_code: bool = False,
+    report: Any = None,
 ) -> dict[str, Any]:
     """``ppokit eval`` without the printing: the target, its round and the metrics. The
     evaluation runs on the spec's rollout engine, started on the loaded actor, and its
-    rewards: no training state is built."""
+    rewards: no training state is built. ``report``: a
+    :class:`~ppokit.trainer.display.Display` that shows the loading and the decoding as a
+    training run's does (None: nothing is shown)."""
+    resolved = load_target(target, spec_path, overrides, trust_remote_code)
+    if report is not None:
+        report.step("importing torch and transformers")
+
     from ppokit.trainer.assembly import Assembly
     from ppokit.trainer.episodes import Sampler
     from ppokit.trainer.evaluation import Evaluator
     from ppokit.trainer.rollout import PromptEncoder, engine_context
     from ppokit.trainer.scoring import Scorer
 
-    resolved = load_target(target, spec_path, overrides, trust_remote_code)
     spec = resolved.spec
-    with _quiet_and_threaded(spec, lambda: load_models(resolved)) as models:
+    with _quiet_and_threaded(spec, lambda: load_models(resolved, report)) as models:
         assembly = Assembly.from_spec(spec)
         device = models.runtime.device
-        assembly.engine.start(engine_context(models, spec.model))
+        if report is not None:
+            report.step(f"starting the rollout engine ({spec.rollout.engine.name})")
+        progress = report.generation if report is not None else None
+        assembly.engine.start(engine_context(models, spec.model, progress=progress))
         try:
             encode = PromptEncoder(models.tokenizer, models.actor, device)
             sampler = Sampler(
                 assembly.engine, assembly.environment, encode, models.tokenizer, spec.rollout
             )
             evaluator = Evaluator(spec, sampler, Scorer(assembly, models.tokenizer, device))
+            if report is not None:
+                prompts, size = len(evaluator.rows), evaluator.settings.batch_size
+                # a greedy and a sampled pass over each batch
+                report.step(
+                    f"evaluating {prompts} held-out prompts", passes=2 * -(-prompts // size)
+                )
             metrics = evaluator.run()
         finally:
             assembly.engine.close()
@@ -267,10 +282,17 @@ def eval_command(
 ) -> None:
     """Evaluate a model or a run's latest checkpoint on the spec's held-out prompts (no
     training): greedy accuracy with its 95% interval, pass@k, mean reward and length."""
+    from ppokit.trainer.display import Display
+
+    # on stderr, from the first second: loading a real model and decoding take minutes
+    display = Display(0, 0)
     try:
-        result = evaluate(target, spec_path, overrides, trust_remote_code)
+        result = evaluate(target, spec_path, overrides, trust_remote_code, report=display)
     except (UserError, SpecError, RegistryError, FileNotFoundError) as exc:
+        display.close()
         raise fail(error_lines(exc)) from None
+    finally:
+        display.close()
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:

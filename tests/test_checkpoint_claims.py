@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from ppokit.cli import app
 from ppokit.errors import UserError
 from ppokit.runfolder import CHECKPOINT, MAX_DEPTH, check_metrics, load_json, read_metrics
+from tests.helpers import one_error_line
 from tests.helpers.trainer import one_line_error, reseal_manifest, run_fixtures, small_spec
 from tests.helpers.trainer import resume as resume_run
 
@@ -42,9 +43,7 @@ def resume_error(out: Path) -> str:
 def cli_error(*args: str) -> str:
     result = CliRunner().invoke(app, list(args))
     assert result.exit_code == 1, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    return lines[0]
+    return one_error_line(result.stderr)
 
 
 def for_every_load(run: Path, tmp_path: Path, fragment: str) -> None:

@@ -260,6 +260,12 @@ def test_ppokit_eval_of_the_base_model_matches_an_evaluation_before_training(tmp
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["kind"] == "model" and data["round"] is None
+    # what it is doing, on stderr as it begins (the JSON on stdout stays whole)
+    steps = [x for x in result.stderr.splitlines() if x.startswith("ppokit: ")]
+    prompts = spec.eval.prompts if spec.eval else 0
+    assert steps[0] == "ppokit: importing torch and transformers"
+    assert steps[-1] == f"ppokit: evaluating {prompts} held-out prompts"
+    assert "ppokit: starting the rollout engine (hf)" in steps
     # the run's learner before its first round (what an at_start evaluation sees)
     assert data["metrics"] == Evaluator.of(spec, learner(spec)).run()
     history = read_metrics(Path(loop.train(spec)["output_dir"]))

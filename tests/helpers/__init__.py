@@ -27,8 +27,10 @@ EXAMPLE_PLUGIN = ROOT / "plugins" / "ppokit-example"
 
 
 def one_error_line(stderr: str) -> str:
-    """The one line a command printed on ``stderr`` for a user's error (no traceback)."""
+    """The one line a command printed on ``stderr`` for a user's error (no traceback),
+    after the lines of the steps it had begun (``ppokit: loading ...``)."""
     lines = [line for line in stderr.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("ppokit: ")] or lines
     assert len(lines) == 1, stderr
     assert "Traceback" not in stderr
     return lines[0]
