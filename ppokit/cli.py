@@ -314,7 +314,17 @@ def new_plugin(
 
     root = scaffold(name, directory)
     out.print(f"created {_show(str(root))}")
-    out.print(f"next: pip install -e {_show(str(root))} && pytest {_show(str(root))}/tests")
+    out.print(f"next: {_show(install_hint(root))}")
+
+
+def install_hint(root: Path) -> str:
+    """``pip install -e './ppokit-NAME[test]' && python -m pytest ppokit-NAME/tests``: the
+    scaffold installed with its test extra (pytest, hypothesis), then its tests."""
+    import shlex
+
+    path = str(root) if root.is_absolute() else f"./{root}"
+    tests = shlex.quote(str(root / "tests"))
+    return f"pip install -e {shlex.quote(path + '[test]')} && python -m pytest {tests}"
 
 
 def _demo_spec() -> dict[str, Any]:
