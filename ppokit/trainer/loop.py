@@ -46,7 +46,7 @@ from ppokit.trainer.models import Models, build_models, quiet_progress_bars, res
 from ppokit.trainer.round import Learner, run_round
 from ppokit.trainer.trackers import Trackers
 
-__all__ = ["RUN_FILES", "Interrupted", "choose_threads", "smoke_spec", "train"]
+__all__ = ["RUN_FILES", "Interrupted", "choose_threads", "set_threads", "smoke_spec", "train"]
 
 #: Below this many actor parameters a CPU run uses one thread (more only contend).
 SMALL_MODEL = 10_000_000
@@ -178,7 +178,11 @@ def choose_threads(setting: int | None, device: str, parameters: int) -> tuple[i
     return None, "torch's default"
 
 
-def _set_threads(spec: Spec, models: Models) -> str:
+def set_threads(spec: Spec, models: Models) -> str:
+    """Apply ``ppokit train``'s thread rule (:func:`choose_threads`) to torch's intra-op pool
+    for a run of ``spec`` on ``models`` (what ``build_models`` returned; the pool is left so
+    for the rest of the process); returns what it chose, e.g. ``1 CPU thread (automatic: a
+    0.095M-parameter model on the CPU)``."""
     parameters = sum(p.numel() for p in models.actor.parameters())
     threads, why = choose_threads(spec.model.threads, models.runtime.device.type, parameters)
     if threads is not None:
@@ -294,7 +298,7 @@ def _train(
         assembly = Assembly.from_spec(spec)
         with quiet_progress_bars():
             models = build_models(spec, assembly.head_size, report=display)
-        threads = _set_threads(spec, models)
+        threads = set_threads(spec, models)
         if world.distributed:
             display.step(f"sharding the models over {world.size} processes")
             models.shard(spec.parallel)
