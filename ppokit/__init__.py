@@ -20,12 +20,14 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "load_spec",
+    "set_threads",
     "train",
 ]
 
 if TYPE_CHECKING:
     from ppokit.batch import RolloutBatch
     from ppokit.spec import Spec
+    from ppokit.trainer.models import Models
 
 
 def load_spec(path: Any = None, overrides: Any = (), base: dict[str, Any] | None = None) -> Spec:
@@ -34,6 +36,16 @@ def load_spec(path: Any = None, overrides: Any = (), base: dict[str, Any] | None
     from ppokit.spec import load_spec as load
 
     return load(path, overrides, base=base)
+
+
+def set_threads(spec: Spec, models: Models) -> str:
+    """Give torch the CPU threads ``ppokit train`` gives a run of ``spec`` on ``models``
+    (``model.threads``, else one for a small model on the CPU, where more only contend) and
+    say which: :func:`ppokit.trainer.loop.set_threads`. ``ppokit.train`` applies it itself;
+    a loop of your own calls it once its models are built."""
+    from ppokit.trainer.loop import set_threads as apply
+
+    return apply(spec, models)
 
 
 def __getattr__(name: str) -> Any:

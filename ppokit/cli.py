@@ -9,11 +9,12 @@ component whose catalogue entry gives no formula).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -313,7 +314,17 @@ def new_plugin(
 
     root = scaffold(name, directory)
     out.print(f"created {_show(str(root))}")
-    out.print(f"next: pip install -e {_show(str(root))} && pytest {_show(str(root))}/tests")
+    out.print(f"next: {_show(install_hint(root))}")
+
+
+def install_hint(root: Path) -> str:
+    """``pip install -e './ppokit-NAME[test]' && python -m pytest ppokit-NAME/tests``: the
+    scaffold installed with its test extra (pytest, hypothesis), then its tests."""
+    import shlex
+
+    path = str(root) if root.is_absolute() else f"./{root}"
+    tests = shlex.quote(str(root / "tests"))
+    return f"pip install -e {shlex.quote(path + '[test]')} && python -m pytest {tests}"
 
 
 def _demo_spec() -> dict[str, Any]:
@@ -411,7 +422,8 @@ def train(
             "--json": as_json,
         }
         argv += [flag for flag, on in flags.items() if on]
-        status, ended = launch(nproc, argv)
+        with _smoke_temp(smoke and out_dir is None):
+            status, ended = launch(nproc, argv)
         if any(" by signal " in line for line in ended) and not smoke:
             command = ["ppokit", "train", *_train_args(spec_path, overrides, seed, threads)]
             ended += _how_to_continue(Path(spec.output.dir), [*command, "--nproc", str(nproc)])
@@ -458,6 +470,30 @@ def _train_args(
         if value is not None:
             args += [flag, str(value)]
     return args
+
+
+@contextlib.contextmanager
+def _smoke_temp(on: bool) -> Iterator[None]:
+    """When ``on``, the processes' temporary directory (``TMPDIR``) is a new one, removed
+    with what they left in it (their smoke folder, if a process was stopped before it
+    removed it)."""
+    if not on:
+        yield
+        return
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ppokit-processes-")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = folder
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def launch(nproc: int, argv: list[str]) -> tuple[int, list[str]]:

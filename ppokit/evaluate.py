@@ -154,7 +154,7 @@ def _quiet_and_threaded(spec: Spec, load: Callable[[], Models]) -> Iterator[Mode
     import torch
     from transformers.utils import logging as hf_logging
 
-    from ppokit.trainer.loop import choose_threads
+    from ppokit.trainer.loop import set_threads
 
     threads = torch.get_num_threads()
     bars = hf_logging.is_progress_bar_enabled()
@@ -163,10 +163,7 @@ def _quiet_and_threaded(spec: Spec, load: Callable[[], Models]) -> Iterator[Mode
     hf_logging.disable_progress_bar()
     try:
         models = load()
-        parameters = sum(p.numel() for p in models.actor.parameters())
-        chosen, _ = choose_threads(spec.model.threads, models.runtime.device.type, parameters)
-        if chosen is not None:
-            torch.set_num_threads(chosen)
+        set_threads(spec, models)
         yield models
     finally:
         torch.set_num_threads(threads)

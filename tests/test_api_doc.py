@@ -7,9 +7,22 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "api.md").read_text(), re.S)
+
+
+@pytest.mark.slow
+def test_the_first_example_learns_as_printed(tmp_path, monkeypatch, capsys) -> None:
+    """The whole first example (40 rounds of the demo, about 25 s on 2 cores): it learns."""
+    code = BLOCKS[0].replace("output.dir=runs/api", f"output.dir={tmp_path / 'api'}")
+    monkeypatch.chdir(ROOT)
+    scope: dict[str, object] = {"__name__": "__api_example__"}
+    exec(compile(code, "docs/api.md block 0", "exec"), scope)
+    summary = scope["summary"]
+    assert summary["rounds"] == 40 and summary["reward_first"] < 0.1  # type: ignore[index]
+    assert summary["reward_last"] > 0.6, summary  # type: ignore[index]
 
 
 def test_the_api_page_has_its_three_examples() -> None:
@@ -23,14 +36,23 @@ def test_the_api_page_has_its_three_examples() -> None:
 def test_an_api_example_runs(index: int, tmp_path, monkeypatch, capsys) -> None:
     code = BLOCKS[index]
     code = code.replace("output.dir=runs/api", f"output.dir={tmp_path / 'api'}")
-    code = code.replace("train.rounds=20", "train.rounds=2")
+    code = code.replace("train.rounds=40", "train.rounds=2")
     code = code.replace('"train.rounds=5"', '"train.rounds=5", "output.progress=false"')
     monkeypatch.chdir(ROOT)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # torch's default on a 2-core machine
     scope: dict[str, object] = {"__name__": "__api_example__"}
-    exec(compile(code, f"docs/api.md block {index}", "exec"), scope)
+    try:
+        exec(compile(code, f"docs/api.md block {index}", "exec"), scope)
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().out
+    if index == 1:  # the step-by-step loop runs on ppokit train's threads: one, the demo small
+        assert after == 1 and out.startswith("1 CPU thread (automatic: "), out
     if index == 0:
         assert scope["summary"]["rounds"] == 2  # type: ignore[index]
+        assert scope["summary"]["threads"] == 1  # type: ignore[index]
     if index < 2:
         assert out.strip(), "the example prints its result"
     else:  # the component example's objective reached the policy's log-probs

@@ -4,6 +4,7 @@ light import path of the data commands (a subprocess check of sys.modules)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -311,6 +312,35 @@ def test_train_a_spec_with_overrides(fake_trainer: list[dict[str, Any]], tmp_pat
     assert (call["resume"], call["smoke"], call["overwrite"]) == (False, True, True)
     assert call["smoke_out"] == str(tmp_path / "o ut")
     assert json.loads(result.stdout) == {"rounds": 2}
+
+
+@pytest.mark.parametrize("out", [None, "given"])
+def test_a_smoke_run_on_processes_leaves_no_temporary_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, out: str | None
+) -> None:
+    """``--smoke --nproc 2`` without ``--out``: the processes' TMPDIR is a new folder, removed
+    with what a process stopped by the launcher left in it; with ``--out`` none is made."""
+    import ppokit.cli as cli
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    seen: list[str] = []
+
+    def launch(nproc: int, argv: list[str]) -> tuple[int, list[str]]:
+        seen.append(os.environ["TMPDIR"])
+        (Path(os.environ["TMPDIR"]) / "ppokit-smoke-left").mkdir(exist_ok=True)
+        return 1, ["error: process 1 (pid 1) was killed by signal SIGKILL"]
+
+    monkeypatch.setattr(cli, "launch", launch)
+    args = ["train", "--smoke", "--nproc", "2"]
+    result = invoke(*args) if out is None else invoke(*args, "--out", str(tmp_path / out))
+    assert result.exit_code == 1 and "SIGKILL" in result.stderr
+    assert os.environ["TMPDIR"] == str(tmp_path)  # put back
+    [folder] = seen
+    if out is None:
+        assert Path(folder).name.startswith("ppokit-processes-") and not Path(folder).exists()
+    else:
+        assert folder == str(tmp_path)
+        assert (tmp_path / "ppokit-smoke-left").is_dir()
 
 
 def test_train_defaults_to_the_packaged_demo(fake_trainer: list[dict[str, Any]]) -> None:

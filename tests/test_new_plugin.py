@@ -4,6 +4,7 @@ installed into a throwaway virtualenv, passing its own tests and listed by that 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,32 @@ def test_generated_files_have_no_placeholders_left(tmp_path: Path) -> None:
             text = path.read_text()
             assert "{{" not in text and "__pkg__" not in str(path), path
     compile((root / "ppokit_zeta" / "plugin.py").read_text(), "plugin.py", "exec")
-    assert "zeta_centered" in (root / "README.md").read_text()
+    readme = (root / "README.md").read_text()
+    assert "zeta_centered" in readme
+    assert "pip install -e './ppokit-zeta[test]'" in readme  # pytest is not in ppokit's install
+    # the lazy factory is the module's name, as the built-ins' (no "module:Class")
+    assert '"ppokit_zeta.advantage"' in readme and "advantage:ZetaCentered" not in readme
+    # the test extra brings what the tests import
+    pyproject = (root / "pyproject.toml").read_text()
+    [test] = re.findall(r"^\[project\.optional-dependencies\]\ntest = \[(.*)\]$", pyproject, re.M)
+    extra = {re.split(r"[<>=\[ ]", r.strip(' "'))[0] for r in test.split(",")}
+    tests = (root / "tests" / "test_advantage.py").read_text()
+    imported = set(re.findall(r"^(?:from|import) (\w+)", tests, re.M))
+    assert {"pytest", "hypothesis"} <= imported and {"pytest", "hypothesis"} <= extra
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_the_hint_installs_the_test_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relative: bool
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["new-plugin", "zeta"] if relative else ["new-plugin", "zeta", "--dir", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    root = "./ppokit-zeta" if relative else str(tmp_path / "ppokit-zeta")
+    tests = "ppokit-zeta/tests" if relative else str(tmp_path / "ppokit-zeta" / "tests")
+    hint = f"next: pip install -e '{root}[test]' && python -m pytest {tests}"
+    assert hint in result.stdout.splitlines(), result.stdout
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import contextlib
 import math
 import random
 import shlex
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -46,10 +47,15 @@ from ppokit.trainer.models import Models, build_models, quiet_progress_bars, res
 from ppokit.trainer.round import Learner, run_round
 from ppokit.trainer.trackers import Trackers
 
-__all__ = ["RUN_FILES", "Interrupted", "choose_threads", "smoke_spec", "train"]
+__all__ = ["RUN_FILES", "Interrupted", "choose_threads", "set_threads", "smoke_spec", "train"]
 
 #: Below this many actor parameters a CPU run uses one thread (more only contend).
 SMALL_MODEL = 10_000_000
+#: The tiny model of a smoke run, unless the spec configures its own: the demo's heads of 32
+#: dimensions (vLLM's CPU attention has no head size of 16).
+SMOKE_TINY = {"num_attention_heads": 2, "num_key_value_heads": 2}
+#: The prefix of a smoke run's temporary folder (removed when the run ends).
+SMOKE_PREFIX = "ppokit-smoke-"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -94,16 +100,17 @@ class Interrupted(KeyboardInterrupt):
 def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
     """Two rounds of the spec's own components on the tiny model with small batches.
 
-    They write to ``out`` when given, else to a new temporary directory, never to the
-    spec's own output directory.
+    The tiny model is SMOKE_TINY under what the spec's ``model.tiny`` sets. They
+    write to ``out`` when given, else to a new temporary directory (which :func:`train`
+    removes at the end of the run), never to the spec's own output directory.
     """
     data = spec.model_dump()
     n = max(2, min(spec.rollout.n, 4))
+    own = spec.model.tiny.model_dump(include=spec.model.tiny.model_fields_set)
+    tiny = {**data["model"]["tiny"], **SMOKE_TINY, **own}
     data["model"].update(
         actor="tiny",
-        # the tiny model's defaults but for the demo's heads of 32, which every engine runs
-        # (vLLM's CPU attention has none of the defaults' 16)
-        tiny={"num_attention_heads": 2, "num_key_value_heads": 2},
+        tiny=tiny,
         critic_init=None,
         device="auto",
         dtype="auto",
@@ -122,7 +129,7 @@ def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
         micro_batch_size=micro,
     )
     if out is None:
-        data["output"].update(dir=tempfile.mkdtemp(prefix="ppokit-smoke-"), overwrite=True)
+        data["output"].update(dir=tempfile.mkdtemp(prefix=SMOKE_PREFIX), overwrite=True)
     else:
         data["output"].update(dir=out)
     data["output"].update(save_every=1, sample_every=1, report_to=[])
@@ -173,7 +180,11 @@ def choose_threads(setting: int | None, device: str, parameters: int) -> tuple[i
     return None, "torch's default"
 
 
-def _set_threads(spec: Spec, models: Models) -> str:
+def set_threads(spec: Spec, models: Models) -> str:
+    """Apply ``ppokit train``'s thread rule (:func:`choose_threads`) to torch's intra-op pool
+    for a run of ``spec`` on ``models`` (what ``build_models`` returned; the pool is left so
+    for the rest of the process); returns what it chose, e.g. ``1 CPU thread (automatic: a
+    0.095M-parameter model on the CPU)``."""
     parameters = sum(p.numel() for p in models.actor.parameters())
     threads, why = choose_threads(spec.model.threads, models.runtime.device.type, parameters)
     if threads is not None:
@@ -196,32 +207,54 @@ def train(
     ``resume`` continues from ``output.dir/checkpoint`` (refused when the spec differs from
     the run's in what it optimises, unless ``allow_spec_change``: the change is recorded in
     ``spec_changes.jsonl``); ``smoke`` runs two small rounds on the tiny model in
-    ``smoke_out`` (default: a temporary directory); ``overwrite`` replaces an existing run
+    ``smoke_out`` (default: a temporary directory, removed when the run ends, Ctrl-C and
+    errors included); ``overwrite`` replaces an existing run
     (only what a run wrote; a folder that is not a run is never emptied). The folder is
     locked for the run's life. Ctrl-C raises :class:`Interrupted` (a KeyboardInterrupt).
     """
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    if smoke:
-        spec = smoke_spec(spec, smoke_out)
-        resume = False
-    out = Path(spec.output.dir).expanduser()
-    device_type = resolve_device(spec.model.device, spec.model.dtype).device.type
+    resume = resume and not smoke
+    model = spec.model
+    device, dtype = ("auto", "auto") if smoke else (model.device, model.dtype)  # smoke_spec's
+    device_type = resolve_device(device, dtype).device.type
     with distributed.process_group(device_type, spec.parallel.timeout_s) as world:
-        folder: Any = contextlib.nullcontext()
-        if world.main:  # one process owns the folder: the lock, the overwrite, the files
-            folder = RunFolder(out, resume=resume, overwrite=overwrite or spec.output.overwrite)
-        with folder:
-            distributed.barrier()
-            changes = (
-                resume_spec_changes(out, spec.model_dump(), allow_spec_change) if resume else []
-            )
-            threads = torch.get_num_threads()
-            try:
-                return _train(spec, out, resume, smoke, changes)
-            finally:
-                torch.set_num_threads(threads)
+        temporary = smoke and smoke_out is None  # removed when the run ends
+        if smoke:
+            spec = smoke_spec(spec, _smoke_folder(world.main) if temporary else smoke_out)
+        out = Path(spec.output.dir).expanduser()
+        ended = False
+        try:
+            folder: Any = contextlib.nullcontext()
+            if world.main:  # one process owns the folder: the lock, the overwrite, the files
+                overwrite = overwrite or spec.output.overwrite
+                folder = RunFolder(out, resume=resume, overwrite=overwrite)
+            with folder:
+                distributed.barrier()
+                changes = (
+                    resume_spec_changes(out, spec.model_dump(), allow_spec_change) if resume else []
+                )
+                threads = torch.get_num_threads()
+                try:
+                    result = _train(spec, out, resume, smoke, changes, temporary)
+                finally:
+                    torch.set_num_threads(threads)
+            ended = True
+            return result
+        finally:
+            if temporary:
+                if ended:  # every process is done with the folder
+                    distributed.barrier()
+                if world.main:
+                    shutil.rmtree(out, ignore_errors=True)
+
+
+def _smoke_folder(main: bool) -> str:
+    """A new temporary folder for a smoke run, made by the first process and named to all."""
+    folder = distributed.first_text(tempfile.mkdtemp(prefix=SMOKE_PREFIX) if main else None)
+    assert folder is not None  # the first process always names one
+    return folder
 
 
 class _Quiet:
@@ -247,7 +280,12 @@ def _check_shares(spec: Spec, processes: int) -> None:
 
 
 def _train(
-    spec: Spec, out: Path, resume: bool, smoke: bool, changes: list[tuple[str, Any, Any]]
+    spec: Spec,
+    out: Path,
+    resume: bool,
+    smoke: bool,
+    changes: list[tuple[str, Any, Any]],
+    temporary: bool = False,
 ) -> dict[str, Any]:
 
     wall = time.perf_counter()
@@ -265,19 +303,24 @@ def _train(
             assembly = Assembly.from_spec(spec)
             with quiet_progress_bars():
                 models = build_models(spec, assembly.head_size, report=display)
-            threads = _set_threads(spec, models)
+            threads = set_threads(spec, models)
             if world.distributed:
                 display.step(f"sharding the models over {world.size} processes")
                 models.shard(spec.parallel)
             display.step(f"starting the rollout engine ({spec.rollout.engine.name})")
             learner = Learner(spec, models, assembly)
             try:
-                return _rounds(spec, out, resume, smoke, changes, learner, threads, wall, display)
+                return _rounds(
+                    spec, out, resume, smoke, changes, learner, threads, wall, display, temporary
+                )
             finally:
                 learner.close()
     finally:
         display.close()
 
+
+#: Where a smoke run without an output folder writes, as its lines say it.
+TEMPORARY = "a temporary folder, removed at the end"
 
 #: What a smoke run says first: its numbers check the plumbing, not the method.
 SMOKE_NOTE = (
@@ -296,7 +339,10 @@ def _rounds(
     threads: str,
     wall: float,
     display: Any,
+    temporary: bool = False,
 ) -> dict[str, Any]:
+    """The rounds; ``temporary``: the output folder is removed when the run ends, so no
+    line names it."""
     from ppokit.data import format_prompts, make_prompt_source
 
     world = distributed.world()
@@ -334,7 +380,8 @@ def _rounds(
         processes = f", {world.size} processes" if world.distributed else ""
         display.message(
             f"ppokit: {max(0, total - start)} round(s) on {models.runtime.device}{processes}, "
-            f"{threads}, output {out}" + (f" (resumed at round {start})" if resume else "")
+            f"{threads}, output {TEMPORARY if temporary else out}"
+            + (f" (resumed at round {start})" if resume else "")
         )
         if redo:
             display.message(
@@ -389,7 +436,7 @@ def _rounds(
                 display.message(f"warning: {exc}")
             else:
                 trackers.log_image(curves)
-        display.summary(history, str(out))
+        display.summary(history, "the smoke run" if temporary else str(out))
         if world.main and not smoke:
             for line in where_results(out):
                 display.message(line)
@@ -402,7 +449,7 @@ def _rounds(
         first = rewards[0] if rewards else None  # round 0 (an evaluation only) has none
         tail = [h["reward_mean"] for h in history[-5:] if h.get("reward_mean") is not None]
         return {
-            "output_dir": str(out),
+            "output_dir": None if temporary else str(out),
             "rounds": sum(1 for h in history if h["round"] > 0),  # not round 0
             "resumed_from": start if resume else None,
             "smoke": smoke,

@@ -17,6 +17,7 @@ from PIL import Image
 from rich.console import Console
 from typer.testing import CliRunner
 
+import ppokit
 import ppokit.trainer.loop as loop_module
 from ppokit.cli import app
 from ppokit.trainer import train
@@ -31,6 +32,7 @@ from ppokit.trainer.display import (
 )
 from ppokit.trainer.loop import choose_threads
 from ppokit.trainer.metrics import Meter, plot_curves, read_metrics, read_once
+from ppokit.trainer.models import build_models
 from tests.helpers.trainer import DEMO, SMALL, small_spec
 
 FULL = {
@@ -279,6 +281,24 @@ def test_thread_choice() -> None:
     assert threads == 1 and "automatic" in why
     assert choose_threads(4, "cpu", 30_000) == (4, "model.threads")
     assert choose_threads(2, "cuda", 10**9) == (2, "model.threads")
+
+
+def test_the_api_applies_the_thread_rule() -> None:
+    """``ppokit.set_threads``: the rule of ``ppokit train`` for a loop of one's own."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        spec = small_spec(None, "model.device=cpu")
+        models = build_models(spec, 1)
+        assert ppokit.set_threads(spec, models) == (
+            "1 CPU thread (automatic: a 0.027M-parameter model on the CPU)"
+        )
+        assert torch.get_num_threads() == 1
+        own = small_spec(None, "model.device=cpu", "model.threads=3")
+        assert ppokit.set_threads(own, models) == "3 CPU threads (model.threads)"
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_small_cpu_run_uses_one_thread_and_restores_torchs(tmp_path: Path, capsys) -> None:

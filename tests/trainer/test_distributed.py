@@ -284,14 +284,19 @@ def _ppokit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
 
 @pytest.mark.slow
 def test_demo_on_two_processes_resumes_on_two_and_on_one(tmp_path: Path) -> None:
-    """2 rounds on 2 processes, resumed for a third on 2 (the same metrics as 3 rounds
-    without stopping) and a fourth on 1; the checkpoint exports and generates."""
+    """2 rounds on 2 processes (each setup line shown once), resumed for a third on 2 (the
+    same metrics as 3 rounds without stopping) and a fourth on 1; the checkpoint exports and
+    generates."""
     run = tmp_path / "run"
     first = _ppokit(
         "train", "--nproc", "2", "--out", str(run), "--set", "train.rounds=2", *SMALL_RUN
     )
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "2 processes" in first.stdout + first.stderr
+    shown = first.stdout + first.stderr
+    assert "2 processes" in shown
+    setup = [line for line in shown.splitlines() if line.startswith("ppokit: ")]
+    assert "ppokit: building the tiny model" in setup and any("CPU thread" in x for x in setup)
+    assert len(setup) == len(set(setup)), shown  # the first process shows them, once
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [1, 2]  # one process writes
     again = _ppokit(

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from ppokit.errors import UserError
-from ppokit.spec import load_spec
-from ppokit.trainer import train
+from ppokit.spec import load_spec, validate_spec
+from ppokit.trainer import loop, train
+from ppokit.trainer.loop import SMOKE_PREFIX, TEMPORARY, smoke_spec
 from ppokit.trainer.metrics import TIMING, read_metrics
 from tests.helpers.trainer import DEMO, small_spec
 
@@ -95,7 +98,7 @@ def test_checkpoint_contents(tmp_path) -> None:
     assert not any(p.name.startswith(".checkpoint") for p in tmp_path.iterdir())
 
 
-def test_smoke_runs_two_small_rounds(tmp_path) -> None:
+def test_smoke_runs_two_small_rounds(tmp_path, monkeypatch, capsys) -> None:
     spec = load_spec(
         DEMO,
         [
@@ -112,11 +115,77 @@ def test_smoke_runs_two_small_rounds(tmp_path) -> None:
             "train.micro_batch_size=8",
         ],
     )
+    made = _record_mkdtemp(monkeypatch, tmp_path)
+    seen: list[list[dict]] = []
+    real_plot = loop.plot_curves
+
+    def plot(history: list[dict], *args: object, **kwargs: object) -> None:
+        seen.append(read_metrics(made[0]))  # the run's own records, before the end
+        real_plot(history, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "plot_curves", plot)
     result = train(spec, smoke=True)
-    history = read_metrics(result["output_dir"])
+    [history] = seen
     assert result["smoke"] and [h["round"] for h in history] == [1, 2]
     assert not (tmp_path / "real").exists()  # the spec's own output is untouched
     assert all(h["response_length_mean"] <= 8 for h in history)
+    assert len(made) == 1 and Path(made[0]).name.startswith(SMOKE_PREFIX)
+    assert not Path(made[0]).exists() and result["output_dir"] is None  # removed at the end
+    err = capsys.readouterr().err
+    assert made[0] not in err and TEMPORARY in err  # no line names the removed folder
+
+
+def _record_mkdtemp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """The folders ``tempfile.mkdtemp`` makes from now on (under tmp_path)."""
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args: object, **kwargs: object) -> str:
+        made.append(real(*args, dir=tmp_path, **kwargs))  # type: ignore[call-overload]
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    return made
+
+
+@pytest.mark.parametrize("stop", [UserError("disk full"), KeyboardInterrupt()])
+def test_a_smoke_run_that_stops_removes_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: BaseException
+) -> None:
+    made = _record_mkdtemp(monkeypatch, tmp_path)
+    written: list[bool] = []
+
+    def fail(spec: object, out: Path, *args: object) -> None:
+        written.append((out / "spec.yaml").exists() or any(out.iterdir()))
+        raise stop
+
+    monkeypatch.setattr(loop, "_rounds", fail)
+    with pytest.raises(type(stop)):
+        train(small_spec(None), smoke=True)
+    assert len(made) == 1 and written == [True]  # the folder was the run's
+    assert not Path(made[0]).exists()
+
+
+def test_a_smoke_run_keeps_the_folder_it_was_given(tmp_path: Path) -> None:
+    out = tmp_path / "smoke"
+    result = train(small_spec(None), smoke=True, smoke_out=str(out))
+    assert result["output_dir"] == str(out)
+    assert [h["round"] for h in read_metrics(out)] == [1, 2]
+
+
+def test_the_smoke_model_has_heads_of_32_dimensions(tmp_path: Path) -> None:
+    tiny = smoke_spec(validate_spec({}), str(tmp_path)).model.tiny
+    assert (tiny.num_attention_heads, tiny.num_key_value_heads) == (2, 2)
+    assert tiny.hidden_size // tiny.num_attention_heads == 32
+    assert smoke_spec(load_spec(DEMO), str(tmp_path)).model.tiny == load_spec(DEMO).model.tiny
+    own = {
+        "model": {"tiny": {"hidden_size": 48, "num_attention_heads": 1, "num_key_value_heads": 1}}
+    }
+    kept = smoke_spec(validate_spec(own), str(tmp_path)).model.tiny  # the spec's own
+    assert (kept.hidden_size, kept.num_attention_heads, kept.num_key_value_heads) == (48, 1, 1)
+    wide = smoke_spec(validate_spec({"model": {"tiny": {"hidden_size": 128}}}), str(tmp_path))
+    wide = wide.model.tiny
+    assert (wide.hidden_size, wide.num_attention_heads) == (128, 2)  # the rest stays the smoke's
 
 
 @pytest.mark.slow
