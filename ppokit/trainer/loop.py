@@ -31,12 +31,11 @@ from ppokit.runfolder import (
     check_metrics,
     io_errors,
     read_metrics,
-    record_spec_changes,
-    resume_spec_changes,
     truncate_jsonl,
     write_atomic,
 )
 from ppokit.spec import Spec, validate_spec
+from ppokit.spec_changes import record_spec_changes, resume_spec_changes
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.checkpoint import checkpoint_round, load_checkpoint, save_checkpoint
 from ppokit.trainer.display import Display, folded_logs

@@ -38,8 +38,8 @@ from ppokit.runfolder import (
     check_metrics,
     io_error,
     read_metrics,
-    spec_differences,
 )
+from ppokit.spec_changes import spec_differences
 from ppokit.trainer import train
 from ppokit.trainer.checkpoint import NonFiniteCheckpointError, check_finite, read_state
 from tests.helpers.trainer import DEMO, SMALL, learner, run_fixtures, small_spec
