@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ppokit.errors import MissingDependency, UserError
+from ppokit.errors import MissingDependency, UserError, one_line
 from ppokit.registry import format_validation_error
 from ppokit.spec import ArithmeticOptions, DataSpec, DemoOptions
 
@@ -478,15 +478,10 @@ def _import_datasets(source: str) -> Any:
     return datasets
 
 
-def _one_line(exc: BaseException) -> str:
-    """The first line of an exception's message (and of its cause's), for a one-line error."""
-    parts = []
-    seen: BaseException | None = exc
-    while seen is not None and len(parts) < 2:
-        lines = [line.strip() for line in str(seen).splitlines() if line.strip()]
-        parts.append(lines[0] if lines else type(seen).__name__)
-        seen = seen.__cause__
-    return ": ".join(parts)
+def _with_cause(exc: BaseException) -> str:
+    """An exception and its cause, each as :func:`~ppokit.errors.one_line`, for one line."""
+    cause = exc.__cause__
+    return one_line(exc) + (f": {one_line(cause)}" if cause is not None else "")
 
 
 def _load(datasets: Any, label: str, load: Callable[[], Any]) -> Any:
@@ -498,7 +493,7 @@ def _load(datasets: Any, label: str, load: Callable[[], Any]) -> Any:
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"{label}: cannot load the dataset: {_one_line(exc)}") from None
+        raise UserError(f"{label}: cannot load the dataset: {_with_cause(exc)}") from None
     finally:
         if not disabled:
             datasets.utils.enable_progress_bars()

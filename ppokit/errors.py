@@ -47,6 +47,14 @@ def printable(text: str) -> str:
     )
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception as one line of an error message: ``Type: message``, the message's
+    whitespace (newlines included) collapsed and its control characters escaped
+    (:func:`printable`); the type alone when the message is empty."""
+    text = " ".join(str(exc).split())
+    return printable(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
 def error_lines(exc: BaseException) -> list[str]:
     """What a command prints for an error the user caused: a spec error's lines, each
     prefixed with the spec's path; else ``error: <message>``, its first line only."""

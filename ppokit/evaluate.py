@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ppokit.errors import UserError, error_lines, fail
+from ppokit.errors import UserError, error_lines, fail, one_line
 from ppokit.registry import RegistryError
 from ppokit.spec import Spec, SpecError, apply_overrides, read_spec_file, validate_spec
 
@@ -141,8 +141,7 @@ def load_models(target: EvalTarget, report: Any = None) -> Models:
         except UserError:
             raise
         except Exception as exc:
-            text = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            raise UserError(f"{target.checkpoint}: cannot be loaded ({text})") from None
+            raise UserError(f"{target.checkpoint}: cannot be loaded ({one_line(exc)})") from None
     return models
 
 

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ppokit import hookspecs
 from ppokit.catalogue import Component, implementation_of
-from ppokit.errors import printable
+from ppokit.errors import one_line, printable
 from ppokit.metrics_table import declare
 from ppokit.slots import FIELDS, KINDS
 
@@ -140,12 +140,6 @@ def name_problem(
     if odd is not None:
         problem += f": {odd!a} is U+{ord(odd):04X} {unicodedata.name(odd, 'unnamed')}"
     return problem
-
-
-def _one_line(exc: BaseException) -> str:
-    """``Type: message`` with the message's whitespace (newlines included) collapsed and its
-    control characters escaped."""
-    return printable(" ".join(f"{type(exc).__name__}: {exc}".split()))
 
 
 class PluginExit(Exception):
@@ -334,7 +328,7 @@ class ComponentInfo:
             except RegistryError:
                 raise
             except PLUGIN_ERRORS as exc:
-                raise RegistryError(f"{who} cannot be imported: {_one_line(exc)}") from exc
+                raise RegistryError(f"{who} cannot be imported: {one_line(exc)}") from exc
             if found is None:
                 raise RegistryError(
                     f"{who} cannot be imported: module {self.factory!r} marks no "
@@ -450,7 +444,7 @@ class Registry:
                 f"its ppokit_register hook did not return within {timeout:g} s "
                 "(PPOKIT_PLUGIN_IMPORT_TIMEOUT)"
                 if isinstance(exc, TimedOut) and timeout is not None
-                else _one_line(exc)
+                else one_line(exc)
             )
             record.traceback = traceback.format_exc()
             if self.pm.get_plugin(name) is plugin:
@@ -591,7 +585,7 @@ class Registry:
             error = (
                 f"its import did not finish within {timeout:g} s (PPOKIT_PLUGIN_IMPORT_TIMEOUT)"
                 if isinstance(exc, TimedOut)
-                else _one_line(exc)
+                else one_line(exc)
             )
             record = PluginRecord(name, dist_name, version, error=error)
             record.traceback = traceback.format_exc()

@@ -157,3 +157,47 @@ def test_no_module_is_longer_than_one_job() -> None:
     assert not long, f"modules over {MAX_MODULE_LINES} lines: split them by job: {long}"
     for path in LONG_MODULES:  # an entry goes once its module is split
         assert lengths.get(path, 0) > MAX_MODULE_LINES, f"{path} is short now: drop its entry"
+
+
+def _typed(node: ast.AST) -> str | None:
+    """``x`` of ``type(x).__name__`` or ``x.__class__.__name__``."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "__name__"):
+        return None
+    inner = node.value
+    if isinstance(inner, ast.Call) and getattr(inner.func, "id", None) == "type" and inner.args:
+        inner = inner.args[0]
+    elif isinstance(inner, ast.Attribute) and inner.attr == "__class__":
+        inner = inner.value
+    return inner.id if isinstance(inner, ast.Name) else None
+
+
+def _one_line_copies(tree: ast.AST) -> list[int]:
+    """Lines of f-strings that write a value's type and the value itself (an exception as
+    ``Type: message``) by hand."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            values = [v.value for v in node.values if isinstance(v, ast.FormattedValue)]
+            shown = {v.id for v in values if isinstance(v, ast.Name)}
+            if any(_typed(v) in shown for v in values):
+                found.append(node.lineno)
+    return found
+
+
+def test_an_exception_is_made_one_line_in_one_place() -> None:
+    """``ppokit.errors.one_line`` is the one way an exception becomes a line of a message."""
+    copies = []
+    for path in PACKAGE.rglob("*.py"):
+        where = path.relative_to(ROOT).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defs = [
+            n.name
+            for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef) and n.name.strip("_") in ("one_line", "first_line")
+        ]
+        if where != "ppokit/errors.py":
+            copies += [f"{where}: def {name}" for name in defs]
+            copies += [f"{where}:{line}" for line in _one_line_copies(tree)]
+    assert not copies, f"use ppokit.errors.one_line: {copies}"
+    probe = ast.parse('f"{type(exc).__name__}: {exc}"')
+    assert _one_line_copies(probe) == [1]  # the pattern finds a copy

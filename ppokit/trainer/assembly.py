@@ -34,7 +34,7 @@ from torch import Tensor
 from ppokit.batch import RolloutBatch
 from ppokit.catalogue import Contract
 from ppokit.components import KIND_PACKAGES
-from ppokit.errors import ComponentError, ComponentTimeout, UserError
+from ppokit.errors import ComponentError, ComponentTimeout, UserError, one_line
 from ppokit.registry import RegistryError, get_registry
 from ppokit.slots import KINDS, SLOTS
 from ppokit.spec import RewardSpec, Spec
@@ -94,10 +94,6 @@ class Where:
     def inline(self) -> str:
         """``policy.loss ppo_clip, plugin ppokit`` (inside parentheses of a message)."""
         return f"{self.slot} {self.name}, plugin {self.plugin}"
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 # ---------------------------------------------------------------------- the contract
@@ -280,7 +276,7 @@ def as_scores(value: Any, n: int, where: Where | str = "reward") -> Tensor:
         raise
     except Exception as exc:  # a value whose conversion raises (its own __float__, ...)
         raise ComponentError(
-            f"{where} returned {_describe(value)} that cannot be read as scores ({_one_line(exc)})"
+            f"{where} returned {_describe(value)} that cannot be read as scores ({one_line(exc)})"
         ) from exc
 
 
@@ -460,7 +456,7 @@ class CheckedEngine:
         except (UserError, ComponentError):
             raise
         except Exception as exc:
-            raise ComponentError(f"{self.where} failed in {what}: {_one_line(exc)}") from exc
+            raise ComponentError(f"{self.where} failed in {what}: {one_line(exc)}") from exc
 
     def start(self, context: EngineContext) -> None:
         self._call("start", self.engine.start, context)
@@ -538,7 +534,7 @@ class CheckedEnvironment:
         except (UserError, ComponentError):
             raise
         except Exception as exc:
-            raise ComponentError(f"{self.where} failed in {what}: {_one_line(exc)}") from exc
+            raise ComponentError(f"{self.where} failed in {what}: {one_line(exc)}") from exc
 
     def reset(self, row: dict[str, Any]) -> str | None:
         out = self._call("reset", self.environment.reset, row)
@@ -604,7 +600,7 @@ class Assembly:
             except (RegistryError, UserError):
                 raise  # these already name the component and say what to do
             except Exception as exc:
-                raise ComponentError(f"{here} failed to start: {_one_line(exc)}") from exc
+                raise ComponentError(f"{here} failed to start: {one_line(exc)}") from exc
             timeout = spec.train.reward_timeout if kind == "reward" else None
             wrapped: Any
             if kind == "rollout_engine":

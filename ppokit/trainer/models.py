@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ppokit.errors import MissingDependency, UserError
+from ppokit.errors import MissingDependency, UserError, one_line
 
 __all__ = [
     "SMOLLM2",
@@ -380,27 +380,22 @@ def _unreachable_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
 def _load(what: str, name: str, source: str | Path, trust_remote_code: bool, load: Any) -> Any:
     """``load()``, with what it raises for a user's mistake as one-line :class:`UserError`s."""
     unreachable = _unreachable_errors()
     try:
         return load()
     except ImportError as exc:
-        raise UserError(f"{what} {name!r}: {_first_line(exc)}") from None
+        raise UserError(f"{what} {name!r}: {one_line(exc)}") from None
     except (*unreachable, ValueError, KeyError) as exc:
         if not trust_remote_code and _needs_remote_code(exc, source):
             raise _remote_code_error(what, name, source) from None
         if isinstance(source, str) and isinstance(exc, unreachable):
             raise UserError(
                 f"{what}: {name!r} is neither a local Hugging Face model directory nor a model "
-                f"id that could be downloaded: {_first_line(exc)}"
+                f"id that could be downloaded: {one_line(exc)}"
             ) from None
-        raise UserError(f"{what} {name!r} cannot be loaded: {_first_line(exc)}") from None
+        raise UserError(f"{what} {name!r} cannot be loaded: {one_line(exc)}") from None
 
 
 def load_actor(
@@ -506,7 +501,7 @@ def _adaptable_names(model: nn.Module) -> list[str]:
 
 
 def _lora_error(model: nn.Module, lora: Any, what: str, exc: BaseException) -> UserError:
-    text = _first_line(exc)
+    text = one_line(exc)
     kind = type(model).__name__
     if "not found in the base model" in text or type(exc).__name__ == "NoMatchingPeftModuleError":
         names = _adaptable_names(model)

@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ppokit.errors import MissingDependency
+from ppokit.errors import MissingDependency, one_line
 from ppokit.runfolder import TRACKER_FILES, TRACKERS_JSON, read_json, write_atomic
 
 __all__ = [
@@ -82,11 +82,6 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, str]:
     else:
         out[prefix or "value"] = json.dumps(data) if not isinstance(data, str) else data
     return out
-
-
-def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _import(package: str, module: str | None = None) -> Any:
@@ -412,7 +407,7 @@ class Trackers:
     def _report(self, tracker: Tracker, exc: BaseException, started: bool) -> None:
         what = "failed" if started else "could not start"
         print(
-            f"ppokit: tracker {tracker.name} {what} ({_one_line(exc)}); it is disabled, "
+            f"ppokit: tracker {tracker.name} {what} ({one_line(exc)}); it is disabled, "
             "metrics.jsonl is still written",
             file=self.stream or sys.stderr,
             flush=True,

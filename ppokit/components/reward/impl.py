@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ppokit.components import reward as catalogue
-from ppokit.errors import MissingDependency, UserError
+from ppokit.errors import MissingDependency, UserError, one_line
 
 __all__ = [
     "ExactMatchReward",
@@ -303,8 +303,9 @@ class HFClassifierReward:
                 str(self.path), local_files_only=True
             )
         except (OSError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"hf_classifier reward: cannot load {self.path}: {first}") from None
+            raise UserError(
+                f"hf_classifier reward: cannot load {self.path}: {one_line(exc)}"
+            ) from None
         if tokenizer.pad_token is None:
             if tokenizer.eos_token is None:
                 raise UserError(
@@ -353,11 +354,6 @@ class HFClassifierReward:
         return torch.cat(chunks)
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
-
 def load_function(reference: str) -> Callable[..., Any]:
     """The function ``"path/to/file.py:fn"`` or ``"package.module:fn"`` names: the file is
     imported as a module of its own (its folder is not put on ``sys.path``), the module
@@ -381,12 +377,12 @@ def load_function(reference: str) -> Callable[..., Any]:
                 spec.loader.exec_module(module)
             except Exception as exc:
                 del sys.modules[module_name]
-                raise UserError(f"{what}: importing {where} raised {_first_line(exc)}") from None
+                raise UserError(f"{what}: importing {where} raised {one_line(exc)}") from None
     else:
         try:
             module = importlib.import_module(where)
         except Exception as exc:
-            raise UserError(f"{what}: cannot import {where}: {_first_line(exc)}") from None
+            raise UserError(f"{what}: cannot import {where}: {one_line(exc)}") from None
     fn = getattr(module, name, None)
     if fn is None:
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ppokit.errors import UserError
+from ppokit.errors import UserError, one_line
 from ppokit.runfolder import (
     CHECKPOINT_OLD,
     CHECKPOINT_TMP,
@@ -41,11 +41,6 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 def _fail(path: Path, why: str) -> UserError:
     return UserError(f"checkpoint {path} cannot be used: {why}")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 MAX_ROUND = 1 << 30
@@ -97,7 +92,7 @@ def _state_of(path: Path) -> dict[str, Any]:
     try:
         state = read_json(path / "state.json")
     except (OSError, ValueError) as exc:
-        raise _fail(path, f"state.json is unreadable ({_one_line(exc)})") from None
+        raise _fail(path, f"state.json is unreadable ({one_line(exc)})") from None
     problem = _state_problem(state)
     if problem is not None:
         raise _fail(path, f"state.json: {problem}")

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from ppokit import distributed
-from ppokit.errors import UserError
+from ppokit.errors import UserError, one_line
 from ppokit.runfolder import (
     CHECKPOINT,
     io_error,
@@ -32,7 +32,6 @@ from ppokit.trainer.checkpoint.layout import (
     TMP,
     _fail,
     _format_problem,
-    _one_line,
     _rng_stem,
     _state_of,
 )
@@ -97,7 +96,7 @@ def _verify(path: Path) -> None:
         if not isinstance(files, dict):
             raise ValueError("'files' is not an object")
     except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"{manifest_file}: unreadable ({_one_line(exc)})") from None
+        raise UserError(f"{manifest_file}: unreadable ({one_line(exc)})") from None
     problem = _format_problem(manifest.get("format"))
     if problem is not None:
         raise _fail(path, problem)
@@ -165,7 +164,7 @@ def _check_cover(path: Path, folder: str) -> None:
         with _dcp():
             metadata = HuggingFaceStorageReader(str(path / folder)).read_metadata()
     except Exception as exc:  # a header that is not JSON, or contradicts its file
-        raise _fail(path, f"unreadable shard files in {folder}/ ({_one_line(exc)})") from None
+        raise _fail(path, f"unreadable shard files in {folder}/ ({one_line(exc)})") from None
     for name, entry in metadata.state_dict_metadata.items():
         chunks = getattr(entry, "chunks", None)
         if chunks is None:
@@ -287,7 +286,7 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
     except UserError:
         raise
     except Exception as exc:
-        raise _fail(path, _one_line(exc)) from None
+        raise _fail(path, one_line(exc)) from None
     problem = distributed.first_text(nonfinite(learner))  # the optimizer states too
     if problem is not None:
         raise _fail(path, problem)

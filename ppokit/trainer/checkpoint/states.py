@@ -19,10 +19,9 @@ import numpy as np
 import torch
 
 from ppokit import distributed
-from ppokit.errors import UserError
+from ppokit.errors import UserError, one_line
 from ppokit.trainer.checkpoint.layout import (
     _fail,
-    _one_line,
     _state_of,
 )
 
@@ -349,7 +348,7 @@ def load_weights(path: Path, stem: str, module: torch.nn.Module, models: Any) ->
     except UserError:
         raise
     except Exception as exc:
-        raise _fail(path, _one_line(exc)) from None
+        raise _fail(path, one_line(exc)) from None
     problem = distributed.first_text(_first_nonfinite((f"{stem} {k}", v) for k, v in state.items()))
     if problem is not None:
         raise _fail(path, problem)
