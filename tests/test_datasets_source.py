@@ -143,7 +143,7 @@ def test_jsonl_is_read_without_datasets_and_matches(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kind", "split", "message"),
     [
-        ("parquet", "test", r"rows\.parquet: cannot load the dataset: Unknown split"),
+        ("parquet", "test", r"rows\.parquet: cannot load the dataset: ValueError: Unknown split"),
         ("folder-of-files", "validation", r"Unknown split .*validation"),
         ("save_to_disk-dict", "validation", r"no split 'validation'; its splits: train, test"),
         ("save_to_disk", "test", "a single saved Dataset, without splits"),

@@ -231,7 +231,7 @@ def test_a_failing_tracker_is_reported_once_and_disabled(tmp_path, monkeypatch) 
     trackers.close()
     lines = stream.getvalue().splitlines()
     assert lines == [
-        "ppokit: tracker tensorboard failed (OSError: disk full); it is disabled, "
+        "ppokit: tracker tensorboard failed (OSError: disk full second line); it is disabled, "
         "metrics.jsonl is still written"
     ]
     assert trackers.names == []
