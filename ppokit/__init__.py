@@ -3,6 +3,7 @@ components chosen by a declarative spec."""
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from ppokit.catalogue import Component, NoParams, Params
@@ -10,7 +11,10 @@ from ppokit.hookspecs import hookimpl
 from ppokit.registry import get_registry
 from ppokit.trainer import train
 
-__version__ = "0.1.0"
+try:  # pyproject.toml states it once; the installed distribution's metadata carries it
+    __version__ = version("ppokit")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 __all__ = [
     "Component",
     "NoParams",

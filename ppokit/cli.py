@@ -37,7 +37,15 @@ from ppokit.registry import (
     plugins_off,
     reset_registry,
 )
-from ppokit.spec import Spec, SpecError, apply_overrides, load_spec, validate_spec
+from ppokit.spec import (
+    DEMO_SPEC,
+    Spec,
+    SpecError,
+    apply_overrides,
+    load_spec,
+    read_demo_spec,
+    validate_spec,
+)
 from ppokit.trainer.display import console_width
 
 __all__ = ["app", "main"]
@@ -327,21 +335,6 @@ def install_hint(root: Path) -> str:
     return f"pip install -e {shlex.quote(path + '[test]')} && python -m pytest {tests}"
 
 
-def _demo_spec() -> dict[str, Any]:
-    """The packaged demo spec, ``ppokit/specs/demo.yaml``."""
-    from importlib.resources import files
-
-    import yaml
-
-    resource = files("ppokit") / "specs" / "demo.yaml"
-    if not resource.is_file():
-        raise UserError("the packaged demo spec ppokit/specs/demo.yaml is missing")
-    data = yaml.safe_load(resource.read_text())
-    if not isinstance(data, dict):
-        raise UserError("the packaged demo spec ppokit/specs/demo.yaml is not a mapping")
-    return data
-
-
 @app.command()
 @user_errors
 def train(
@@ -393,7 +386,7 @@ def train(
     if threads is not None:
         extra.append(f"model.threads={threads}")
     if spec_path is None:
-        data = apply_overrides(_demo_spec(), extra)
+        data = apply_overrides(read_demo_spec(), extra)
         try:
             spec = validate_spec(data)
         except SpecError as exc:
@@ -405,9 +398,7 @@ def train(
             from ppokit.trainer.loop import smoke_spec
 
             spec = smoke_spec(spec, out_dir or "<a new temporary directory>")
-        source = (
-            "the packaged demo spec (ppokit/specs/demo.yaml)" if spec_path is None else spec_path
-        )
+        source = f"the packaged demo spec ({DEMO_SPEC})" if spec_path is None else spec_path
         typer.echo(f"# ppokit train: {source}, resolved\n" + spec.to_yaml(), nl=False)
         return
     if nproc > 1:  # the spec is valid: each process reads it again

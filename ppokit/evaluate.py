@@ -17,7 +17,14 @@ import typer
 
 from ppokit.errors import UserError, error_lines, fail, one_line
 from ppokit.registry import RegistryError
-from ppokit.spec import Spec, SpecError, apply_overrides, read_spec_file, validate_spec
+from ppokit.spec import (
+    Spec,
+    SpecError,
+    apply_overrides,
+    read_demo_spec,
+    read_spec_file,
+    validate_spec,
+)
 
 if TYPE_CHECKING:
     from ppokit.trainer.models import Models
@@ -36,18 +43,6 @@ class EvalTarget:
         self.label = label
         self.checkpoint = checkpoint
         self.round = round_no
-
-
-def _packaged_demo_spec() -> dict[str, Any]:
-    from importlib.resources import files
-
-    import yaml
-
-    resource = files("ppokit") / "specs" / "demo.yaml"
-    data = yaml.safe_load(resource.read_text()) if resource.is_file() else None
-    if not isinstance(data, dict):
-        raise UserError("the packaged demo spec ppokit/specs/demo.yaml is missing")
-    return data
 
 
 def _is_run_folder(path: Path) -> bool:
@@ -111,7 +106,7 @@ def load_target(
         spec = _finish_spec(data, overrides, source or str(folder / "spec.yaml"))
         return EvalTarget(spec, "run", str(path), folder, round_no)
     if target in ("tiny", SMOLLM2) or (path.is_dir() and (path / "config.json").is_file()):
-        data = copy.deepcopy(base) if base is not None else _packaged_demo_spec()
+        data = copy.deepcopy(base) if base is not None else read_demo_spec()
         model = dict(data.get("model") or {})
         model["actor"] = target if target in ("tiny", SMOLLM2) else str(path)
         data["model"] = model

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import types
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,9 @@ def assert_user_error(result: Any, *fragments: str) -> None:
 
 def test_version_and_help() -> None:
     assert invoke("--version").stdout.strip() == f"ppokit {__version__}"
+    stated = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert stated is not None
+    assert __version__ == version("ppokit") == stated[1]  # written once, in pyproject.toml
     result = invoke("--help")
     for command in (
         "list",

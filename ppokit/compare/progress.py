@@ -3,7 +3,6 @@ per event. Torch-free."""
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -14,18 +13,10 @@ from ppokit.compare.runs import SweepRun, _last_round, read_history
 from ppokit.runfolder import (
     METRICS,
 )
+from ppokit.trainer.display import duration
 
 
 # ---------------------------------------------------------------------- progress
-def _duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    seconds = max(0, round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
 class _Progress:
     """Counts and the estimated time left of a sweep; the views below show it."""
 
@@ -73,7 +64,7 @@ class _Progress:
             text += f", {c['interrupted']} interrupted"
         eta = self.eta()
         if c["running"] or c["pending"]:
-            text += f"; about {_duration(eta)} left" if eta is not None else ""
+            text += f"; about {duration(eta)} left" if eta is not None else ""
         return text
 
     def round_of(self, run: SweepRun) -> int:
@@ -146,7 +137,7 @@ class LiveView(PlainView):
                 table.add_row(
                     "[cyan]running[/]",
                     escape(r.title),
-                    f"round {p.round_of(r)}/{r.rounds}, {_duration(started)}",
+                    f"round {p.round_of(r)}/{r.rounds}, {duration(started)}",
                 )
         for r in p.runs:
             if r.status == "failed":

@@ -15,10 +15,12 @@ Nothing here imports torch or transformers.
 
 from ppokit.spec.checks import MAX_ROUND_POSITIONS, validate_spec
 from ppokit.spec.files import (
+    DEMO_SPEC,
     MAX_SPEC_BYTES,
     MAX_SPEC_DEPTH,
     MAX_SPEC_NODES,
     parse_spec_text,
+    read_demo_spec,
     read_spec_file,
 )
 from ppokit.spec.models import (
@@ -47,6 +49,7 @@ from ppokit.spec.models import (
 from ppokit.spec.overrides import apply_overrides, load_spec
 
 __all__ = [
+    "DEMO_SPEC",
     "GENERATED_SOURCES",
     "MAX_REWARD_WEIGHT",
     "MAX_ROUND_POSITIONS",
@@ -75,6 +78,7 @@ __all__ = [
     "apply_overrides",
     "load_spec",
     "parse_spec_text",
+    "read_demo_spec",
     "read_spec_file",
     "validate_spec",
 ]

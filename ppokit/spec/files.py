@@ -272,3 +272,19 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
             [f"not UTF-8 text (byte {exc.start}): not a spec file"], source=str(path)
         ) from None
     return parse_spec_text(text, source=str(path))
+
+
+#: The packaged demo spec, what ``ppokit train`` and ``ppokit eval MODEL`` run without one.
+DEMO_SPEC = "ppokit/specs/demo.yaml"
+
+
+def read_demo_spec() -> dict[str, Any]:
+    """The packaged demo spec's mapping (``DEMO_SPEC``, read as a spec file is)."""
+    from importlib.resources import files
+
+    from ppokit.errors import UserError
+
+    resource = files("ppokit") / "specs" / "demo.yaml"
+    if not resource.is_file():
+        raise UserError(f"the packaged demo spec {DEMO_SPEC} is missing")
+    return parse_spec_text(resource.read_text(), "demo.yaml")

@@ -93,7 +93,7 @@ class MathVerifyReward:
             from math_verify import parse, verify
         except ImportError:
             raise MissingDependency(
-                "math-verify", "the math_verify reward", "pip install 'ppokit[math]'"
+                "math-verify", "the math_verify reward", "pip install math-verify"
             ) from None
         _quiet_math_verify()
         self.field = field
