@@ -109,21 +109,22 @@ def value_error(spec: Spec, out: Path, rounds: int) -> tuple[float, float]:
     from ppokit.trainer.assembly import Assembly
     from ppokit.trainer.checkpoint import load_checkpoint
     from ppokit.trainer.models import build_models
-    from ppokit.trainer.round import Learner
+    from ppokit.trainer.round import run_round
+    from ppokit.trainer.setup import Setup, State
 
     assembly = Assembly.from_spec(spec)
-    learner = Learner(spec, build_models(spec, assembly.head_size), assembly)
+    models = build_models(spec, assembly.head_size)
+    setup, state = Setup.start(spec, models, assembly), State.create(spec, models)
     source = make_prompt_source(spec.data, spec.seed)
-    load_checkpoint(out, learner, source)
+    load_checkpoint(out, models, state, source)
     abs_sum = torch.zeros((), dtype=torch.float64)
     sq_sum = torch.zeros((), dtype=torch.float64)
     count = torch.zeros((), dtype=torch.float64)
     with torch.no_grad():
-        for _ in range(rounds):
+        for r in range(rounds):  # steps 1-4 of a round: the values and their targets
             rows = source.next_rows(spec.rollout.prompts_per_round)
-            data, _ = learner.collect(
-                rows, format_prompts(rows, learner.models.tokenizer, spec.data)
-            )
+            formatted = format_prompts(rows, models.tokenizer, spec.data)
+            data = run_round(setup, state, rows, formatted, round_no=r + 1, update=False).data
             assert data.targets is not None and data.batch.values is not None
             mask = data.batch.maskf.double()
             diff = (data.targets.double() - data.batch.values.double()) * mask

@@ -1,7 +1,7 @@
 """Benchmark of the rollout engines: the same round with ``hf`` and with ``vllm`` (float32 and
 bfloat16), interleaved in one process, and optionally the demo's learning with each.
 
-Round mode (the default): one :class:`~ppokit.trainer.round.Learner` per engine, built from the
+Round mode (the default): one run (:mod:`ppokit.trainer.setup`) per engine, built from the
 same spec and seed; every round draws one batch of prompts and runs it through each learner
 in turn (``run_round``: generate, score, forward passes, estimate, update, engine sync), after
 one warm-up round each, so load from other processes hits all alike. Printed per engine:
@@ -38,7 +38,8 @@ from ppokit.spec import load_spec
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.models import build_models
-from ppokit.trainer.round import Learner, run_round
+from ppokit.trainer.round import run_round
+from ppokit.trainer.setup import Setup, State
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "specs" / "smollm2_arithmetic_cpu.yaml"
@@ -58,14 +59,15 @@ TINY_32 = [
 ]
 
 
-def _learner(spec_path: Path, overrides: list[str]) -> Learner:
+def _learner(spec_path: Path, overrides: list[str]) -> tuple[Setup, State]:
     import random
 
     spec = load_spec(spec_path, overrides)
     random.seed(spec.seed)
     torch.manual_seed(spec.seed)
     assembly = Assembly.from_spec(spec)
-    return Learner(spec, build_models(spec, assembly.head_size), assembly)
+    models = build_models(spec, assembly.head_size)
+    return Setup.start(spec, models, assembly), State.create(spec, models)
 
 
 def _load() -> str:
@@ -80,10 +82,10 @@ def rounds(args: argparse.Namespace) -> None:
         begin = time.perf_counter()
         learners[name] = _learner(args.spec, [*base, ENGINES[name]])
         print(f"{name}: started in {time.perf_counter() - begin:.1f} s", flush=True)
-    spec = next(iter(learners.values())).spec
+    spec = next(iter(learners.values()))[0].spec
     r = spec.rollout
     source = make_prompt_source(spec.data, spec.seed)
-    tokenizer = next(iter(learners.values())).models.tokenizer
+    tokenizer = next(iter(learners.values()))[0].models.tokenizer
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; spec {args.spec.name}, "
         f"actor {spec.model.actor}, lora {spec.model.lora is not None}, {r.prompts_per_round} "
@@ -95,9 +97,9 @@ def rounds(args: argparse.Namespace) -> None:
     for i in range(args.rounds + 1):
         rows = source.next_rows(r.prompts_per_round)
         formatted = format_prompts(rows, tokenizer, spec.data)
-        for name, lrn in learners.items():
+        for name, (setup, state) in learners.items():
             begin = time.perf_counter()
-            result = run_round(lrn, rows, formatted, round_no=i + 1)
+            result = run_round(setup, state, rows, formatted, round_no=i + 1)
             metrics = read_once(result.metrics)
             total = time.perf_counter() - begin
             t = result.timings
@@ -130,8 +132,8 @@ def rounds(args: argparse.Namespace) -> None:
             f"{n:10s} {m['round']:8.2f} {m['generate']:10.2f} {m['sync']:7.3f} "
             f"{m['tokens_per_s']:9.1f} {ratio:>9s}"
         )
-    for lrn in learners.values():
-        lrn.close()
+    for setup, _ in learners.values():
+        setup.close()
 
 
 def _seeds(text: str) -> list[int]:

@@ -3,7 +3,7 @@ KL section (the run keeps a reference policy).
 
 Each configuration runs in a fresh subprocess, so no two share a peak: it builds the models
 of a 1-round spec (``model.actor: smollm2-135m-instruct``, a ``kl`` section, ``rollout:
-{prompts_per_round: 2, n: 2, max_new_tokens: 16}``) and the trainer's ``Learner``, then runs
+{prompts_per_round: 2, n: 2, max_new_tokens: 16}``) and the trainer's setup and state, then runs
 one round (generation, scoring, reference log-probs, one update step with AdamW). It reports
 the process's peak resident set size (``ru_maxrss``) after building the models and after the
 round, the resident set at the end, and the parameter counts: total (distinct tensors),
@@ -73,7 +73,8 @@ def run_config(config: str) -> dict[str, Any]:
     from ppokit.spec import validate_spec
     from ppokit.trainer.assembly import Assembly
     from ppokit.trainer.models import build_models
-    from ppokit.trainer.round import Learner
+    from ppokit.trainer.round import run_round
+    from ppokit.trainer.setup import Setup, State
 
     torch.manual_seed(0)
     spec = validate_spec(spec_data(config))
@@ -81,7 +82,7 @@ def run_config(config: str) -> dict[str, Any]:
     start = time.perf_counter()
     assembly = Assembly.from_spec(spec)
     models = build_models(spec, assembly.head_size)
-    learner = Learner(spec, models, assembly)
+    setup, state = Setup.start(spec, models, assembly), State.create(spec, models)
     built = _peak_mib()
     build_s = time.perf_counter() - start
 
@@ -95,9 +96,8 @@ def run_config(config: str) -> dict[str, Any]:
     rows = source.next_rows(spec.rollout.prompts_per_round)
     formatted = format_prompts(rows, models.tokenizer, spec.data)
     start = time.perf_counter()
-    data, result = learner.collect(rows, formatted)
-    assert data.batch.logp_ref is not None, "the round computed no reference log-probs"
-    learner.update(data, True, result)
+    result = run_round(setup, state, rows, formatted, round_no=1)
+    assert result.data.batch.logp_ref is not None, "the round computed no reference log-probs"
     round_s = time.perf_counter() - start
     return {
         "config": config,

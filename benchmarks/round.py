@@ -1,4 +1,4 @@
-"""Benchmark of a PPO round: ppokit's ``Learner`` against the bare model passes it needs.
+"""Benchmark of a PPO round: ppokit's ``run_round`` against the bare model passes it needs.
 
 A ppokit round is :func:`ppokit.trainer.round.run_round` (generate on the rollout engine,
 score, forward passes, estimate, update, engine sync) + the one metrics read. The bare
@@ -53,7 +53,8 @@ from ppokit.trainer.logprobs import position_ids
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.models import Models, autocast, build_models, trunk_of
 from ppokit.trainer.rollout import eos_ids
-from ppokit.trainer.round import Learner, run_round
+from ppokit.trainer.round import run_round
+from ppokit.trainer.setup import Setup, State
 
 DEMO = Path(__file__).resolve().parents[1] / "ppokit" / "specs" / "demo.yaml"
 PHASES = ("generate", "score", "logprob", "update")
@@ -73,11 +74,12 @@ class Clock:
 
 # ----------------------------------------------------------------------------- ppokit
 def ppokit_round(
-    learner: Learner, rows: list[dict[str, Any]], formatted: list[str], clock: Clock
+    learner: tuple[Setup, State], rows: list[dict[str, Any]], formatted: list[str], clock: Clock
 ) -> dict[str, float]:
     """One ppokit round (as the training loop runs it); seconds per phase and in total."""
+    setup, state = learner
     begin = clock()
-    result = run_round(learner, rows, formatted, round_no=learner.round + 1)
+    result = run_round(setup, state, rows, formatted, round_no=state.round + 1)
     read_once(result.metrics)
     total = clock() - begin
     times = {p: result.timings.get(f"time_{p}", 0.0) for p in PHASES}
@@ -98,7 +100,7 @@ class Bare:
     eos: list[int] = field(default_factory=list)
 
     @classmethod
-    def from_learner(cls, learner: Learner) -> Bare:
+    def from_setup(cls, learner: Setup) -> Bare:
         m = learner.models
         models = Models(
             m.tokenizer,
@@ -280,11 +282,12 @@ class Bare:
 
 
 # ----------------------------------------------------------------------------- driver
-def make_learner(spec: Spec) -> Learner:
+def make_learner(spec: Spec) -> tuple[Setup, State]:
     random.seed(spec.seed)
     torch.manual_seed(spec.seed)
     assembly = Assembly.from_spec(spec)
-    return Learner(spec, build_models(spec, assembly.head_size), assembly)
+    models = build_models(spec, assembly.head_size)
+    return Setup.start(spec, models, assembly), State.create(spec, models)
 
 
 def median_times(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -320,9 +323,10 @@ def main() -> None:
     except SpecError as exc:
         parser.error(str(exc))
     learner = make_learner(spec)
-    bare = Bare.from_learner(learner)
+    setup = learner[0]
+    bare = Bare.from_setup(setup)
     source = make_prompt_source(spec.data, spec.seed)
-    clock = Clock(learner.device)
+    clock = Clock(setup.device)
     r = spec.rollout
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
@@ -335,7 +339,7 @@ def main() -> None:
     plain: list[dict[str, float]] = []
     for i in range(args.rounds + 1):
         rows = source.next_rows(r.prompts_per_round)
-        formatted = format_prompts(rows, learner.models.tokenizer, spec.data)
+        formatted = format_prompts(rows, setup.models.tokenizer, spec.data)
         torch.manual_seed(spec.seed + i)
         a = ppokit_round(learner, rows, formatted, clock)
         torch.manual_seed(spec.seed + i)
@@ -358,7 +362,7 @@ def main() -> None:
     print(f"overhead ratio (median ppokit round / median bare round): {ratio:.3f}")
     if args.profile:
         rows = source.next_rows(r.prompts_per_round)
-        formatted = format_prompts(rows, learner.models.tokenizer, spec.data)
+        formatted = format_prompts(rows, setup.models.tokenizer, spec.data)
         profile(lambda: ppokit_round(learner, rows, formatted, clock))
 
 

@@ -57,7 +57,8 @@ from ppokit.spec import load_spec
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.models import SMOLLM2, SMOLLM2_GGUF, _smollm2_folder, build_models
-from ppokit.trainer.round import Learner, run_round
+from ppokit.trainer.round import run_round
+from ppokit.trainer.setup import Setup, State
 
 
 def _load() -> str:
@@ -164,7 +165,7 @@ def main() -> None:
 
     base = ["eval=null", "output.progress=false", *args.set]
     names = args.engines.split(",")
-    learners: dict[str, Learner] = {}
+    learners: dict[str, tuple[Setup, State]] = {}
     for name in names:
         begin = time.perf_counter()
         spec = load_spec(args.spec, [*base, ENGINES[name]])
@@ -172,9 +173,10 @@ def main() -> None:
         random.seed(spec.seed)
         torch.manual_seed(spec.seed)
         assembly = Assembly.from_spec(spec)
-        learners[name] = Learner(spec, build_models(spec, assembly.head_size), assembly)
+        models = build_models(spec, assembly.head_size)
+        learners[name] = (Setup.start(spec, models, assembly), State.create(spec, models))
         print(f"ppokit {name}: started in {time.perf_counter() - begin:.1f} s", flush=True)
-    first = learners[names[0]]
+    first = learners[names[0]][0]
     spec, assembly = first.spec, first.assembly
     r = spec.rollout
 
@@ -237,10 +239,10 @@ def main() -> None:
             trl_rows.append({"step": step})
             print(f"  step {i} trl          {step:8.2f} s; load {_load()}", flush=True)
             rows = batches[i]
-            for name, lrn in learners.items():
-                formatted = format_prompts(rows, lrn.models.tokenizer, spec.data)
+            for name, (setup, state) in learners.items():
+                formatted = format_prompts(rows, setup.models.tokenizer, spec.data)
                 t0 = time.perf_counter()
-                result = run_round(lrn, rows, formatted, round_no=i + 1)
+                result = run_round(setup, state, rows, formatted, round_no=i + 1)
                 metrics = read_once(result.metrics)
                 total = time.perf_counter() - t0
                 gen = result.timings["time_generate"]
@@ -295,8 +297,8 @@ def main() -> None:
     print(f"{'':10s} {'s/step':>8s} {'steps/min':>9s} {'trl s / this s':>14s}")
     for name, sec in med.items():
         print(f"{name:10s} {sec:8.2f} {60 / sec:9.2f} {med[trl_name] / sec:14.2f}")
-    for lrn in learners.values():
-        lrn.close()
+    for setup, _ in learners.values():
+        setup.close()
 
 
 if __name__ == "__main__":

@@ -421,7 +421,7 @@ def train(
         if ended:
             raise fail(ended, status)
         raise typer.Exit(status)
-    from ppokit.trainer import train as run_training
+    from ppokit.trainer.loop import train as run_training
 
     if int(os.environ.get("RANK", "0")) == 0:  # before torch's import: seconds on a busy CPU
         err.print("ppokit: importing torch and transformers", markup=False)

@@ -1,6 +1,7 @@
-"""ppokit's modules import downwards only: no import cycle, at module level or inside a
-function (a lazy import is still a dependency), no class grows past a reader's sitting and
-no module past one job's length."""
+"""ppokit's modules import downwards only: no import cycle, at module level, inside a
+function (a lazy import is still a dependency) or for type checking only (a type a reader
+must hold in their head too), no class grows past a reader's sitting and no module past one
+job's length."""
 
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST, modules: set[str], package: str) -> set[str]:
-    """The ppokit modules a module's code imports (TYPE_CHECKING blocks left out)."""
+def _imports(
+    tree: ast.AST, modules: set[str], package: str, type_only: bool = False
+) -> set[str]:
+    """The ppokit modules a module's code imports (``type_only``: with its TYPE_CHECKING
+    blocks' imports)."""
     found: set[str] = set()
 
     def target(name: str) -> str | None:
@@ -44,7 +48,7 @@ def _imports(tree: ast.AST, modules: set[str], package: str) -> set[str]:
         return name or None
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_only:
             for child in node.orelse:
                 visit(child)
             return
@@ -69,7 +73,7 @@ def _imports(tree: ast.AST, modules: set[str], package: str) -> set[str]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(type_only: bool = False) -> dict[str, set[str]]:
     files = {
         _module_name(p): p
         for p in PACKAGE.rglob("*.py")
@@ -79,7 +83,7 @@ def _graph() -> dict[str, set[str]]:
     graph = {}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        edges = _imports(ast.parse(path.read_text()), modules, package)
+        edges = _imports(ast.parse(path.read_text()), modules, package, type_only)
         graph[name] = {e for e in edges if e != name and e != "ppokit"}
     return graph
 
@@ -110,6 +114,19 @@ def test_the_import_graph_has_no_cycle() -> None:
     graph = _graph()
     assert "ppokit.trainer.loop" in graph["ppokit.evaluate"]  # the graph sees lazy imports
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_import_graph_has_no_cycle_for_type_checking_either() -> None:
+    graph = _graph(type_only=True)
+    assert "ppokit.trainer.setup" in graph["ppokit.trainer.evaluation"]  # a type-only import
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_nothing_below_the_round_imports_it() -> None:
+    """The round module is the recipe: the steps it calls know nothing of it."""
+    graph = _graph(type_only=True)
+    users = sorted(m for m, edges in graph.items() if "ppokit.trainer.round" in edges)
+    assert users == ["ppokit.trainer.loop"]
 
 
 def test_a_cycle_is_found() -> None:

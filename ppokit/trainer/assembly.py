@@ -38,6 +38,7 @@ from ppokit.errors import ComponentError, ComponentTimeout, UserError, one_line
 from ppokit.registry import RegistryError, get_registry
 from ppokit.slots import KINDS, SLOTS
 from ppokit.spec import RewardSpec, Spec
+from ppokit.trainer.checks import count
 
 if TYPE_CHECKING:
     from ppokit.components import (
@@ -357,6 +358,25 @@ CONTRACTS: dict[str, Check] = {
 }
 
 
+#: What each kind returns (its ``CONTRACT.returns``).
+RETURNS: dict[str, str] = {
+    kind: package.CONTRACT.returns
+    for kind, package in zip(KINDS, KIND_PACKAGES, strict=True)
+    if hasattr(package, "CONTRACT")
+}
+
+#: The returns whose NaNs and infs a checked component counts into the round's active
+#: counter (:func:`~ppokit.trainer.checks.count`), with the unit its message names. An
+#: aggregation's scalar is not among them: the trainer counts its loss terms itself.
+COUNTED: dict[str, str] = {
+    "scores": "responses",
+    "prompt_weight": "responses",
+    "estimate": "positions",
+    "position_mask": "positions",
+    "elementwise": "positions",
+}
+
+
 def optional(component: Any, kind: str, member: str) -> Any:
     """The optional ``member`` of a component of ``kind`` (None when it has none): only a
     member its kind's ``CONTRACT.optional`` declares is read."""
@@ -416,13 +436,17 @@ class Checked:
         self.component = component
         self.timeout = timeout
         self._contract = CONTRACTS[kind]
+        self._unit = COUNTED.get(RETURNS[kind])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.kind == "reward":
             out = call_with_timeout(self.component, self.timeout, self.where, *args, **kwargs)
         else:
             out = self.component(*args, **kwargs)
-        return self._contract(self.where, out, args, kwargs)
+        out = self._contract(self.where, out, args, kwargs)
+        if self._unit is not None:  # into the round's active non-finite counter
+            count(str(self.where), out, self._unit)
+        return out
 
     def __getattr__(self, name: str) -> Any:
         try:

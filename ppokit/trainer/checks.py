@@ -1,9 +1,19 @@
 """Non-finite values caught before they reach a parameter (docs/design.md, "The trainer's
 boundary and bad numbers"): :class:`NonFinite` counts NaNs and infs on the device and reads
 them back once, :class:`Guard` decides what a bad value does to the run
-(``train.on_nonfinite``)."""
+(``train.on_nonfinite``).
+
+A counter is made active for a stretch of a round with ``with counting() as checks:``; every
+component's checked wrapper counts its own result into the active counter under its slot
+(:func:`count`), so the trainer adds by hand only what it computes itself (forward passes,
+losses, gradient norms). Outside such a stretch (an evaluation) nothing is counted.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
@@ -11,7 +21,7 @@ from torch import Tensor
 from ppokit import distributed
 from ppokit.errors import NonFiniteError
 
-__all__ = ["Guard", "NonFinite"]
+__all__ = ["Guard", "NonFinite", "count", "counting"]
 
 
 class NonFinite:
@@ -44,8 +54,12 @@ class NonFinite:
         """The first label with a non-finite value, as a message (one host read), or None."""
         if not self.counts:
             return None
+        counts = list(self.counts.values())
+        # a reward's scores are counted where it made them (the host): one device for all
+        device = next((c.device for c in counts if c.device.type != "cpu"), counts[0].device)
+        stacked = torch.stack([c.to(device) for c in counts])
         # summed over the processes, so that every process takes the same decision
-        values = distributed.all_sum(torch.stack(list(self.counts.values()))).tolist()
+        values = distributed.all_sum(stacked).tolist()
         for label, (nan, inf) in zip(self.counts, values, strict=True):
             if nan or inf:
                 return self._message(label, nan, inf)
@@ -86,3 +100,25 @@ class Guard:
     def good(self) -> None:
         """A step was taken: the count in a row starts again."""
         self.bad_in_row = 0
+
+
+#: The counter of the stretch of a round being run (None outside one).
+_ACTIVE: ContextVar[NonFinite | None] = ContextVar("ppokit_nonfinite", default=None)
+
+
+@contextmanager
+def counting() -> Iterator[NonFinite]:
+    """A new :class:`NonFinite`, the active counter until the block ends."""
+    checks = NonFinite()
+    token = _ACTIVE.set(checks)
+    try:
+        yield checks
+    finally:
+        _ACTIVE.reset(token)
+
+
+def count(label: str, x: Tensor, unit: str = "positions", source: str = "") -> None:
+    """``NonFinite.add`` on the active counter; nothing outside :func:`counting`."""
+    checks = _ACTIVE.get()
+    if checks is not None:
+        checks.add(label, x, unit, source)

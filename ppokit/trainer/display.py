@@ -373,7 +373,7 @@ class Display:
         self.phase(f"round {round_no}")
 
     def phase(self, name: str) -> None:
-        """The Learner's phase inside a round ("generating", "scoring", ...)."""
+        """A phase inside a round ("generating", "scoring", ...)."""
         with self._lock:
             self.phase_name = name
             self.phase_began = time.perf_counter()

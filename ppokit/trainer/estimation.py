@@ -23,13 +23,14 @@ from ppokit.batch import RolloutBatch
 from ppokit.errors import ComponentError
 from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly
-from ppokit.trainer.checks import NonFinite
+from ppokit.trainer.checks import count
 from ppokit.trainer.forwards import Forwards
 from ppokit.trainer.rollout import Rollout
 
 __all__ = [
     "UpdateData",
     "estimate",
+    "estimate_round",
     "explained_variance",
     "gather_batch",
     "kl_controller_step",
@@ -189,15 +190,12 @@ def kl_to_reference(
     assembly: Assembly,
     kl_coef: Tensor,
     metrics: dict[str, Tensor],
-    checks: NonFinite | None = None,
 ) -> tuple[RolloutBatch, Tensor]:
     """KL(π_old ‖ π_ref) per sequence (the ``kl`` metric); with the ``reward`` placement
     r_t ← r_t − β·kl_t; then the adaptive controller's step of β. Returns the batch and β."""
     kl = spec.kl
     assert kl is not None and assembly.kl is not None
     estimate_ = assembly.kl(batch.logp_old, batch.logp_ref).float()
-    if checks is not None:
-        checks.add(str(assembly.name("kl.estimator")), estimate_)
     kl_tok = estimate_ * batch.maskf
     kl_seq = kl_tok.sum(1).mean()
     metrics["kl"] = kl_seq
@@ -251,30 +249,24 @@ def estimate(
     spec: Spec,
     assembly: Assembly,
     kl_coef: Tensor,
-    checks: NonFinite | None = None,
 ) -> tuple[UpdateData, dict[str, Tensor], Tensor]:
     """Truncation rule → KL in the reward → what the updates read: advantages A, prompt
     weights ω and rollout-correction weights c with the actor's masks
     mask' = mask·[ω > 0]·[c > 0] and mask'·[R > 0]; critic
     targets Y, position mask m^V and weights. Returns them with their metrics and β after
-    the adaptive controller's step; each estimate goes into ``checks`` under its slot."""
+    the adaptive controller's step (each component counts its estimates into the round's
+    non-finite counter; the critic's values V_old are counted here)."""
     parts, metrics = assembly, {}
-    checks = checks if checks is not None else NonFinite()
-
-    def check(slot: str, x: Tensor, unit: str = "positions") -> Tensor:
-        checks.add(str(parts.name(slot)), x, unit)
-        return x
-
     for values in (batch.values, batch.bootstrap_values):
         if values is not None:
-            checks.add("the critic's forward pass", values, "values")
+            count("the critic's forward pass", values, "values")
     metrics.update(mismatch_metrics(batch))
     batch = parts.truncation(batch)
     if spec.kl is not None:
-        batch, kl_coef = kl_to_reference(batch, spec, parts, kl_coef, metrics, checks)
-    adv = check("advantage", parts.advantage(batch).float().detach())
-    weights = check("policy.weight", parts.policy_weight(batch).float().detach(), "responses")
-    correction = check("policy.correction", parts.correction(batch).float().detach())
+        batch, kl_coef = kl_to_reference(batch, spec, parts, kl_coef, metrics)
+    adv = parts.advantage(batch).float().detach()
+    weights = parts.policy_weight(batch).float().detach()
+    correction = parts.correction(batch).float().detach()
     actor_mask = batch.response_mask & (weights > 0)[:, None] & (correction > 0)
     nll_mask = actor_mask & (scores > 0)[:, None] if spec.policy.nll_coef > 0 else None
     data = UpdateData(ro, batch, adv, actor_mask, weights, correction, nll_mask)
@@ -288,11 +280,9 @@ def estimate(
     metrics["advantage_mean"] = (adv * batch.maskf).sum() / tokens
     if parts.critic_target is not None:
         assert parts.critic_mask and parts.critic_weight and batch.values is not None
-        data.targets = check("critic.target", parts.critic_target(batch).float().detach())
-        data.value_mask = check("critic.mask", parts.critic_mask(batch).detach().float()) > 0
-        data.value_weights = check(
-            "critic.weight", parts.critic_weight(batch).float().detach(), "responses"
-        )
+        data.targets = parts.critic_target(batch).float().detach()
+        data.value_mask = parts.critic_mask(batch).detach().float() > 0
+        data.value_weights = parts.critic_weight(batch).float().detach()
         for slot, component, out in (
             ("critic.target", parts.critic_target, data.targets),
             ("critic.mask", parts.critic_mask, data.value_mask),
@@ -306,3 +296,30 @@ def estimate(
         value_error = ((data.targets - batch.values).abs() * batch.maskf).sum()
         metrics["value_error"] = value_error / tokens
     return data, metrics, kl_coef
+
+
+def estimate_round(
+    ro: Rollout,
+    batch: RolloutBatch,
+    scores: Tensor,
+    *,
+    spec: Spec,
+    assembly: Assembly,
+    kl_coef: Tensor,
+) -> tuple[UpdateData, dict[str, Tensor], Tensor, Tensor]:
+    """:func:`estimate` on the whole round: on several processes every process estimates
+    the gathered round (every process's ``batch`` and ``scores``) and keeps its own rows.
+    Returns the data, the metrics, β after the controller's step and the round's scores."""
+    world = distributed.world()
+    if not world.distributed:
+        data, metrics, kl_coef = estimate(
+            ro, batch, scores, spec=spec, assembly=assembly, kl_coef=kl_coef
+        )
+        return data, metrics, kl_coef, scores
+    b = batch.batch_size
+    whole, scores = gather_batch(batch, b), distributed.gather_rows(scores)
+    data, metrics, kl_coef = estimate(
+        ro, whole, scores, spec=spec, assembly=assembly, kl_coef=kl_coef
+    )
+    data = data.own_rows(ro, slice(world.rank * b, (world.rank + 1) * b))
+    return data, metrics, kl_coef, scores

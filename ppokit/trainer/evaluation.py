@@ -41,7 +41,7 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -53,6 +53,9 @@ from ppokit.stats import pass_at_k, wilson_half_width
 from ppokit.trainer.episodes import Sampler
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Scorer
+
+if TYPE_CHECKING:
+    from ppokit.trainer.setup import Setup
 
 __all__ = ["Evaluator", "eval_rows", "eval_seed", "isolated_rng"]
 
@@ -126,9 +129,9 @@ class Evaluator:
         self.seconds = 0.0
 
     @classmethod
-    def of(cls, spec: Spec, learner: Any) -> Evaluator:
-        """The evaluation of a training run's ``learner`` (its sampler and scorer)."""
-        return cls(spec, learner.sampler, learner.scorer)
+    def of(cls, spec: Spec, setup: Setup) -> Evaluator:
+        """The evaluation of a training run's ``setup`` (its sampler and scorer)."""
+        return cls(spec, setup.sampler, setup.scorer)
 
     @property
     def names(self) -> list[str]:

@@ -43,7 +43,9 @@ from ppokit.trainer.evaluation import Evaluator
 from ppokit.trainer.health import check, fired_signs, warning
 from ppokit.trainer.metrics import MetricsLog, curves_title, plot_curves, read_once
 from ppokit.trainer.models import Models, build_models, quiet_progress_bars, resolve_device
-from ppokit.trainer.round import Learner, run_round
+from ppokit.trainer.report import Reporter, Silent
+from ppokit.trainer.round import run_round
+from ppokit.trainer.setup import Setup, State
 from ppokit.trainer.trackers import Trackers
 
 __all__ = ["RUN_FILES", "Interrupted", "choose_threads", "set_threads", "smoke_spec", "train"]
@@ -256,13 +258,6 @@ def _smoke_folder(main: bool) -> str:
     return folder
 
 
-class _Quiet:
-    """The display of a process other than the first: shows nothing."""
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
-
-
 def _check_shares(spec: Spec, processes: int) -> None:
     """Equal shares of prompts and minibatch rows for each of ``processes``."""
     r, t = spec.rollout, spec.train
@@ -292,7 +287,9 @@ def _train(
     _check_shares(spec, world.size)
     _seed_all(spec.seed)
     # the display first: a model that takes a minute to load says so from the first second
-    display: Any = Display(spec.train.rounds, 0, spec.output.progress) if world.main else _Quiet()
+    display: Reporter = (
+        Display(spec.train.rounds, 0, spec.output.progress) if world.main else Silent()
+    )
     # vLLM's log lines into the run's library.log, its warnings once each through the display
     logs = out / LIBRARY_LOG if world.main else None
     try:
@@ -307,13 +304,13 @@ def _train(
                 display.step(f"sharding the models over {world.size} processes")
                 models.shard(spec.parallel)
             display.step(f"starting the rollout engine ({spec.rollout.engine.name})")
-            learner = Learner(spec, models, assembly)
+            setup = Setup.start(spec, models, assembly, display)
             try:
                 return _rounds(
-                    spec, out, resume, smoke, changes, learner, threads, wall, display, temporary
+                    spec, out, resume, smoke, changes, setup, threads, wall, display, temporary
                 )
             finally:
-                learner.close()
+                setup.close()
     finally:
         display.close()
 
@@ -334,10 +331,10 @@ def _rounds(
     resume: bool,
     smoke: bool,
     changes: list[tuple[str, Any, Any]],
-    learner: Learner,
+    setup: Setup,
     threads: str,
     wall: float,
-    display: Any,
+    display: Reporter,
     temporary: bool = False,
 ) -> dict[str, Any]:
     """The rounds; ``temporary``: the output folder is removed when the run ends, so no
@@ -345,16 +342,17 @@ def _rounds(
     from ppokit.data import format_prompts, make_prompt_source
 
     world = distributed.world()
-    models = learner.models
+    models = setup.models
+    state = State.create(spec, models)
     display.step(f"reading the prompts ({spec.data.source})")
     source = make_prompt_source(spec.data, spec.seed)
-    log = MetricsLog(out) if world.main else _Quiet()
+    log = MetricsLog(out, write=world.main)
     start = 0
     redo: list[int] = []
     if resume:
         display.step("restoring the checkpoint")
         with io_errors(out / "checkpoint", "cannot restore the checkpoint"):
-            start = load_checkpoint(out, learner, source)
+            start = load_checkpoint(out, models, state, source)
         distributed.barrier()  # every process has read it before it is changed
         if world.main:
             redo = check_metrics(log.path, start)
@@ -368,14 +366,12 @@ def _rounds(
     if world.main:
         write_atomic(out / SPEC, spec_yaml)
     history = read_metrics(out)
-    evaluator = Evaluator.of(spec, learner) if spec.eval is not None else None
+    evaluator = Evaluator.of(spec, setup) if spec.eval is not None else None
     tracked = spec if world.main else spec.model_copy(update={"output": _no_trackers(spec)})
     if spec.output.report_to:
         display.step(f"starting the trackers ({', '.join(spec.output.report_to)})")
     with Trackers(tracked, out, start_round=start) as trackers:
         total = spec.train.rounds
-        learner.on_phase = display.phase
-        learner.on_progress = display.generation
         processes = f", {world.size} processes" if world.distributed else ""
         display.message(
             f"ppokit: {max(0, total - start)} round(s) on {models.runtime.device}{processes}, "
@@ -412,13 +408,13 @@ def _rounds(
                     _seed_all(distributed.round_seed(spec.seed, world.rank, r + 1))
                 display.start_round(r + 1)
                 record = _run_round(
-                    spec, learner, source, format_prompts, r, log, evaluator, trackers, history
+                    setup, state, source, format_prompts, r, log, evaluator, trackers, history
                 )
                 for problem in [*record.pop("_skipped", ()), *record.pop("_health", ())]:
                     display.message(f"warning: {problem}")
                 history.append(record)
                 if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
-                    save_checkpoint(out, learner, source, r + 1, spec_yaml)
+                    save_checkpoint(out, models, state, source, r + 1, spec_yaml)
                 display.round(record, total)
         except KeyboardInterrupt:
             display.close()
@@ -494,8 +490,8 @@ def _evaluates(spec: Spec, r: int) -> bool:
 
 
 def _run_round(
-    spec: Spec,
-    learner: Learner,
+    setup: Setup,
+    state: State,
     source: Any,
     format_prompts: Any,
     r: int,
@@ -509,15 +505,18 @@ def _run_round(
     of records before it (evaluated once, on the first process; ``_health``: the warnings of
     those that start firing) and the skipped steps' messages (``_skipped``)."""
     begin = time.perf_counter()
+    spec = setup.spec
 
     def draw() -> tuple[list[dict[str, Any]], list[str]]:  # a batch: this process's prompts
         rows = source.next_rows(spec.rollout.prompts_per_round)
         rows = rows[distributed.world().share(len(rows))]
-        return rows, format_prompts(rows, learner.models.tokenizer, spec.data)
+        return rows, format_prompts(rows, setup.models.tokenizer, spec.data)
 
     rows, formatted = draw()
     train_actor = r >= spec.train.critic_warmup_rounds
-    result = run_round(learner, rows, formatted, round_no=r + 1, train_actor=train_actor, draw=draw)
+    result = run_round(
+        setup, state, rows, formatted, round_no=r + 1, train_actor=train_actor, draw=draw
+    )
     values = read_once(result.metrics)  # the round's one host read
     tokens = values.pop("tokens", None) or 0.0
     record: dict[str, Any] = {"round": r + 1, **values, **result.timings}
@@ -525,7 +524,7 @@ def _run_round(
     record["tokens_per_s"] = tokens / gen if gen > 0 else None
     record["time_round"] = time.perf_counter() - begin
     if evaluator is not None and _evaluates(spec, r):  # after the update, into this record
-        learner.on_phase("evaluating")
+        setup.reporter.phase("evaluating")
         record.update(evaluator.run())
         record["time_eval"] = evaluator.seconds
     warnings = []

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import resource
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,7 +19,16 @@ from torch import Tensor
 from ppokit.metrics_table import CURVES, EVAL_CURVES, REQUIRED, TIMING, metric
 from ppokit.runfolder import METRICS, SAMPLES, append_line, read_metrics, write_atomic
 
-__all__ = ["CURVES", "TIMING", "Meter", "MetricsLog", "curves_title", "plot_curves", "read_metrics"]
+__all__ = [
+    "CURVES",
+    "TIMING",
+    "Meter",
+    "MetricsLog",
+    "curves_title",
+    "peak_memory_gb",
+    "plot_curves",
+    "read_metrics",
+]
 
 
 def curve_keys(history: Sequence[dict[str, Any]]) -> list[str]:
@@ -54,6 +65,12 @@ class Meter:
     def mean(self, name: str, value: Tensor) -> None:
         self.add(name, value, 1.0)
 
+    def merge(self, other: Meter) -> None:
+        """Add ``other``'s sums and counts (an optimizer step's, into the round's)."""
+        for name, totals in other.totals.items():
+            self.totals.setdefault(name, []).extend(totals)
+            self.counts.setdefault(name, []).extend(other.counts[name])
+
     def means(self, reduce: Callable[[Tensor], Tensor] | None = None) -> dict[str, Tensor]:
         """Σ total / Σ count per name; ``reduce`` (e.g. a sum over processes) is applied to
         the stacked sums and counts first, in one call."""
@@ -71,6 +88,14 @@ class Meter:
         return dict(zip(names, means.unbind(), strict=True))
 
 
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak memory so far: the CUDA caching allocator's peak, else the process's max RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2**30 if sys.platform == "darwin" else 2**20)
+
+
 def read_once(tensors: dict[str, Tensor]) -> dict[str, float | None]:
     """Every metric tensor in one host transfer; non-finite values become None."""
     if not tensors:
@@ -82,13 +107,17 @@ def read_once(tensors: dict[str, Tensor]) -> dict[str, float | None]:
 
 class MetricsLog:
     """Appends one JSON object per round to ``metrics.jsonl``, each line in one write (an OS
-    error is a one-line ``UserError`` naming the file, and leaves no partial line)."""
+    error is a one-line ``UserError`` naming the file, and leaves no partial line);
+    ``write`` False (a process other than the first): writes nothing."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, write: bool = True) -> None:
         self.path = out / METRICS
         self.samples_path = out / SAMPLES
+        self.write = write
 
     def append(self, record: dict[str, Any]) -> None:
+        if not self.write:
+            return
         full = {k: record.get(k) for k in REQUIRED}
         full.update(record)
         append_line(self.path, json.dumps(full))
@@ -105,7 +134,7 @@ class MetricsLog:
             json.dumps({"round": round_no, "prompt": p, "response": r, "reward": s})
             for p, r, s in list(zip(prompts, responses, scores, strict=True))[:limit]
         ]
-        if lines:
+        if lines and self.write:
             append_line(self.samples_path, "\n".join(lines))
 
 

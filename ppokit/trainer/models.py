@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from ppokit.errors import MissingDependency, UserError, one_line
+from ppokit.trainer.report import Reporter, Silent
 
 __all__ = [
     "SMOLLM2",
@@ -69,17 +70,6 @@ class Runtime:
     amp_dtype: torch.dtype | None
 
 
-class Silent:
-    """What :func:`build_models` tells of its steps when nobody listens: nothing. A run's
-    :class:`~ppokit.trainer.display.Display` has the same two methods."""
-
-    def step(self, name: str) -> None:
-        """A step begins (``loading the actor ...``)."""
-
-    def status(self, text: str) -> None:
-        """The step's own progress (``tensor 12/272``)."""
-
-
 @contextlib.contextmanager
 def quiet_progress_bars() -> Iterator[None]:
     """transformers' own progress bars off (they would print through a live display and
@@ -96,7 +86,7 @@ def quiet_progress_bars() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _gguf_progress(report: Any) -> Iterator[None]:
+def _gguf_progress(report: Reporter) -> Iterator[None]:
     """transformers' "Converting and de-quantizing GGUF tensors" bar (a plain ``tqdm`` that
     its progress-bar switch does not reach) replaced, while a GGUF file loads, by the
     count of tensors converted, reported to ``report.status``."""
@@ -404,14 +394,14 @@ def load_actor(
     seed: int,
     trust_remote_code: bool = False,
     revision: str | None = None,
-    report: Any = None,
+    report: Reporter | None = None,
 ) -> tuple[Any, nn.Module]:
     """(tokenizer, causal LM) of ``spec.model.actor``, on CPU in float32.
 
     A model whose config needs its own code is refused (:class:`UserError`) unless
     ``trust_remote_code``; so is a name that is neither a local model directory nor a Hub
     model id that can be read (``revision``: its branch, tag or commit). ``report`` hears
-    of the steps (:class:`Silent`'s methods): a GGUF file's conversion, tensor by tensor.
+    of the steps (:class:`~ppokit.trainer.report.Reporter`): a GGUF file's conversion, tensor by tensor.
     """
     report = report if report is not None else Silent()
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -556,13 +546,13 @@ def build_models(
     reference: bool = True,
     critic: bool = True,
     device: str | None = None,
-    report: Any = None,
+    report: Reporter | None = None,
 ) -> Models:
     """Actor, critic (when ``spec.critic`` is set and ``critic``), reference (when
     ``spec.kl`` is set and ``reference``: a frozen copy of the actor, or with
     ``spec.model.lora`` the actor with its adapters disabled). ``device`` overrides
     ``spec.model.device`` (``ppokit export`` builds on the CPU, without a reference).
-    ``report`` hears of each step as it begins (:class:`Silent`'s ``step`` and
+    ``report`` hears of each step as it begins (:class:`~ppokit.trainer.report.Reporter`'s ``step`` and
     ``status``: a run's display)."""
     report = report if report is not None else Silent()
     m = spec.model

@@ -1,4 +1,4 @@
-"""One round, as a recipe of numbered steps (docs/design.md, "Order of a round"):
+"""One round (docs/design.md, "Order of a round"), written out in :func:`run_round`:
 
 1. **generate**: ``rollout.n`` responses per prompt from the rollout engine, which records
    log μ of each sampled token (with ``rollout.environment``: episodes, turn by turn,
@@ -12,72 +12,60 @@
    engine's log μ serves, ``rollout.logp_old``), the critic's values V_old, log π_ref;
 4. **estimate** on the whole round (gathered on several processes): truncation rule, KL in
    the reward, advantages, critic targets, position mask, prompt weights;
-5. **update**: ``ppo_epochs`` passes of minibatch steps (none when step 4 found a NaN);
+5. **update**: ``ppo_epochs`` passes of shuffled minibatches, each the sum of its
+   micro-batches' losses (:mod:`~ppokit.trainer.objective`) and one clipped optimizer step
+   per model (:mod:`~ppokit.trainer.optim`); none when step 4 found a NaN;
 6. **sync**: the engine follows the updated policy.
 
-:func:`collect` is steps 1-4, :func:`run_round` the whole round. Each step is a call into a
-module of one job: :mod:`~ppokit.trainer.rollout` and the engine,
-:mod:`~ppokit.trainer.scoring`, :mod:`~ppokit.trainer.groups`,
-:mod:`~ppokit.trainer.estimation`,
-:mod:`~ppokit.trainer.update`. :class:`Learner` holds what lasts from round to round.
+It works on the run's two objects (:mod:`~ppokit.trainer.setup`): the :class:`Setup` a spec
+assembled once and the :class:`State` the rounds change.
 
-Nothing non-finite reaches the parameters: the rewards and estimates are checked once per
-round at the end of step 4, the loss terms, losses and gradient norms once per optimizer
-step (:mod:`~ppokit.trainer.checks`). Apart from those checks, nothing in a round reads a
-tensor back to the host except the decoded responses the rewards need and one read of the
-stacked metric tensors at its end.
+Nothing non-finite reaches the parameters: steps 1-4 and each optimizer step run under a
+non-finite counter (:func:`~ppokit.trainer.checks.counting`) that every component counts its
+results into, read once at the end of step 4 and once per optimizer step. Apart from those
+reads, nothing in a round reads a tensor back to the host except the decoded responses the
+rewards need and one read of the stacked metric tensors at its end.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ppokit import distributed
-from ppokit.spec import Spec
-from ppokit.trainer.assembly import Assembly
-from ppokit.trainer.checks import Guard, NonFinite
-from ppokit.trainer.episodes import Sampler, episode_metrics
-from ppokit.trainer.estimation import UpdateData, estimate, gather_batch, round_batch
-from ppokit.trainer.forwards import Forwards
-from ppokit.trainer.groups import Draw, fill
-from ppokit.trainer.models import Models
-from ppokit.trainer.rollout import PromptEncoder, Rollout, engine_context, sampling
-from ppokit.trainer.scoring import Scorer
-from ppokit.trainer.update import optimizers, update
+from ppokit.trainer.checks import count, counting
+from ppokit.trainer.episodes import episode_metrics
+from ppokit.trainer.estimation import estimate_round, round_batch
+from ppokit.trainer.groups import Draw, Filled, fill
+from ppokit.trainer.metrics import Meter, peak_memory_gb
+from ppokit.trainer.rollout import Rollout
+from ppokit.trainer.setup import Setup, State
 
-__all__ = ["PHASES", "Learner", "RoundResult", "collect", "run_round"]
+__all__ = ["PHASES", "RoundResult", "run_round"]
 
-#: The phases of a round, in order, as ``Learner.on_phase`` receives them.
+#: The phases of a round, in order, as the setup's reporter hears them.
 PHASES = ("generating", "scoring", "estimating", "updating")
 
-
-def _no_phase(phase: str) -> None:
-    """The default ``Learner.on_phase``: nothing."""
-
-
-def _no_progress(step: int, steps: int, rows: int) -> None:
-    """The default ``Learner.on_progress``: nothing."""
-
-
-@contextmanager
-def _timed(timings: dict[str, float], key: str) -> Iterator[None]:
-    start = time.perf_counter()
-    yield
-    timings[key] = time.perf_counter() - start
+#: The label of each model's gradient norm, and the slot whose loss it is the gradient of.
+GRAD_NORMS = {
+    "actor": ("the actor's gradient norm", "policy.loss"),
+    "critic": ("the critic's gradient norm", "critic.loss"),
+}
 
 
 @dataclass
 class RoundResult:
     """Metric tensors of a round (read once at its end), host-side measurements (seconds
-    per phase ``time_*``; ``peak_memory_gb``), texts for samples and, with
-    ``on_nonfinite: skip``, what was skipped and why."""
+    per phase ``time_*``; ``peak_memory_gb``), texts for samples, what was skipped and why
+    (``on_nonfinite: skip``, a round without groups) and ``data``: what the update read
+    (None when no group entered the round)."""
 
     metrics: dict[str, Tensor]
     timings: dict[str, float]
@@ -85,211 +73,155 @@ class RoundResult:
     responses: list[str] = field(default_factory=list)
     scores: Tensor | None = None
     skipped: list[str] = field(default_factory=list)
-
-
-class Learner:
-    """What lasts from round to round: the spec, the models, the components (the started
-    rollout engine among them), the optimizers, β of the KL term and the non-finite guard.
-
-    ``round`` is the number of the round being run (1-based), for messages; ``on_phase`` is
-    called with each of :data:`PHASES` as the phase starts (a live display's hook), and
-    ``on_progress(step, steps, rows)`` after each decoding step of an engine that reports
-    them (the ``hf`` engine does), in a round or an evaluation.
-    """
-
-    def __init__(self, spec: Spec, models: Models, assembly: Assembly) -> None:
-        self.spec = spec
-        self.models = models
-        self.assembly = assembly
-        self.device = models.runtime.device
-        self.forwards = Forwards(models, spec.rollout.temperature)
-        self.scorer = Scorer(assembly, models.tokenizer, self.device)
-        self.encode = PromptEncoder(models.tokenizer, models.actor, self.device)
-        self.actor_opt, self.actor_sched, self.critic_opt, self.critic_sched = optimizers(
-            spec, models
-        )
-        coef = spec.kl.coef if spec.kl is not None else 0.0
-        self.kl_coef = torch.tensor(coef, dtype=torch.float32, device=self.device)
-        self.guard = Guard(spec.train.on_nonfinite, spec.train.max_skipped_steps)
-        self.on_phase: Callable[[str], None] = _no_phase
-        self.on_progress: Callable[[int, int, int], None] = _no_progress
-        self.round = 0
-        self.engine = assembly.engine
-        world = distributed.world()
-        context = engine_context(
-            models, spec.model, world.rank, world.size, lambda *step: self.on_progress(*step)
-        )
-        self.engine.start(context)
-        self.sampler = Sampler(
-            self.engine, assembly.environment, self.encode, models.tokenizer, spec.rollout
-        )
-        mode = spec.rollout.logp_old
-        self.recompute_logp_old = mode == "forward" or (
-            mode == "auto" and not self.engine.samples_from_policy
-        )
-
-    def sample(
-        self,
-        prompts: list[str],
-        n: int,
-        batch: int = 0,
-        rows: list[dict[str, Any]] | None = None,
-        **changes: Any,
-    ) -> Rollout:
-        """``n`` responses per prompt (episodes with an environment, which reads the
-        prompts' data ``rows``) under the spec's sampling settings (``changes``: e.g.
-        ``greedy=True``), with the seed of (seed, process, round) and, for the round's
-        generation batch number ``batch`` > 0, that seed xor ``batch``."""
-        seed = distributed.round_seed(self.spec.seed, distributed.world().rank, self.round)
-        seed ^= batch
-        asked = sampling(self.spec.rollout, n, seed, **changes)
-        return self.sampler(rows, prompts, self.spec.data, asked)
-
-    def collect(
-        self,
-        rows: list[dict[str, Any]],
-        formatted: list[str],
-        round_no: int | None = None,
-        rollout: Rollout | None = None,
-        scores: Tensor | None = None,
-        draw: Draw | None = None,
-    ) -> tuple[UpdateData | None, RoundResult]:
-        """Steps 1-4 (:func:`collect`)."""
-        return collect(self, rows, formatted, round_no, rollout, scores, draw)
-
-    def update(self, data: UpdateData | None, train_actor: bool, result: RoundResult) -> None:
-        """Step 5 (:func:`ppokit.trainer.update.update`), its metrics into ``result``; none
-        when no group entered the round (``data`` None)."""
-        if data is None:
-            return
-        self.on_phase("updating")
-        done = update(self, data, train_actor)
-        result.metrics.update(done.metrics)
-        result.timings.update(done.timings)
-        result.skipped.extend(done.skipped)
-
-    def close(self) -> None:
-        """The end of the run: the engine closes."""
-        self.engine.close()
+    data: Any = None
 
 
 def run_round(
-    lrn: Learner,
+    setup: Setup,
+    state: State,
     rows: list[dict[str, Any]],
     formatted: list[str],
     *,
     round_no: int,
     train_actor: bool = True,
     draw: Draw | None = None,
+    rollout: Rollout | None = None,
+    scores: Tensor | None = None,
+    update: bool = True,
 ) -> RoundResult:
     """Round ``round_no`` (1-based) on the data ``rows`` and their ``formatted`` prompts,
-    and the batches ``draw`` gives while ``rollout.filter`` has passed too few groups;
-    ``train_actor`` False: a critic-only round (``train.critic_warmup_rounds``)."""
-    data, result = collect(lrn, rows, formatted, round_no=round_no, draw=draw)  # steps 1-4
-    if data is not None:  # a round without groups has no update
-        lrn.update(data, train_actor, result)  # 5. update
-        with _timed(result.timings, "time_sync"):  # 6. the engine follows the policy
-            lrn.engine.sync()
+    and the batches ``draw`` gives while ``rollout.filter`` has passed too few groups.
+    ``train_actor`` False: a critic-only round (``train.critic_warmup_rounds``).
+    ``rollout``, ``scores``: the first batch's responses (``rollout.n`` per prompt) and
+    their rewards R, used as if generated and scored. ``update`` False: steps 1-4 only.
+
+    A non-finite reward or estimate raises :class:`~ppokit.errors.NonFiniteError`, or with
+    ``on_nonfinite: skip`` skips the round's update and leaves β as it was; a non-finite
+    loss or gradient norm does the same to its optimizer step."""
+    spec, parts, device = setup.spec, setup.assembly, setup.device
+    n, t = spec.rollout.n, spec.train
+    state.round = round_no
+    timings: dict[str, float] = {}
+    sample = partial(setup.sample, round_no)
+    setup.forwards.eval_mode()  # sampling and scoring see no dropout
+
+    with counting() as checks:
+        # 1. generate and 2. score, batch after batch until the filter has passed a round's groups
+        got = fill(
+            rows, formatted, sample=sample, scorer=setup.scorer, group_filter=parts.filter,
+            settings=spec.rollout, timings=timings, phase=setup.reporter.phase, draw=draw,
+            rollout=rollout, scores=scores,
+        )  # fmt: skip
+        groups = n if n > 1 and "group_ids" in parts.requires else None
+        metrics = generated_metrics(got, groups, device)
+        kept = got.kept
+        if kept is None:  # nothing to estimate or update
+            problem = checks.read_problem()
+            skipped = [] if problem is None else [state.guard(round_no, problem, "no update")]
+            name = parts.name("rollout.filter").inline
+            skipped.append(
+                f"round {round_no}: no generated group passed rollout.filter ({name}) in "
+                f"{got.batches} generation batch(es): no update"
+            )
+            return RoundResult(metrics, timings, skipped=skipped)
+        baseline = None
+        if "baseline_rewards" in parts.requires:  # one greedy response per kept prompt
+            with _timed(timings, "time_score", add=True):
+                greedy = sample(kept.formatted, 1, rows=kept.rows, greedy=True)
+                baseline = setup.scorer.rollout(kept.rows, greedy)[0].repeat_interleave(n)
+
+        # 3. forward passes at the weights that sampled
+        setup.reporter.phase("estimating")
+        with _timed(timings, "time_logprob"):
+            batch = round_batch(
+                kept.rollout, kept.scores, baseline, n=n, forwards=setup.forwards,
+                assembly=parts, recompute_logp_old=setup.recompute_logp_old,
+            )  # fmt: skip
+
+        # 4. estimate, on the whole round
+        data, estimates, beta, round_scores = estimate_round(
+            kept.rollout, batch, kept.scores, spec=spec, assembly=parts, kl_coef=state.kl_coef
+        )
+        problem = checks.read_problem()  # once per round
+    skipped = []
+    if problem is None:
+        state.kl_coef = beta
+    else:  # a skipped round leaves β as it was
+        skipped.append(state.guard(round_no, problem, "the round's update is skipped"))
+        data.skip = True
+    metrics.update(estimates)
+    metrics.update(episode_metrics(kept.rollout))
+    metrics["rollout/kept_reward_mean"] = round_scores.mean()
+    metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=device)
+
+    prompts = [row["prompt"] for row in kept.rows for _ in range(n)]
+    result = RoundResult(metrics, timings, prompts, kept.texts, kept.scores, skipped, data)
+    if not update:
+        return result
+
+    # 5. update: ppo_epochs passes of shuffled minibatches, one optimizer step each
+    setup.reporter.phase("updating")
+    with _timed(timings, "time_update"):
+        processes = distributed.world().size
+        b = data.batch.batch_size  # this process's rows
+        mb = t.minibatch_size // processes if t.minibatch_size else b
+        micro = t.micro_batch_size or mb
+        meter = Meter()
+        if problem is None:
+            setup.forwards.train_mode()
+            for _epoch in range(t.ppo_epochs):
+                for idx in torch.randperm(b).to(device).split(mb):
+                    step = Meter()  # the step's metrics count only if it is taken
+                    with counting() as checks:
+                        state.optimizers.zero_grad()
+                        denoms = setup.objective.denominators(data, idx)
+                        for j in idx.split(micro):  # micro-batches: the minibatch's gradient
+                            share = j.shape[0] / (idx.shape[0] * processes)
+                            loss = setup.objective.micro_loss(
+                                data, j, denoms, share, state.kl_coef, train_actor, step
+                            )
+                            # the gradient reduction averages over the processes
+                            (loss * processes if processes > 1 else loss).backward()
+                        norms = state.optimizers.clip(t.max_grad_norm, train_actor)
+                        for name, norm in norms.items():
+                            label, slot = GRAD_NORMS[name]
+                            count(label, norm, "scalar", parts.name(slot).inline)
+                        bad = checks.read_problem()  # once per optimizer step
+                    if bad is not None:  # the step changes no parameter
+                        state.optimizers.zero_grad()
+                        skipped.append(state.guard(round_no, bad, "the optimizer step is skipped"))
+                        continue
+                    state.guard.good()
+                    state.optimizers.step(norms)
+                    for name, norm in norms.items():
+                        step.mean(f"grad_norm_{name}", norm)
+                    meter.merge(step)
+            metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=device)
+        metrics.update(meter.means(distributed.all_sum))
+    timings["peak_memory_gb"] = peak_memory_gb(device)
+
+    # 6. sync: the engine follows the policy
+    with _timed(timings, "time_sync"):
+        setup.engine.sync()
     return result
 
 
-def collect(
-    lrn: Learner,
-    rows: list[dict[str, Any]],
-    formatted: list[str],
-    round_no: int | None = None,
-    rollout: Rollout | None = None,
-    scores: Tensor | None = None,
-    draw: Draw | None = None,
-) -> tuple[UpdateData | None, RoundResult]:
-    """Steps 1-4 of round ``round_no`` (default: the previous one plus one): everything up to
-    the update. ``rollout``: responses already sampled (``rollout.n`` per prompt), used as if
-    generated, and ``scores`` their combined rewards R (else the spec's rewards score them).
-    ``draw``: the next batch of prompts, while ``rollout.filter`` has passed too few groups
-    (None: the first batch is all there is).
-
-    Returns no data (None) when no group passed the filter: the round has no update.
-    A non-finite reward or estimate raises :class:`~ppokit.errors.NonFiniteError`, or with
-    ``on_nonfinite: skip`` marks the round's update as skipped (``data.skip``) and leaves β
-    as it was."""
-    lrn.round = round_no if round_no is not None else lrn.round + 1
-    spec, n = lrn.spec, lrn.spec.rollout.n
-    timings: dict[str, float] = {}
-    checks = NonFinite()
-    lrn.forwards.eval_mode()  # sampling and scoring see no dropout
-
-    # 1. generate and 2. score, batch after batch until the filter has passed a round's groups
-    got = fill(lrn, rows, formatted, checks, timings, draw, rollout, scores)
-    groups = n if n > 1 and "group_ids" in lrn.assembly.requires else None
-    metrics = _generated_metrics(got.generated, got.generated_parts, groups)
-    metrics.update(got.metrics(lrn.device))
-    rows, formatted, ro, scores = got.rows, got.formatted, got.rollout, got.scores
-    if ro is None:  # nothing to estimate or update
-        problem = checks.read_problem()
-        skipped = [] if problem is None else [lrn.guard(lrn.round, problem, "no update")]
-        skipped.append(
-            f"round {lrn.round}: no generated group passed rollout.filter "
-            f"({lrn.assembly.name('rollout.filter').inline}) in {got.batches} generation "
-            "batch(es): no update"
-        )
-        return None, RoundResult(metrics, timings, skipped=skipped)
-
-    baseline = None
-    if "baseline_rewards" in lrn.assembly.requires:  # one greedy response per kept prompt
-        start = time.perf_counter()
-        greedy = lrn.sample(formatted, 1, rows=rows, greedy=True)
-        baseline = lrn.scorer.rollout(rows, greedy, checks)[0].repeat_interleave(n)
-        timings["time_score"] += time.perf_counter() - start
-
-    # 3. forward passes at the weights that sampled
-    lrn.on_phase("estimating")
-    with _timed(timings, "time_logprob"):
-        batch = round_batch(
-            ro,
-            scores,
-            baseline,
-            n=n,
-            forwards=lrn.forwards,
-            assembly=lrn.assembly,
-            recompute_logp_old=lrn.recompute_logp_old,
-        )
-
-    # 4. estimate, on the whole round
-    kl_coef = lrn.kl_coef
-    world = distributed.world()
-    own_scores = scores
-    if world.distributed:  # every process estimates the gathered round, keeps its rows
-        b = batch.batch_size
-        batch = gather_batch(batch, b)
-        scores = distributed.gather_rows(scores)
-    data, estimates, lrn.kl_coef = estimate(
-        ro, batch, scores, spec=spec, assembly=lrn.assembly, kl_coef=kl_coef, checks=checks
-    )
-    if world.distributed:
-        data = data.own_rows(ro, slice(world.rank * b, (world.rank + 1) * b))
-    skipped = []
-    problem = checks.read_problem()  # once per round
-    if problem is not None:
-        skipped.append(lrn.guard(lrn.round, problem, "the round's update is skipped"))
-        lrn.kl_coef = kl_coef  # a skipped round leaves β as it was
-        data.skip = True
-
-    metrics.update(estimates)
-    metrics.update(episode_metrics(ro))
-    metrics["rollout/kept_reward_mean"] = scores.mean()
-    metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=lrn.device)
-    prompts = [row["prompt"] for row in rows for _ in range(n)]
-    return data, RoundResult(metrics, timings, prompts, got.texts, own_scores, skipped)
+@contextmanager
+def _timed(timings: dict[str, float], key: str, add: bool = False) -> Iterator[None]:
+    """The block's seconds in ``timings[key]`` (``add``: added to what is there)."""
+    start = time.perf_counter()
+    yield
+    timings[key] = (timings.get(key, 0.0) if add else 0.0) + time.perf_counter() - start
 
 
-def _generated_metrics(
-    generated: dict[str, Tensor], parts: dict[str, Tensor], n: int | None = None
-) -> dict[str, Tensor]:
+def generated_metrics(got: Filled, n: int | None, device: torch.device) -> dict[str, Tensor]:
     """What the policy generated this round, every response of every generation batch
     (gathered over the processes): reward mean and std (each reward's mean when there are
     several), response length, truncated fraction and tokens; with ``n``, the size of a
     group (a prompt's responses, side by side), the fraction of groups whose rewards are
-    all equal (``rollout/zero_variance_groups``: a group baseline gives them advantage 0)."""
+    all equal (``rollout/zero_variance_groups``: a group baseline gives them advantage 0);
+    and the filter's counts (:meth:`~ppokit.trainer.groups.Filled.metrics`)."""
+    generated, parts = got.generated, got.generated_parts
     if distributed.world().distributed:
         generated = {k: distributed.gather_rows(v) for k, v in generated.items()}
         parts = {k: distributed.gather_rows(v) for k, v in parts.items()}
@@ -307,4 +239,5 @@ def _generated_metrics(
         metrics["rollout/zero_variance_groups"] = equal.float().mean()
     if len(parts) > 1:
         metrics.update({f"reward/{name}": s.mean() for name, s in parts.items()})
+    metrics.update(got.metrics(device))
     return metrics

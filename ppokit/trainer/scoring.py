@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ppokit.trainer.assembly import Assembly, as_scores
-from ppokit.trainer.checks import NonFinite
+from ppokit.trainer.checks import count
 from ppokit.trainer.rollout import Rollout
 
 __all__ = ["Scorer"]
@@ -42,10 +42,10 @@ class Scorer:
         responses: list[str],
         lengths: list[int],
         truncated: list[bool],
-        checks: NonFinite | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """R = Σ_k weight_k · reward_k, float32 [B], and each reward's scores, for one
-        response per data row; each reward's scores go into ``checks`` under its slot."""
+        response per data row (each reward counts its own scores into the round's
+        non-finite counter; R is counted here)."""
         columns = sorted({k for row in rows for k in row if k != "prompt"})
         fields: dict[str, list[Any]] = {c: [row.get(c) for row in rows] for c in columns}
         prompts = [row["prompt"] for row in rows]
@@ -57,16 +57,14 @@ class Scorer:
             where = getattr(fn, "where", None) or self.assembly.name(slot)
             out = fn(prompts, responses, **fields, lengths=lengths, truncated=truncated)
             s = as_scores(out, len(responses), where).to(self.device)
-            if checks is not None:
-                checks.add(str(where), s, "responses")
             parts[name] = s
             total = total + weight * s
-        if checks is not None:  # finite scores times their weights may still overflow
-            checks.add("the rewards' weighted sum R", total, "responses")
+        # finite scores times their weights may still overflow
+        count("the rewards' weighted sum R", total, "responses")
         return total, parts
 
     def rollout(
-        self, rows: list[dict[str, Any]], ro: Rollout, checks: NonFinite | None = None
+        self, rows: list[dict[str, Any]], ro: Rollout
     ) -> tuple[Tensor, dict[str, Tensor], list[str]]:
         """(R [B], each reward's scores, the texts) of a rollout of ``B // len(rows)``
         responses per data row. A multi-turn rollout's R adds the episode's turn rewards
@@ -74,7 +72,7 @@ class Scorer:
         n = ro.response_ids.shape[0] // max(1, len(rows))
         expanded = [row for row in rows for _ in range(n)]
         texts, lengths, truncated = self.decode(ro)
-        scores, parts = self.score(expanded, texts, lengths, truncated, checks)
+        scores, parts = self.score(expanded, texts, lengths, truncated)
         if ro.turn_rewards is not None:
             parts["environment"] = ro.turn_rewards.sum(1)
             scores = scores + parts["environment"]

@@ -1,8 +1,11 @@
-"""Small specs and learners on the tiny model for the trainer tests."""
+"""Small specs and trainees (a run's setup and state) on the tiny model for the trainer
+tests."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +13,13 @@ import torch
 
 from ppokit.spec import Spec, load_spec
 from ppokit.trainer.assembly import Assembly
+from ppokit.trainer.estimation import UpdateData
+from ppokit.trainer.metrics import Meter
 from ppokit.trainer.models import build_models
+from ppokit.trainer.report import Silent
 from ppokit.trainer.rollout import Rollout
-from ppokit.trainer.round import Learner
+from ppokit.trainer.round import RoundResult, run_round
+from ppokit.trainer.setup import Setup, State
 
 DEMO = Path(__file__).resolve().parents[2] / "ppokit" / "specs" / "demo.yaml"
 
@@ -36,14 +43,111 @@ def small_spec(tmp: Path | None = None, *overrides: str) -> Spec:
     return load_spec(DEMO, [*SMALL, *out, *overrides])
 
 
-def learner(spec: Spec) -> Learner:
+class Progress(Silent):
+    """A reporter that hands the engine's decoding steps to ``listen``."""
+
+    def __init__(self, listen: Callable[[int, int, int], None]) -> None:
+        self.listen = listen
+
+    def generation(self, step: int, steps: int, rows: int) -> None:
+        self.listen(step, steps, rows)
+
+
+@dataclass
+class Trainee:
+    """A run's :class:`Setup` and :class:`State` as the trainer tests use them: the setup's
+    parts and the state's by name, ``sample`` at the state's round, and rounds."""
+
+    setup: Setup
+    state: State
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("setup", "state"):
+            raise AttributeError(name)
+        if hasattr(self.setup, name):
+            return getattr(self.setup, name)
+        return getattr(self.state, name)
+
+    @property
+    def actor_opt(self) -> torch.optim.Optimizer:
+        return self.state.optimizers.actor
+
+    @property
+    def actor_sched(self) -> Any:
+        return self.state.optimizers.actor_schedule
+
+    @property
+    def critic_opt(self) -> torch.optim.Optimizer | None:
+        return self.state.optimizers.critic
+
+    def set_round(self, round_no: int) -> None:
+        """The round whose seed :meth:`sample` draws with."""
+        self.state.round = round_no
+
+    def listen(self, progress: Callable[[int, int, int], None]) -> None:
+        """The engine's decoding steps go to ``progress``."""
+        self.setup.reporter = Progress(progress)
+
+    def sample(self, prompts: list[str], n: int, **kwargs: Any) -> Rollout:
+        return self.setup.sample(self.state.round, prompts, n, **kwargs)
+
+    def collect(
+        self, rows: list[dict[str, Any]], formatted: list[str], round_no: int | None = None,
+        rollout: Rollout | None = None, scores: torch.Tensor | None = None,
+    ) -> tuple[UpdateData | None, RoundResult]:  # fmt: skip
+        """Steps 1-4 of the next round (or round ``round_no``): (what the update would
+        read, the round's result so far)."""
+        round_no = round_no if round_no is not None else self.state.round + 1
+        result = run_round(
+            self.setup, self.state, rows, formatted, round_no=round_no, rollout=rollout,
+            scores=scores, update=False,
+        )  # fmt: skip
+        return result.data, result
+
+    def round(
+        self, rows: list[dict[str, Any]], formatted: list[str], round_no: int | None = None,
+        **kwargs: Any,
+    ) -> RoundResult:  # fmt: skip
+        """The whole next round (or round ``round_no``)."""
+        round_no = round_no if round_no is not None else self.state.round + 1
+        return run_round(self.setup, self.state, rows, formatted, round_no=round_no, **kwargs)
+
+    def reshard(self) -> None:
+        """The models sharded over the processes, with optimizers over the shards."""
+        self.setup.models.shard(self.setup.spec.parallel)
+        self.state = State.create(self.setup.spec, self.setup.models)
+
+    def close(self) -> None:
+        self.setup.close()
+
+
+def learner(spec: Spec) -> Trainee:
     random.seed(spec.seed)
     torch.manual_seed(spec.seed)
     assembly = Assembly.from_spec(spec)
-    return Learner(spec, build_models(spec, assembly.head_size), assembly)
+    models = build_models(spec, assembly.head_size)
+    return Trainee(Setup.start(spec, models, assembly), State.create(spec, models))
 
 
-def encode(lrn: Learner, prompts: list[str], n: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def accumulate(
+    lrn: Trainee, data: UpdateData, idx: torch.Tensor, micro: int, train_actor: bool
+) -> torch.Tensor:
+    """The round's gradient accumulation over the minibatch ``idx`` (run_round's step 5
+    without the optimizer step): the gradients of the micro-batches of ``micro`` rows, and
+    the minibatch loss, the sum of the micro-batch losses (detached)."""
+    objective, processes = lrn.setup.objective, 1
+    lrn.state.optimizers.zero_grad()
+    denoms = objective.denominators(data, idx)
+    total = torch.zeros(())
+    for j in idx.split(micro):
+        share = j.shape[0] / (idx.shape[0] * processes)
+        loss = objective.micro_loss(data, j, denoms, share, lrn.state.kl_coef, train_actor, Meter())
+        loss.backward()
+        total = total + loss.detach()
+    return total
+
+
+def encode(lrn: Trainee, prompts: list[str], n: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """The learner's left-padded prompt ids and mask, each prompt ``n`` times."""
     ids, attn = lrn.encode(prompts, lrn.spec.data, lrn.spec.rollout.max_new_tokens)
     return ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
@@ -134,7 +238,8 @@ def resume(out: Path, *overrides: str) -> int:
     from ppokit.trainer.checkpoint import load_checkpoint
 
     spec = small_spec(out, *overrides)
-    return load_checkpoint(out, learner(spec), make_prompt_source(spec.data, spec.seed))
+    lrn = learner(spec)
+    return load_checkpoint(out, lrn.models, lrn.state, make_prompt_source(spec.data, spec.seed))
 
 
 def one_line_error(fn: Any, *args: Any) -> str:

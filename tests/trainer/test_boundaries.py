@@ -417,9 +417,8 @@ def test_a_round_reports_a_broken_reward_and_a_broken_loss(use_registry) -> None
     lrn = learner(
         small_spec(None, *fast, "policy.loss.name=bad_policy_loss", "policy.loss.mode=mean")
     )
-    data, result = lrn.collect(rows, prompts)
     with pytest.raises(ComponentError) as err:
-        lrn.update(data, True, result)
+        lrn.round(rows, prompts)
     _one_line_error(err, "policy.loss (bad_policy_loss, plugin test0) returned a float32 tensor")
 
 

@@ -113,10 +113,10 @@ def test_layout_is_safetensors_and_json_only(run: Path) -> None:
 def test_resume_restores_optimizer_and_rng_exactly(run: Path) -> None:
     spec = small_spec(run, *RUN)
     a = learner(spec)
-    load_checkpoint(run, a, make_prompt_source(spec.data, spec.seed))
+    load_checkpoint(run, a.models, a.state, make_prompt_source(spec.data, spec.seed))
     after_a = torch.rand(4)
     b = learner(spec)
-    load_checkpoint(run, b, make_prompt_source(spec.data, spec.seed))
+    load_checkpoint(run, b.models, b.state, make_prompt_source(spec.data, spec.seed))
     assert torch.equal(after_a, torch.rand(4))
     state_a, state_b = a.actor_opt.state_dict(), b.actor_opt.state_dict()
     assert state_a["param_groups"] == state_b["param_groups"]

@@ -143,15 +143,13 @@ def _one_update(spec: Spec, rows: list[dict[str, Any]], ro: Rollout) -> tuple[An
     world = distributed.world()
     lrn = learner(spec)
     if world.distributed:
-        lrn.models.shard(spec.parallel)
-        lrn = type(lrn)(spec, lrn.models, lrn.assembly)  # optimizers over the shards
+        lrn.reshard()  # optimizers over the shards
     share = world.share(len(rows))
     mine = _own(ro, world.rank, world.size)
     scores = torch.tensor(SCORES)[world.share(len(SCORES))]
     formatted = [row["prompt"] for row in rows[share]]
     torch.manual_seed(7)  # the minibatch order
-    data, result = lrn.collect(rows[share], formatted, 1, rollout=mine, scores=scores)
-    lrn.update(data, True, result)
+    result = lrn.round(rows[share], formatted, 1, rollout=mine, scores=scores)
     metrics = {k: v for k, v in read_once(result.metrics).items() if k not in TIMING}
     params = {}
     modules = [("actor", lrn.models.actor), ("critic", lrn.models.critic)]

@@ -37,8 +37,7 @@ CASES = {
 def _learner(spec: Spec) -> Any:
     lrn = learner(spec)
     if distributed.world().distributed:
-        lrn.models.shard(spec.parallel)
-        lrn = type(lrn)(spec, lrn.models, lrn.assembly)  # optimizers over the shards
+        lrn.reshard()  # optimizers over the shards
     return lrn
 
 
@@ -51,8 +50,7 @@ def _updated(spec: Spec) -> Any:
     scores = torch.tensor(SCORES)[world.share(len(SCORES))]
     torch.manual_seed(7)
     mine = _own(ro, world.rank, world.size)
-    data, result = lrn.collect(rows[share], [r["prompt"] for r in rows[share]], 1, mine, scores)
-    lrn.update(data, True, result)
+    lrn.round(rows[share], [r["prompt"] for r in rows[share]], 1, rollout=mine, scores=scores)
     return lrn
 
 
@@ -85,14 +83,26 @@ def _worker(rank: int, port: int, folder: str) -> None:
             spec = _spec(overrides)
             run = Path(folder) / f"two-{case}"
             lrn = _updated(spec)
-            save_checkpoint(run, lrn, make_prompt_source(spec.data, spec.seed), 1, "{}\n")
+            save_checkpoint(
+                run, lrn.models, lrn.state, make_prompt_source(spec.data, spec.seed), 1, "{}\n"
+            )
             saved = _whole(lrn)
             fresh = _learner(spec)
-            assert load_checkpoint(run, fresh, make_prompt_source(spec.data, spec.seed)) == 1
+            assert (
+                load_checkpoint(
+                    run, fresh.models, fresh.state, make_prompt_source(spec.data, spec.seed)
+                )
+                == 1
+            )
             again = _whole(fresh)
             other = _learner(spec)  # the checkpoint one process wrote
             one = Path(folder) / f"one-{case}"
-            assert load_checkpoint(one, other, make_prompt_source(spec.data, spec.seed)) == 1
+            assert (
+                load_checkpoint(
+                    one, other.models, other.state, make_prompt_source(spec.data, spec.seed)
+                )
+                == 1
+            )
             from_one = _whole(other)
             if rank == 0:
                 save_file(saved, f"{folder}/{case}-saved.safetensors")
@@ -107,7 +117,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
         spec = _spec(overrides)
         lrn = _updated(spec)
         run = folder / f"one-{case}"
-        save_checkpoint(run, lrn, make_prompt_source(spec.data, spec.seed), 1, "{}\n")
+        save_checkpoint(
+            run, lrn.models, lrn.state, make_prompt_source(spec.data, spec.seed), 1, "{}\n"
+        )
         save_file(_whole(lrn), f"{folder}/{case}-one.safetensors")
     mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=2, join=True)
     return folder
@@ -150,7 +162,10 @@ def test_one_process_reads_two_processes_checkpoint(checkpoints: Path, case: str
     spec = _spec(CASES[case])
     fresh = learner(spec)
     run = checkpoints / f"two-{case}"
-    assert load_checkpoint(run, fresh, make_prompt_source(spec.data, spec.seed)) == 1
+    assert (
+        load_checkpoint(run, fresh.models, fresh.state, make_prompt_source(spec.data, spec.seed))
+        == 1
+    )
     _assert_equal(_whole(fresh), load_file(checkpoints / f"{case}-saved.safetensors"))
 
 

@@ -70,15 +70,13 @@ def _worker(rank: int, port: int, folder: str) -> None:
     as_process(rank, port)
     _use_plugin()
     from ppokit.data import format_prompts, make_prompt_source
-    from ppokit.trainer.round import run_round
     from tests.helpers.trainer import learner, small_spec
 
     with distributed.process_group("cpu", 120):
         spec = small_spec(None, *OVERRIDES)
         world = distributed.world()
         lrn = learner(spec)
-        lrn.models.shard(spec.parallel)
-        lrn = type(lrn)(spec, lrn.models, lrn.assembly)
+        lrn.reshard()
         source = make_prompt_source(spec.data, spec.seed)
 
         def draw() -> tuple[list[dict[str, Any]], list[str]]:  # as the loop draws
@@ -86,15 +84,12 @@ def _worker(rank: int, port: int, folder: str) -> None:
             return rows, format_prompts(rows, lrn.models.tokenizer, spec.data)
 
         own: list[int] = []
-        update = lrn.update
-        lrn.update = lambda data, train, result: (  # type: ignore[method-assign]
-            own.append(data.batch.batch_size),
-            update(data, train, result),
-        )
         records = []
         for r in range(1, ROUNDS + 1):
             rows, formatted = draw()
-            result = run_round(lrn, rows, formatted, round_no=r, draw=draw)
+            result = lrn.round(rows, formatted, r, draw=draw)
+            if result.data is not None:  # the round had an update
+                own.append(result.data.batch.batch_size)
             record = {k: float(v) for k, v in result.metrics.items() if k.startswith("rollout/")}
             record.update(
                 drawn=source.drawn,

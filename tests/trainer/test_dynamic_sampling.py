@@ -18,11 +18,9 @@ from ppokit.data import format_prompts, make_prompt_source
 from ppokit.errors import UserError
 from ppokit.trainer import train
 from ppokit.trainer.assembly import Where, checked
-from ppokit.trainer.checks import NonFinite
 from ppokit.trainer.groups import fill
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.rollout import Rollout
-from ppokit.trainer.round import run_round
 from tests.helpers import Plugin
 from tests.helpers.components import make
 from tests.helpers.trainer import learner, small_spec
@@ -32,32 +30,34 @@ from tests.helpers.trainer import learner, small_spec
 class _Scorer:
     """Rewards 0, 1, 0, 1, ... for an informative row's responses, 0.5 for the others."""
 
-    def rollout(self, rows: list[dict[str, Any]], ro: Rollout, checks: Any) -> Any:
+    device = torch.device("cpu")
+    tokenizer = SimpleNamespace(pad_token_id=0)
+
+    def rollout(self, rows: list[dict[str, Any]], ro: Rollout) -> Any:
         n = ro.response_ids.shape[0] // len(rows)
         scores = [(i % 2 if row["informative"] else 0.5) for row in rows for i in range(n)]
         texts = [f"{row['index']}:{i}" for row in rows for i in range(n)]
         return torch.tensor(scores, dtype=torch.float32), {}, texts
 
 
-class _Learner:
-    """What :func:`fill` reads of a learner, without a model: each batch's responses are as
-    long as the batch's number (so batches pad differently) and start with the row's index."""
+class _Parts:
+    """What :func:`fill` is given, without a model: each batch's responses are as long as
+    the batch's number (so batches pad differently) and start with the row's index."""
 
     def __init__(self, n: int, prompts: int, limit: int, exhausted: str = "train") -> None:
-        rollout = SimpleNamespace(
+        self.settings = SimpleNamespace(
             n=n, prompts_per_round=prompts, max_generation_batches=limit, filter_exhausted=exhausted
         )
-        self.spec = SimpleNamespace(rollout=rollout)
-        self.device = torch.device("cpu")
-        self.on_phase = lambda phase: None
         self.scorer = _Scorer()
         where = Where("rollout.filter", "informative", "ppokit")
-        self.assembly = SimpleNamespace(
-            filter=checked("group_filter", where, make("group_filter", "informative")),
-            name=lambda path: where,
-        )
-        self.models = SimpleNamespace(tokenizer=SimpleNamespace(pad_token_id=0))
-        self.rows: list[dict[str, Any]] = []
+        self.filter = checked("group_filter", where, make("group_filter", "informative"))
+
+    def fill(self, rows: list[dict[str, Any]], formatted: list[str], draw: Any) -> Any:
+        return fill(
+            rows, formatted, sample=self.sample, scorer=self.scorer,  # type: ignore[arg-type]
+            group_filter=self.filter, settings=self.settings,  # type: ignore[arg-type]
+            timings={}, phase=lambda phase: None, draw=draw,
+        )  # fmt: skip
 
     def sample(self, formatted: list[str], n: int, batch: int = 0, rows: Any = None) -> Rollout:
         index = torch.tensor([int(p) for p in formatted]).repeat_interleave(n)
@@ -97,10 +97,10 @@ def test_the_stopping_rule(prompts: int, limit: int, n: int, data: st.DataObject
     order, with their own responses; rejected groups never enter it; the data position is
     the prompts drawn."""
     flags = data.draw(st.lists(st.booleans(), min_size=prompts * limit, max_size=prompts * limit))
-    lrn = _Learner(n, prompts, limit)
+    parts = _Parts(n, prompts, limit)
     stream = _Stream(flags, prompts)
     rows, formatted = stream()
-    got = fill(lrn, rows, formatted, NonFinite(), {}, draw=stream)  # type: ignore[arg-type]
+    got = parts.fill(rows, formatted, draw=stream)
 
     passed_by_batch = [sum(flags[b * prompts : (b + 1) * prompts]) for b in range(limit)]
     cumulative = [sum(passed_by_batch[: b + 1]) for b in range(limit)]
@@ -113,27 +113,28 @@ def test_the_stopping_rule(prompts: int, limit: int, n: int, data: st.DataObject
     assert got.kept_groups == min(prompts, passed) <= prompts
     assert got.exhausted == (passed < prompts)
     expected = [i for i, f in enumerate(flags[: batches * prompts]) if f][:prompts]
-    assert [row["index"] for row in got.rows] == expected
-    assert all(row["informative"] for row in got.rows)  # no rejected group
     if not expected:
-        assert got.rollout is None and got.scores.numel() == 0
+        assert got.kept is None
         return
-    ro = got.rollout
-    assert ro is not None and ro.response_ids.shape[0] == len(expected) * n
+    kept = got.kept
+    assert [row["index"] for row in kept.rows] == expected
+    assert all(row["informative"] for row in kept.rows)  # no rejected group
+    ro = kept.rollout
+    assert ro.response_ids.shape[0] == len(expected) * n
     assert torch.equal(ro.response_ids[:, 0], torch.tensor(expected).repeat_interleave(n))
-    assert got.texts == [f"{i}:{k}" for i in expected for k in range(n)]
+    assert kept.texts == [f"{i}:{k}" for i in expected for k in range(n)]
     assert torch.equal(
-        got.scores, torch.tensor([k % 2 for _ in expected for k in range(n)]).float()
+        kept.scores, torch.tensor([k % 2 for _ in expected for k in range(n)]).float()
     )
     assert got.generated["scores"].shape == (batches * prompts * n,)
 
 
 def test_an_exhausted_round_is_an_error_when_asked() -> None:
-    lrn = _Learner(2, 4, 3, exhausted="error")
+    parts = _Parts(2, 4, 3, exhausted="error")
     stream = _Stream([False] * 12, 4)
     rows, formatted = stream()
     with pytest.raises(UserError, match=r"rollout.filter: .*passed 0 of the round's 4 groups in 3"):
-        fill(lrn, rows, formatted, NonFinite(), {}, draw=stream)  # type: ignore[arg-type]
+        parts.fill(rows, formatted, draw=stream)
     assert stream.drawn == 12
 
 
@@ -257,21 +258,15 @@ def test_rounds_update_on_informative_groups_only(use_registry, tmp_path) -> Non
         rows = source.next_rows(prompts)
         return rows, format_prompts(rows, lrn.models.tokenizer, spec.data)
 
-    updates: list[Any] = []
-    update = lrn.update
-    lrn.update = lambda data, train_actor, result: (
-        updates.append(data),
-        update(data, train_actor, result),
-    )  # type: ignore[method-assign]
     batches = 0
     for r in range(1, 4):
         rows, formatted = draw()
-        result = run_round(lrn, rows, formatted, round_no=r, draw=draw)
+        result = lrn.round(rows, formatted, r, draw=draw)
         batches += int(result.metrics["rollout/generation_batches"])
         assert source.drawn == batches * prompts
         assert float(result.metrics["rollout/kept_groups"]) == prompts
         assert not float(result.metrics["rollout/exhausted"])
-        data = updates[-1]
+        data = result.data
         n = spec.rollout.n
         assert data.batch.batch_size == prompts * n
         scores = result.scores.view(prompts, n)
@@ -292,7 +287,7 @@ def test_short_and_empty_rounds(use_registry, tmp_path) -> None:
     symbols = ["c", "a", "d", "b", "a", "b"]  # 2 of 6 can pass
     rows = [{"prompt": f"echo {s}", "answer": s} for s in symbols]
     before = [p.detach().clone() for p in lrn.models.actor.parameters()]
-    result = run_round(lrn, rows, [r["prompt"] for r in rows], round_no=1)
+    result = lrn.round(rows, [r["prompt"] for r in rows], 1)
     kept = float(result.metrics["rollout/kept_groups"])
     assert 1 <= kept <= 2 and float(result.metrics["rollout/exhausted"]) == 1.0
     assert float(result.metrics["rollout/generated_groups"]) == 6
@@ -302,7 +297,7 @@ def test_short_and_empty_rounds(use_registry, tmp_path) -> None:
     )
     constant = [{"prompt": "echo a", "answer": "a"}, {"prompt": "echo b", "answer": "b"}] * 3
     before = [p.detach().clone() for p in lrn.models.actor.parameters()]
-    empty = run_round(lrn, constant, [r["prompt"] for r in constant], round_no=2)
+    empty = lrn.round(constant, [r["prompt"] for r in constant], 2)
     assert float(empty.metrics["rollout/kept_groups"]) == 0
     assert "policy_loss" not in empty.metrics and empty.scores is None
     assert any("no generated group passed rollout.filter" in m for m in empty.skipped)
@@ -361,14 +356,12 @@ def test_a_filter_reads_the_host_once_per_batch(use_registry, tmp_path, monkeypa
     lrn = learner(spec)
     rows = [{"prompt": f"echo {s}", "answer": s} for s in "cdcd"]  # every prompt can pass
     formatted = [r["prompt"] for r in rows]
-    run_round(lrn, rows, formatted, round_no=1)  # warm-up
+    lrn.round(rows, formatted, 1)  # warm-up
     with host_reads(monkeypatch) as calls:
-        result = run_round(lrn, rows, formatted, round_no=2)
+        result = lrn.round(rows, formatted, 2)
         values = read_once(result.metrics)
     assert values["rollout/kept_groups"] > 0 and values["rollout/generation_batches"] == 1
-    expected = allowed(optimizer_steps=spec.train.ppo_epochs) + Counter(
-        {("tolist", "_one_batch"): 1}
-    )
+    expected = allowed(optimizer_steps=spec.train.ppo_epochs) + Counter({("tolist", "fill"): 1})
     assert calls == expected
     called = []
     none = small_spec(tmp_path, *FILTERED, "rollout.filter=none")
@@ -376,5 +369,5 @@ def test_a_filter_reads_the_host_once_per_batch(use_registry, tmp_path, monkeypa
     monkeypatch.setattr(
         type(lrn.assembly.filter.component), "__call__", lambda self, g: called.append(g)
     )
-    result = run_round(lrn, rows, formatted, round_no=1)
+    result = lrn.round(rows, formatted, 1)
     assert not called and "rollout/kept_groups" not in result.metrics  # nothing filtered

@@ -19,7 +19,6 @@ from ppokit.errors import ComponentError
 from ppokit.spec import SpecError, load_spec
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
-from ppokit.trainer.round import run_round
 from tests.helpers import Plugin, module_from_page
 from tests.helpers.trainer import DEMO, demo_rows, learner, small_spec
 
@@ -208,6 +207,6 @@ def test_a_broken_engine_is_named_in_one_line(
     _Recorder.calls, _Recorder.mode = [], mode
     spec = small_spec(tmp_path, "rollout.engine=recorder")
     with pytest.raises(ComponentError, match=r"^rollout.engine \(recorder, plugin test0\) ") as e:
-        run_round(learner(spec), demo_rows(4), [r["prompt"] for r in demo_rows(4)], round_no=1)
+        learner(spec).round(demo_rows(4), [r["prompt"] for r in demo_rows(4)], round_no=1)
     assert re.search(message, str(e.value))
     assert "\n" not in str(e.value)

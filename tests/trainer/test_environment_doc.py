@@ -21,7 +21,6 @@ from ppokit.spec import load_spec
 from ppokit.tasks.demo import make_row
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
-from ppokit.trainer.round import run_round
 from tests.helpers import module_from_page
 from tests.helpers.trainer import learner, small_spec
 
@@ -149,7 +148,7 @@ def test_a_broken_environment_is_named_in_one_line(
     lrn = learner(small_spec(tmp_path, *GUESS, *extra))
     rows = _rows(4)
     with pytest.raises(ComponentError) as info:
-        run_round(lrn, rows, [r["prompt"] for r in rows], round_no=1)
+        lrn.round(rows, [r["prompt"] for r in rows], round_no=1)
     text = str(info.value)
     assert text.startswith("rollout.environment (guess, plugin test0) "), text
     assert re.search(message, text), text
@@ -162,7 +161,7 @@ def test_a_failing_reset_is_named_in_one_line(guess, tmp_path) -> None:
     rng = random.Random(0)
     rows = [make_row(rng) for _ in range(4)]
     with pytest.raises(ComponentError) as info:
-        run_round(learner(spec), rows, [r["prompt"] for r in rows], round_no=1)
+        learner(spec).round(rows, [r["prompt"] for r in rows], round_no=1)
     text = str(info.value)
     assert text.startswith("rollout.environment (guess, plugin test0) failed in reset: ")
     assert "ValueError: the 'symbols' column must end with one of 'abcd'" in text

@@ -22,8 +22,7 @@ import ppokit
 from ppokit.trainer.logprobs import token_logprobs
 from ppokit.trainer.metrics import Meter, read_once
 from ppokit.trainer.models import trunk_of
-from ppokit.trainer.round import Learner
-from tests.helpers.trainer import demo_rows, learner, small_spec
+from tests.helpers.trainer import Trainee, demo_rows, learner, small_spec
 
 PACKAGE = str(Path(ppokit.__file__).resolve().parent)
 
@@ -92,7 +91,7 @@ def forward_log(modules: dict[str, nn.Module]) -> Iterator[list[tuple[str, bool,
 
 
 @contextmanager
-def outside_generate(lrn: Learner, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+def outside_generate(lrn: Trainee, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Counts the actor trunk's forwards that do not come from ``generate``."""
     actor = lrn.models.actor
     state = {"inside": False}
@@ -118,11 +117,10 @@ def outside_generate(lrn: Learner, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         handle.remove()
 
 
-def _round(lrn: Learner, seed: int) -> tuple[Any, Any]:
+def _round(lrn: Trainee, seed: int) -> tuple[Any, Any]:
     rows = demo_rows(4, seed)
-    data, result = lrn.collect(rows, [r["prompt"] for r in rows])
-    lrn.update(data, True, result)
-    return data, result
+    result = lrn.round(rows, [r["prompt"] for r in rows])
+    return result.data, result
 
 
 def test_a_round_reads_the_host_only_for_the_rewards_and_the_metrics(tmp_path, monkeypatch) -> None:
@@ -182,17 +180,16 @@ def test_sampling_and_scoring_run_in_eval_mode_without_a_graph(tmp_path, extra) 
         models["critic"] = lrn.models.critic
     if lrn.models.ref is not None:
         models["ref"] = trunk_of(lrn.models.ref)
-    rows = demo_rows(4, 2)
     with forward_log(models) as log:
-        data, result = lrn.collect(rows, [r["prompt"] for r in rows])
-    assert {name for name, _, _ in log} == set(models)
-    assert all(not training and not grad for _, training, grad in log), log
+        data, _ = _round(lrn, seed=2)
+    first = next(i for i, (_, training, _) in enumerate(log) if training)  # the update's
+    collect, update = log[:first], log[first:]
+    assert {name for name, _, _ in collect} == set(models)
+    assert all(not training and not grad for _, training, grad in collect), collect
     batch = data.batch
     for tensor in (batch.logp_old, batch.values, batch.logp_ref, data.advantages, data.targets):
         assert tensor is None or not tensor.requires_grad
-    with forward_log(models) as log:
-        lrn.update(data, True, result)
-    assert any(name == "actor" and training and grad for name, training, grad in log)
+    assert any(name == "actor" and training and grad for name, training, grad in update)
 
 
 @pytest.mark.parametrize(

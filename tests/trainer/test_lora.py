@@ -20,9 +20,7 @@ from ppokit.trainer.logprobs import token_logprobs
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.models import Models, build_models, is_peft, trunk_of
 from ppokit.trainer.rollout import Rollout
-from ppokit.trainer.round import Learner
-from ppokit.trainer.update import accumulate
-from tests.helpers.trainer import demo_rows, learner, small_spec
+from tests.helpers.trainer import Trainee, accumulate, demo_rows, learner, small_spec
 
 pytest.importorskip("peft")
 
@@ -50,7 +48,7 @@ def _perturb_adapters(module: nn.Module, seed: int = 0) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
 
 
-def _reference_logprobs(models: Models, lrn: Learner, ro: Rollout) -> torch.Tensor:
+def _reference_logprobs(models: Models, lrn: Trainee, ro: Rollout) -> torch.Tensor:
     """log π_ref of the responses through ``Models.reference()`` (what round.py runs)."""
     with torch.no_grad(), models.reference() as ref:
         hidden = lrn.forwards.hidden(ref, ro)
@@ -60,17 +58,16 @@ def _reference_logprobs(models: Models, lrn: Learner, ro: Rollout) -> torch.Tens
     return logp
 
 
-def _rollout(lrn: Learner, seed: int = 0) -> Rollout:
+def _rollout(lrn: Trainee, seed: int = 0) -> Rollout:
     torch.manual_seed(seed)
     rows = demo_rows(4, seed)
     return lrn.sample([r["prompt"] for r in rows], 2)
 
 
-def _update(lrn: Learner, seed: int = 1) -> None:
+def _update(lrn: Trainee, seed: int = 1) -> None:
     torch.manual_seed(seed)
     rows = demo_rows(4, seed)
-    data, result = lrn.collect(rows, [r["prompt"] for r in rows])
-    lrn.update(data, True, result)
+    lrn.round(rows, [r["prompt"] for r in rows])
 
 
 # ---------------------------------------------------------------------- the actor
@@ -236,7 +233,7 @@ def test_a_lora_checkpoint_stores_the_trained_parameters_alone(tmp_path: Path) -
     assert {k for k in critic_keys if "lora_" not in k} == {"head.weight", "head.bias"}
     assert len(critic_keys) > 2
     source = make_prompt_source(spec.data, spec.seed)
-    assert load_checkpoint(tmp_path, trained, source) == 1
+    assert load_checkpoint(tmp_path, trained.models, trained.state, source) == 1
     saved = load_file(actor)
     for name, p in trained.models.actor.named_parameters():
         if name in saved:
@@ -245,7 +242,9 @@ def test_a_lora_checkpoint_stores_the_trained_parameters_alone(tmp_path: Path) -
     with torch.no_grad():  # another base model under the same adapters
         next(p for p in other.models.actor.parameters() if not p.requires_grad).add_(1e-3)
     with pytest.raises(UserError, match="other base weights than those of the spec's"):
-        load_checkpoint(tmp_path, other, make_prompt_source(spec.data, spec.seed))
+        load_checkpoint(
+            tmp_path, other.models, other.state, make_prompt_source(spec.data, spec.seed)
+        )
 
 
 # ---------------------------------------------------------------------- models by name

@@ -22,7 +22,7 @@ from ppokit.spec import TrainSpec
 from ppokit.trainer import train
 from ppokit.trainer.loop import Interrupted
 from ppokit.trainer.metrics import TIMING, read_metrics
-from ppokit.trainer.update import lr_factor, optimizer_steps
+from ppokit.trainer.optim import lr_factor, optimizer_steps
 from tests.helpers.trainer import small_spec
 
 
@@ -107,9 +107,9 @@ def test_a_cosine_run_ends_at_its_floor_and_resumes_exactly(
     seen: list[float] = []
     real = loop_module._run_round
 
-    def run_round(spec, learner, *rest):  # type: ignore[no-untyped-def]
-        record = real(spec, learner, *rest)
-        seen.append(learner.actor_opt.param_groups[0]["lr"])
+    def run_round(setup, state, *rest):  # type: ignore[no-untyped-def]
+        record = real(setup, state, *rest)
+        seen.append(state.optimizers.actor.param_groups[0]["lr"])
         return record
 
     monkeypatch.setattr(loop_module, "_run_round", run_round)

@@ -25,8 +25,7 @@ from ppokit.spec import SpecError
 from ppokit.trainer.assembly import CheckedEnvironment, Where
 from ppokit.trainer.episodes import Sampler
 from ppokit.trainer.metrics import read_once
-from ppokit.trainer.round import Learner
-from tests.helpers.trainer import learner, small_spec
+from tests.helpers.trainer import Trainee, learner, small_spec
 
 MULTI = ["data.options.turns=3", "rollout.environment=echo", "reward=[]"]
 
@@ -78,13 +77,13 @@ class Scripted:
         return Step(f"<{turn}>", float(turn + 1), done=row["id"] == 0 and turn == 1)
 
 
-def _sampler(lrn: Learner, engine: Any, env: Any, **changes: Any) -> Sampler:
+def _sampler(lrn: Trainee, engine: Any, env: Any, **changes: Any) -> Sampler:
     rollout = lrn.spec.rollout.model_copy(update=changes)
     checked = CheckedEnvironment(Where("rollout.environment", "scripted", "test"), env, None)
     return Sampler(engine, checked, lrn.encode, lrn.models.tokenizer, rollout)
 
 
-def _ids(lrn: Learner, text: str) -> list[int]:
+def _ids(lrn: Trainee, text: str) -> list[int]:
     return list(lrn.models.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -20,9 +20,8 @@ from ppokit.errors import NonFiniteError, UserError
 from ppokit.trainer import train
 from ppokit.trainer.checks import NonFinite
 from ppokit.trainer.metrics import read_metrics
-from ppokit.trainer.round import Learner
 from tests.helpers import Plugin
-from tests.helpers.trainer import demo_rows, learner, small_spec
+from tests.helpers.trainer import Trainee, demo_rows, learner, small_spec
 
 #: Small and fast: 2 prompts × 2 responses of 3 tokens, one optimizer step per round.
 FAST = ["rollout.prompts_per_round=2", "rollout.max_new_tokens=3", "train.ppo_epochs=1"]
@@ -96,7 +95,7 @@ def plugin() -> Plugin:
 
 
 # ---------------------------------------------------------------------- helpers
-def _params(lrn: Learner) -> list[Tensor]:
+def _params(lrn: Trainee) -> list[Tensor]:
     return [
         p.detach().clone()
         for p in [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]
@@ -107,22 +106,22 @@ def _same(a: list[Tensor], b: list[Tensor]) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def _all_finite(lrn: Learner) -> bool:
+def _all_finite(lrn: Trainee) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in _params(lrn))
 
 
-def _collect(lrn: Learner, seed: int = 0) -> tuple[Any, Any]:
+def _collect(lrn: Trainee, seed: int = 0, round_no: int | None = None) -> tuple[Any, Any]:
+    """Steps 1-4 of the next round (or round ``round_no``)."""
     rows = demo_rows(2, seed)
-    return lrn.collect(rows, [r["prompt"] for r in rows])
+    return lrn.collect(rows, [r["prompt"] for r in rows], round_no)
 
 
-def _round(lrn: Learner, seed: int = 0) -> Any:
-    data, result = _collect(lrn, seed)
-    lrn.update(data, True, result)
-    return result
+def _round(lrn: Trainee, seed: int = 0, round_no: int | None = None) -> Any:
+    rows = demo_rows(2, seed)
+    return lrn.round(rows, [r["prompt"] for r in rows], round_no)
 
 
-def _no_grads(lrn: Learner) -> bool:
+def _no_grads(lrn: Trainee) -> bool:
     return all(
         p.grad is None for p in [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]
     )
@@ -174,11 +173,10 @@ def test_stop_names_the_slot_and_changes_no_parameter(use_registry, case: str) -
         _round(lrn, seed=r)
     before = _params(lrn)
     sched = lrn.actor_sched.last_epoch
-    data = None
+    if phase == "update":  # steps 1-4 of the round pass
+        _collect(lrn, seed=bad_round, round_no=bad_round)
     with pytest.raises(NonFiniteError, match=message) as err:
-        data, result = _collect(lrn, seed=bad_round)
-        assert phase == "update"
-        lrn.update(data, True, result)
+        _round(lrn, seed=bad_round, round_no=bad_round)
     assert isinstance(err.value, UserError) and "\n" not in str(err.value)
     assert _same(before, _params(lrn)) and _all_finite(lrn)
     assert lrn.actor_sched.last_epoch == sched  # the scheduler did not step
@@ -205,9 +203,8 @@ def test_skip_drops_a_bad_rounds_update_and_goes_on(use_registry) -> None:
     assert not _same(start, after_one)
     kl_coef, sched = lrn.kl_coef.clone(), lrn.actor_sched.last_epoch
 
-    data, result = _collect(lrn, seed=2)  # NaN reward: the round's update is skipped
-    assert data.skip
-    lrn.update(data, True, result)
+    result = _round(lrn, seed=2)  # NaN reward: the round's update is skipped
+    assert result.data.skip
     assert _same(after_one, _params(lrn)) and _all_finite(lrn)
     assert float(result.metrics["skipped_steps"]) == 1
     assert result.skipped == [

@@ -28,9 +28,15 @@ from ppokit.registry import get_registry
 from ppokit.spec import ComponentSpec, Spec
 from ppokit.trainer.estimation import UpdateData, estimate, round_batch
 from ppokit.trainer.rollout import Rollout
-from ppokit.trainer.round import Learner
-from ppokit.trainer.update import accumulate
-from tests.helpers.trainer import demo_rows, encode, learner, small_spec, with_observations
+from tests.helpers.trainer import (
+    Trainee,
+    accumulate,
+    demo_rows,
+    encode,
+    learner,
+    small_spec,
+    with_observations,
+)
 
 #: Outcome rewards R, 3 groups of 4: pass rates 0.25, 0.375 and 1 (weight 0).
 REWARDS = [1.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
@@ -76,7 +82,7 @@ def _create(kind: str, comp: ComponentSpec) -> Any:
     return get_registry().create(kind, comp.name, **comp.params)
 
 
-def _rollout(lrn: Learner) -> Rollout:
+def _rollout(lrn: Trainee) -> Rollout:
     """3 prompts × 4 fixed responses, log π_old recorded from the actor as sampling would."""
     rows = demo_rows(3)
     ids, attn = encode(lrn, [r["prompt"] for r in rows], 4)
@@ -91,7 +97,7 @@ def _rollout(lrn: Learner) -> Rollout:
     return ro
 
 
-def _perturb(lrn: Learner) -> None:
+def _perturb(lrn: Trainee) -> None:
     """Move the actor and the critic away from the rollout's (ratios and values ≠ 1 and
     V_old: clipping and KL active)."""
     g = torch.Generator().manual_seed(3)
@@ -100,7 +106,7 @@ def _perturb(lrn: Learner) -> None:
             p.add_(0.08 * torch.randn(p.shape, generator=g))
 
 
-def _forward(lrn: Learner, ro: Rollout) -> tuple[Tensor, Tensor, Tensor]:
+def _forward(lrn: Trainee, ro: Rollout) -> tuple[Tensor, Tensor, Tensor]:
     """(log π, entropy, V_φ) of the responses from full logits and the critic's trunk."""
     ids, attn = ro.inputs()
     positions = (attn.cumsum(-1) - 1).clamp_min(0)
@@ -119,7 +125,7 @@ def _forward(lrn: Learner, ro: Rollout) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def objective(
-    spec: Spec, lrn: Learner, data: UpdateData, scores: Tensor, rows: Tensor
+    spec: Spec, lrn: Trainee, data: UpdateData, scores: Tensor, rows: Tensor
 ) -> dict[str, Tensor]:
     """L_π and L_V over the minibatch ``rows`` as explain states them (ω, A, Y and m^V are
     estimated on the whole round's batch), and two objectives explain does not state."""
@@ -177,7 +183,7 @@ def objective(
 
 def _setup(
     tmp_path: Any, *extra: str, mismatch: float = 0.0, observations: bool = False
-) -> tuple[Spec, Learner, UpdateData, Tensor]:
+) -> tuple[Spec, Trainee, UpdateData, Tensor]:
     """A learner, the round's estimates on the fixed rollout, then the models moved;
     ``mismatch``: the engine's log μ off π_old by noise of that scale (π_old recomputed);
     ``observations``: a multi-turn rollout, with environment tokens inside the responses."""

@@ -314,11 +314,11 @@ def test_a_non_finite_state_is_never_saved(tmp_path: Path, monkeypatch) -> None:
     out = tmp_path / "run"
     real = loop_module._run_round
 
-    def diverge(spec, lrn, *args):  # type: ignore[no-untyped-def]
-        record = real(spec, lrn, *args)
+    def diverge(setup, state, *args):  # type: ignore[no-untyped-def]
+        record = real(setup, state, *args)
         if record["round"] == 2:
             with torch.no_grad():
-                next(lrn.models.actor.parameters()).view(-1)[0] = float("nan")
+                next(setup.models.actor.parameters()).view(-1)[0] = float("nan")
         return record
 
     monkeypatch.setattr(loop_module, "_run_round", diverge)
@@ -333,11 +333,11 @@ def test_a_non_finite_state_is_never_saved(tmp_path: Path, monkeypatch) -> None:
 
 def test_a_non_finite_optimizer_state_is_named() -> None:
     lrn = learner(small_spec(None))
-    check_finite(lrn)
+    check_finite(lrn.models, lrn.state.optimizers)
     param = next(lrn.models.actor.parameters())
     lrn.actor_opt.state[param] = {"exp_avg": torch.full_like(param, float("inf"))}
     with pytest.raises(NonFiniteCheckpointError, match="optimizer's exp_avg of actor"):
-        check_finite(lrn)
+        check_finite(lrn.models, lrn.state.optimizers)
 
 
 # ---------------------------------------------------------------- 11. OS errors
@@ -353,9 +353,9 @@ def fail_on_round(monkeypatch, name: str, round_no: int, error=enospc, owner=Non
     real = getattr(owner, name)
     current = {"round": 0}
 
-    def save(out, lrn, source, round_done, spec_yaml):  # type: ignore[no-untyped-def]
+    def save(out, models, state, source, round_done, spec_yaml):  # type: ignore[no-untyped-def]
         current["round"] = round_done
-        return real_save(out, lrn, source, round_done, spec_yaml)
+        return real_save(out, models, state, source, round_done, spec_yaml)
 
     def write(*args, **kwargs):  # type: ignore[no-untyped-def]
         if current["round"] == round_no:

@@ -117,7 +117,7 @@ def test_the_live_display_shows_the_step_and_the_generation() -> None:
 def test_the_engine_reports_each_decoding_step(tmp_path: Path) -> None:
     lrn = learner(small_spec(tmp_path, "rollout.max_new_tokens=6"))
     seen: list[tuple[int, int, int]] = []
-    lrn.on_progress = lambda *step: seen.append(step)
+    lrn.listen(lambda *step: seen.append(step))
     lrn.sample(["echo a", "echo b"], 3)
     assert seen[0] == (0, 6, 6)  # the prompts' forward pass begins
     assert [s[0] for s in seen] == list(range(len(seen))) and 2 <= len(seen) <= 7

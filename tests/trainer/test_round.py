@@ -9,8 +9,7 @@ import torch
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.rollout import Rollout
-from ppokit.trainer.update import accumulate
-from tests.helpers.trainer import demo_rows, learner, small_spec
+from tests.helpers.trainer import accumulate, demo_rows, learner, small_spec
 
 #: A reward that differs between responses of a random tiny model.
 VARIED_REWARD = ["reward.name=regex", "reward.pattern='[a-m]'"]
@@ -187,3 +186,66 @@ def test_a_prompt_longer_than_the_context_is_an_error_or_truncated() -> None:
     short[:, :3] = 0  # only padding beyond the room: cut silently
     kept, _ = fit_context(ids, short, 12, 4, spec.data.long_prompts)
     assert torch.equal(kept, ids[:, 2:])
+
+
+def test_the_stack_from_ppokit_train_to_the_clipped_surrogate_is_the_documented_one(
+    tmp_path, monkeypatch
+) -> None:
+    """docs/design.md names every frame from ``ppokit train`` to the clipped surrogate: at
+    most 10, and exactly those."""
+    import inspect
+    import re
+    import sys
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from ppokit import cli
+    from ppokit.components.policy_loss import impl
+    from tests.helpers.trainer import SMALL
+
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
+    paragraph = re.search(r"the stack is (\d+) frames deep.*?\n\n", design, re.S)
+    assert paragraph is not None
+    documented = re.findall(r"`([\w.]+)`", paragraph.group(0).split(":", 1)[1])
+    assert len(documented) == int(paragraph.group(1)) <= 10
+    stacks: list[list[str]] = []
+    real = impl.PPOClip.__call__
+    command = inspect.unwrap(cli.train).__code__  # the command itself, not its error handler
+
+    def spy(self, *args):  # type: ignore[no-untyped-def]
+        frame, names = sys._getframe(1), ["__call__"]  # this call stands for PPOClip's
+        while frame is not None and frame.f_code is not command:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        assert frame is not None, "not called from ppokit train"
+        stacks.append([*names, "train"][::-1])
+        return real(self, *args)
+
+    monkeypatch.setattr(impl.PPOClip, "__call__", spy)
+    sets = [a for item in [*SMALL, "critic=null", "advantage=grpo"] for a in ("--set", item)]
+    result = CliRunner().invoke(cli.app, ["train", *sets, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert stacks and stacks[0] == [name.rpartition(".")[2] for name in documented]
+
+
+def test_the_rounds_micro_batches_give_the_minibatch_update(tmp_path) -> None:
+    """A whole round (run_round's own update loops) with micro-batches of a quarter of the
+    minibatch updates the parameters as with one micro-batch (float rounding apart)."""
+    params = []
+    for micro in ("null", "4"):
+        spec = small_spec(
+            tmp_path, "rollout.n=4", *VARIED_REWARD, "kl.coef=0.2", "kl.placement=loss",
+            "policy.entropy_coef=0.1", f"train.micro_batch_size={micro}",
+        )  # fmt: skip
+        lrn = learner(spec)
+        rows = demo_rows(4)
+        torch.manual_seed(3)  # the minibatch order
+        result = lrn.round(rows, [r["prompt"] for r in rows])
+        assert not result.skipped
+        params.append([p.detach().clone() for p in lrn.models.actor.parameters()])
+    whole, micro_batched = params
+    start = list(learner(spec).models.actor.parameters())  # the same seed: the same weights
+    assert any(not torch.equal(a, b) for a, b in zip(start, whole, strict=True))
+    for a, b in zip(whole, micro_batched, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

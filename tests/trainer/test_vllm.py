@@ -22,8 +22,7 @@ import torch
 from ppokit.spec import SpecError, load_spec
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
-from ppokit.trainer.round import Learner, run_round
-from tests.helpers.trainer import DEMO, demo_rows, learner, small_spec
+from tests.helpers.trainer import DEMO, Trainee, demo_rows, learner, small_spec
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 if not HAVE_VLLM and os.environ.get("PPOKIT_REQUIRE_VLLM") == "1":
@@ -44,32 +43,30 @@ ENGINE = "rollout.engine={name: vllm, kv_cache_gb: 1}"
 LORA = ["model.lora.r=4", "model.lora.alpha=8", "advantage=grpo", "critic=null"]
 
 
-def _learner(*overrides: str) -> Learner:
+def _learner(*overrides: str) -> Trainee:
     return learner(small_spec(None, *VLLM_TINY, ENGINE, *overrides))
 
 
-def _trainers_logp(lrn: Learner, ro) -> torch.Tensor:
+def _trainers_logp(lrn: Trainee, ro) -> torch.Tensor:
     """log π of the sampled tokens from the trainer's own no-grad forward pass."""
     with torch.no_grad():
         return lrn.forwards.policy_logprobs(ro) * ro.response_mask
 
 
-def _gap(lrn: Learner, ro) -> float:
+def _gap(lrn: Trainee, ro) -> float:
     mask = ro.response_mask
     return float(((ro.logp_rollout - _trainers_logp(lrn, ro)).abs() * mask).max())
 
 
-def _update(lrn: Learner, seed: int = 1) -> None:
-    """One round's update (steps 1-5) on fresh demo rows, then the push (step 6)."""
+def _update(lrn: Trainee, seed: int = 1) -> None:
+    """One round on fresh demo rows: its update (steps 1-5), then the push (step 6)."""
     torch.manual_seed(seed)
     rows = demo_rows(4, seed)
-    data, result = lrn.collect(rows, [r["prompt"] for r in rows])
-    lrn.update(data, True, result)
-    lrn.engine.sync()
+    lrn.round(rows, [r["prompt"] for r in rows])
 
 
 @pytest.fixture(scope="module")
-def full() -> Learner:
+def full() -> Trainee:
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (docs/engines.md)")
     lrn = _learner("rollout.max_new_tokens=8", "rollout.n=4")
@@ -78,10 +75,10 @@ def full() -> Learner:
 
 
 @needs_vllm
-def test_generation_is_well_formed(full: Learner) -> None:
+def test_generation_is_well_formed(full: Trainee) -> None:
     rows = demo_rows(4, 0)
     lrn = full
-    lrn.round = 1
+    lrn.set_round(1)
     ro = lrn.sample([r["prompt"] for r in rows], 4)
     ids, mask, truncated = ro.response_ids, ro.response_mask, ro.truncated
     assert ids.shape[0] == 16 and ids.dtype == torch.long and mask.dtype == torch.bool
@@ -98,12 +95,12 @@ def test_generation_is_well_formed(full: Learner) -> None:
 
 
 @needs_vllm
-def test_the_same_seed_draws_the_same_responses(full: Learner) -> None:
+def test_the_same_seed_draws_the_same_responses(full: Trainee) -> None:
     prompts = [r["prompt"] for r in demo_rows(4, 2)]
-    full.round = 7
+    full.set_round(7)
     a = full.sample(prompts, 4)
     b = full.sample(prompts, 4)
-    full.round = 8
+    full.set_round(8)
     c = full.sample(prompts, 4)
     assert torch.equal(a.response_ids, b.response_ids)
     assert not torch.equal(a.response_ids, c.response_ids)
@@ -111,15 +108,15 @@ def test_the_same_seed_draws_the_same_responses(full: Learner) -> None:
 
 
 @needs_vllm
-def test_generation_reports_its_progress(full: Learner) -> None:
+def test_generation_reports_its_progress(full: Trainee) -> None:
     """The display hears of a vLLM generation as of an hf one: step 0 as it begins, then
     one call an engine step, the count rising to at most max_new_tokens, for all the rows."""
     calls: list[tuple[int, int, int]] = []
-    full.on_progress = lambda *step: calls.append(step)
+    full.listen(lambda *step: calls.append(step))
     try:
         full.sample([r["prompt"] for r in demo_rows(4, 3)], 4)
     finally:
-        full.on_progress = lambda *step: None
+        full.listen(lambda *step: None)
     assert calls[0] == (0, 8, 16)
     steps = [step for step, _, _ in calls]
     assert steps == sorted(steps) and len(set(steps)) > 1 and steps[-1] <= 8
@@ -127,7 +124,7 @@ def test_generation_reports_its_progress(full: Learner) -> None:
 
 
 @needs_vllm
-def test_greedy_responses_are_the_trainers_argmax(full: Learner) -> None:
+def test_greedy_responses_are_the_trainers_argmax(full: Trainee) -> None:
     """Greedy decoding (a baseline rollout, the evaluation): no log-probs, the same response
     for each of a prompt's n rows, each token the argmax of the trainer's own logits."""
     from ppokit.trainer.logprobs import position_ids
@@ -147,12 +144,12 @@ def test_greedy_responses_are_the_trainers_argmax(full: Learner) -> None:
 
 
 @needs_vllm
-def test_logprobs_match_the_trainers_forward_and_follow_each_push(full: Learner) -> None:
+def test_logprobs_match_the_trainers_forward_and_follow_each_push(full: Trainee) -> None:
     """log μ from vLLM equals the trainer's log π to 1e-4 (float32), and after an update and
     a push it is the new weights' (not the old ones')."""
     lrn = full
     prompts = [r["prompt"] for r in demo_rows(4, 3)]
-    lrn.round = 11
+    lrn.set_round(11)
     ro = lrn.sample(prompts, 4)
     assert _gap(lrn, ro) < 1e-4
     before = _trainers_logp(lrn, ro)
@@ -160,17 +157,17 @@ def test_logprobs_match_the_trainers_forward_and_follow_each_push(full: Learner)
         _update(lrn, seed)
     after = _trainers_logp(lrn, ro)
     assert float((after - before).abs().max()) > 1e-2  # the update moved the policy
-    lrn.round = 12
+    lrn.set_round(12)
     ro2 = lrn.sample(prompts, 4)
     assert _gap(lrn, ro2) < 1e-4
 
 
 @needs_vllm
-def test_the_push_is_timed_and_a_stuck_one_is_an_error(full: Learner, monkeypatch) -> None:
+def test_the_push_is_timed_and_a_stuck_one_is_an_error(full: Trainee, monkeypatch) -> None:
     from ppokit.errors import ComponentError
 
     rows = demo_rows(4, 5)
-    result = run_round(full, rows, [r["prompt"] for r in rows], round_no=20)
+    result = full.round(rows, [r["prompt"] for r in rows], round_no=20)
     assert result.timings["time_sync"] > 0
     engine = full.engine.engine
     monkeypatch.setattr(engine, "sync_timeout_s", 0.01)
@@ -220,7 +217,7 @@ def test_the_lora_push_carries_the_adapters() -> None:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
         lrn.engine.sync()
         first = engine.lora.lora_int_id
-        lrn.round = 1
+        lrn.set_round(1)
         ro = lrn.sample(prompts, 4)
         assert _gap(lrn, ro) < 1e-4
         with torch.no_grad(), lrn.models.actor.disable_adapter():
@@ -228,7 +225,7 @@ def test_the_lora_push_carries_the_adapters() -> None:
         assert float((base - ro.logp_rollout).abs().max()) > 1e-2  # the adapters count
         _update(lrn, 1)
         assert engine.lora.lora_int_id > first  # a new request each push
-        lrn.round = 2
+        lrn.set_round(2)
         assert _gap(lrn, lrn.sample(prompts, 4)) < 1e-4
     finally:
         lrn.close()
@@ -245,7 +242,7 @@ def test_multi_turn_episodes_on_vllm_match_the_trainer() -> None:
     lrn = _learner("data.options.turns=3", "rollout.environment=echo", "reward=[]", "rollout.n=2")
     try:
         rows = make_prompt_source(lrn.spec.data, 0).next_rows(4)
-        lrn.round = 1
+        lrn.set_round(1)
         ro = lrn.sample([r["prompt"] for r in rows], 2, rows=rows)
         assert ro.env_mask is not None and ro.turns is not None and ro.logp_rollout is not None
         assert ro.turns.eq(3).all() and ro.env_mask.sum(1).eq(2 * len("\necho a")).all()

@@ -9,7 +9,7 @@ import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file
@@ -48,6 +48,10 @@ from ppokit.trainer.checkpoint.states import (
     restore_rng,
 )
 from ppokit.trainer.checkpoint.write import _discard, _fsync_dir, _sha256, nonfinite
+
+if TYPE_CHECKING:
+    from ppokit.trainer.optim import Optimizers
+    from ppokit.trainer.setup import State
 
 
 def _regular_files_only(path: Path) -> None:
@@ -257,8 +261,9 @@ def read_state(out: Path) -> dict[str, Any]:
     return _state_of(_locate(out))
 
 
-def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
-    """Restore everything from ``out/checkpoint``; returns the number of rounds done.
+def load_checkpoint(out: Path, models: Any, run: State, source: Any) -> int:
+    """Restore everything from ``out/checkpoint`` into the ``models`` and the state ``run``
+    of a run and the prompt ``source``; returns the number of rounds done.
 
     Every checksum is verified before anything is read. Raises :class:`UserError` (one line)
     for a missing, corrupt or incompatible checkpoint, before any file is changed. A
@@ -267,16 +272,15 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
     """
     path = _locate_once(out)
     state = _state_of(path)
-    models = learner.models
     check_critic(path, state, models)
     try:
         for stem, module in _weights_module(models):
             load_weights(path, stem, module, models)
-        optim = _read_sharded_optimizers(learner, path)
+        optim = _read_sharded_optimizers(models, run.optimizers, path)
         rng_stem = path / _rng_stem(distributed.world().rank)
         if not Path(f"{rng_stem}.json").is_file():  # more processes than saved it
             rng_stem = path / _rng_stem(0)
-        _load_optimizers(learner, optim)
+        _load_optimizers(models, run.optimizers, optim)
         rng, source_state = _rng_from_files(
             read_json(Path(f"{rng_stem}.json")), load_file(f"{rng_stem}.safetensors")
         )
@@ -287,10 +291,10 @@ def load_checkpoint(out: Path, learner: Any, source: Any) -> int:
         raise
     except Exception as exc:
         raise _fail(path, one_line(exc)) from None
-    problem = distributed.first_text(nonfinite(learner))  # the optimizer states too
+    problem = distributed.first_text(nonfinite(models, run.optimizers))  # the optimizers too
     if problem is not None:
         raise _fail(path, problem)
-    learner.kl_coef = torch.tensor(kl_coef, dtype=torch.float32, device=learner.device)
+    run.kl_coef = torch.tensor(kl_coef, dtype=torch.float32, device=models.runtime.device)
     distributed.barrier()  # every process has read it before it moves
     if path.name != CHECKPOINT and distributed.world().main:
         _promote(out, path)
@@ -305,11 +309,11 @@ def check_critic(path: Path, state: dict[str, Any], models: Any) -> None:
         )
 
 
-def _read_sharded_optimizers(learner: Any, path: Path) -> dict[str, Any]:
+def _read_sharded_optimizers(models: Any, optimizers: Optimizers, path: Path) -> dict[str, Any]:
     """The optimizer and scheduler states of a checkpoint, this process's shards
-    read by DCP into the shapes of the learner's own (zero-initialised) states."""
+    read by DCP into the shapes of the run's own (zero-initialised) states."""
     template: dict[str, torch.Tensor] = {}
-    _encode(_optimizer_states(learner), template, "optim", keep=True)
+    _encode(_optimizer_states(models, optimizers), template, "optim", keep=True)
     stored = read_json(path / "optim.json")
     named = set(_tensor_names(stored))
     if named != set(template):

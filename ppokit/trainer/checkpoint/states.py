@@ -13,7 +13,7 @@ import warnings
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from ppokit.trainer.checkpoint.layout import (
     _fail,
     _state_of,
 )
+
+if TYPE_CHECKING:
+    from ppokit.trainer.optim import Optimizers
 
 
 # --------------------------------------------------------------------------- RNG
@@ -179,12 +182,10 @@ def _weights_module(models: Any) -> list[tuple[str, torch.nn.Module]]:
     return out
 
 
-def _optimizers(learner: Any) -> list[tuple[str, torch.nn.Module, torch.optim.Optimizer]]:
-    """(name, module holding its parameters, optimizer) of each optimizer."""
-    out = [("actor", learner.models.actor, learner.actor_opt)]
-    if learner.critic_opt is not None:
-        out.append(("critic", learner.models.critic, learner.critic_opt))
-    return out
+def _optimizers(models: Any, optimizers: Optimizers) -> list[tuple[str, Any, Any, Any]]:
+    """(name, module holding its parameters, optimizer, schedule) of each optimizer."""
+    modules = {"actor": models.actor, "critic": models.critic}
+    return [(name, modules[name], opt, sched) for name, opt, sched in optimizers.named()]
 
 
 def _tied(module: torch.nn.Module) -> set[str]:
@@ -251,30 +252,28 @@ def _set_model_state(
     set_model_state_dict(owner, state, options=StateDictOptions(strict=False))
 
 
-def _optimizer_states(learner: Any) -> dict[str, Any]:
+def _optimizer_states(models: Any, optimizers: Optimizers) -> dict[str, Any]:
     """Optimizer states keyed by parameter name (this process's shards on several) and the
     schedulers'. An optimizer that has not stepped gets zero states first (DCP's
     ``get_optimizer_state_dict``), the shapes a checkpoint is read into."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     optim: dict[str, Any] = {}
-    for name, module, opt in _optimizers(learner):
+    for name, module, opt, sched in _optimizers(models, optimizers):
         optim[name] = get_optimizer_state_dict(module, opt)
-        sched = learner.actor_sched if name == "actor" else learner.critic_sched
         optim[f"{name}_sched"] = sched.state_dict()
     return optim
 
 
-def _load_optimizers(learner: Any, optim: dict[str, Any]) -> None:
+def _load_optimizers(models: Any, optimizers: Optimizers, optim: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    for name, module, opt in _optimizers(learner):
+    for name, module, opt, sched in _optimizers(models, optimizers):
         set_optimizer_state_dict(module, opt, optim[name])  # this process's shards
         for group in opt.param_groups:  # it gives tuples (AdamW's betas) back as lists
             for key, default in opt.defaults.items():
                 if isinstance(default, tuple) and isinstance(group.get(key), list):
                     group[key] = tuple(group[key])
-        sched = learner.actor_sched if name == "actor" else learner.critic_sched
         sched.load_state_dict(optim[f"{name}_sched"])
 
 

@@ -9,7 +9,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file
@@ -44,23 +44,24 @@ from ppokit.trainer.checkpoint.states import (
     capture_rng,
 )
 
+if TYPE_CHECKING:
+    from ppokit.trainer.optim import Optimizers
+    from ppokit.trainer.setup import State
+
 
 class NonFiniteCheckpointError(UserError):
     """A model or optimizer tensor holds NaN or inf: such a state is never saved."""
 
 
-def _named_tensors(learner: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def _named_tensors(models: Any, optimizers: Optimizers) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor a checkpoint stores of the models and optimizers, with a readable name
     (this process's shards on several processes)."""
-    models = learner.models
     names: dict[int, str] = {}
     for label, module in _weights_module(models):
         for name, tensor in module.state_dict(keep_vars=True).items():
             names.setdefault(id(tensor), f"{label} {name}")
             yield f"{label} {name}", distributed.local_tensor(tensor)
-    for label, opt in (("actor", learner.actor_opt), ("critic", learner.critic_opt)):
-        if opt is None:
-            continue
+    for label, opt, _ in optimizers.named():
         for param, state in opt.state.items():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
@@ -68,16 +69,16 @@ def _named_tensors(learner: Any) -> Iterator[tuple[str, torch.Tensor]]:
                     yield f"the optimizer's {key} of {owner}", distributed.local_tensor(value)
 
 
-def nonfinite(learner: Any) -> str | None:
+def nonfinite(models: Any, optimizers: Optimizers) -> str | None:
     """``'NAME holds NaN or inf'`` for the first model or optimizer tensor (of this
     process's) that does, else None (one host read per device when all are finite)."""
-    return _first_nonfinite(_named_tensors(learner))
+    return _first_nonfinite(_named_tensors(models, optimizers))
 
 
-def check_finite(learner: Any) -> None:
+def check_finite(models: Any, optimizers: Optimizers) -> None:
     """Raise :class:`NonFiniteCheckpointError` naming the first model or optimizer tensor
     that holds a NaN or an inf."""
-    problem = nonfinite(learner)
+    problem = nonfinite(models, optimizers)
     if problem is not None:
         raise NonFiniteCheckpointError(problem)
 
@@ -99,7 +100,9 @@ def checkpoint_round(out: Path) -> int | None:
     return None
 
 
-def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_yaml: str) -> Path:
+def save_checkpoint(
+    out: Path, models: Any, state: State, source: Any, round_done: int, spec_yaml: str
+) -> Path:
     """Write ``out/checkpoint`` atomically; returns its path. On several processes every
     process calls it: each writes its own shards and RNG states, the first one the rest.
 
@@ -117,7 +120,7 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
         if previous is not None
         else "no checkpoint was written"
     )
-    problem = distributed.first_text(nonfinite(learner))
+    problem = distributed.first_text(nonfinite(models, state.optimizers))
     if problem is not None:
         raise NonFiniteCheckpointError(
             f"round {round_done}: not saving a checkpoint: {problem} (the training diverged: "
@@ -135,7 +138,7 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
     error = distributed.first_text(error)
     if error is None:
         try:
-            _write_tmp(tmp, learner, source, round_done, spec_yaml)
+            _write_tmp(tmp, models, state, source, round_done, spec_yaml)
         except BaseException as exc:
             if not is_os_error(exc):
                 if world.main:
@@ -152,17 +155,18 @@ def save_checkpoint(out: Path, learner: Any, source: Any, round_done: int, spec_
     return final
 
 
-def _write_tmp(tmp: Path, learner: Any, source: Any, round_done: int, spec_yaml: str) -> None:
+def _write_tmp(
+    tmp: Path, models: Any, state: State, source: Any, round_done: int, spec_yaml: str
+) -> None:
     """This process's part of a checkpoint in ``tmp`` (made by the first process): its
     shards of the weights and optimizer states (collectives), its RNG states; the first
     process also writes the JSON files. Everything is synced."""
     world = distributed.world()
-    models = learner.models
     base = base_fingerprint(models)  # a collective: before the first process's own writes
     for stem, module in _weights_module(models):
         _dcp_save(_model_state(stem, module, models), tmp / stem)
     tensors: dict[str, torch.Tensor] = {}
-    optim = _encode(_optimizer_states(learner), tensors, "optim", keep=True)
+    optim = _encode(_optimizer_states(models, state.optimizers), tensors, "optim", keep=True)
     _dcp_save(tensors, tmp / "optim")
     rng_data, rng_tensors = _rng_files(capture_rng(), source.state_dict())
     stem = tmp / _rng_stem(world.rank)
@@ -173,7 +177,7 @@ def _write_tmp(tmp: Path, learner: Any, source: Any, round_done: int, spec_yaml:
         state = {
             "format": FORMAT,
             "round": round_done,
-            "kl_coef": float(learner.kl_coef),
+            "kl_coef": float(state.kl_coef),
             "critic": models.critic_kind,
             "processes": world.size,
             "lora_base": base,

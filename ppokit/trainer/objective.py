@@ -1,0 +1,182 @@
+"""The objective the update minimises (docs/design.md, "The objectives"): the actor's loss
+L_π and the critic's L_V of a micro-batch, from the round's
+:class:`~ppokit.trainer.estimation.UpdateData`, the assembled components and β.
+
+Every micro-batch uses the whole minibatch's aggregation denominators
+(:meth:`Objective.denominators`; on several processes, the whole minibatch of every
+process), so the sum of the micro-batch losses is exactly the minibatch loss. The forward
+passes and the losses are counted into the active non-finite counter
+(:func:`~ppokit.trainer.checks.count`); the components count their own results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ppokit import distributed
+from ppokit.spec import Spec
+from ppokit.trainer.assembly import Assembly, aggregate, denominator, optional
+from ppokit.trainer.checks import count
+from ppokit.trainer.estimation import UpdateData
+from ppokit.trainer.forwards import Forwards
+from ppokit.trainer.metrics import Meter
+from ppokit.trainer.rollout import Rollout
+
+__all__ = ["Denominators", "Objective"]
+
+#: Each aggregation's denominator over the whole minibatch (``policy``, ``nll``,
+#: ``critic``), None for an aggregation that declares none.
+Denominators = dict[str, Tensor | None]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """L_π + L_V of the spec's components (``parts``), with the models' forward passes
+    (``forwards``)."""
+
+    spec: Spec
+    parts: Assembly
+    forwards: Forwards
+
+    def denominators(self, data: UpdateData, idx: Tensor) -> Denominators:
+        """Each aggregation's denominator over the whole minibatch ``idx``: the policy
+        terms' over mask', the NLL term's over mask'·[R > 0], the critic's over m^V."""
+
+        def clamp(d: Tensor | None) -> Tensor | None:
+            return None if d is None else d.clamp_min(1e-8)
+
+        def whole(mask: Tensor) -> Tensor:  # every process's rows of the minibatch
+            if data.round_width is None:
+                return mask
+            return distributed.gather_rows(mask, data.round_width)
+
+        parts = self.parts
+        out = {"policy": clamp(denominator(parts.policy_agg, whole(data.actor_mask[idx])))}
+        if data.nll_mask is not None:
+            out["nll"] = clamp(denominator(parts.policy_agg, whole(data.nll_mask[idx])))
+        if data.value_mask is not None and parts.critic_agg is not None:
+            out["critic"] = clamp(denominator(parts.critic_agg, whole(data.value_mask[idx])))
+        return out
+
+    def micro_loss(
+        self,
+        data: UpdateData,
+        j: Tensor,
+        denoms: Denominators,
+        share: float,
+        beta: Tensor,
+        train_actor: bool,
+        meter: Meter,
+    ) -> Tensor:
+        """The loss of the micro-batch ``j`` (``share`` of the whole minibatch's rows):
+        L_π (when the actor trains) + L_V; its metrics into ``meter``."""
+        models, parts, forwards = self.forwards.models, self.parts, self.forwards
+        ro = data.rollout.rows(j)
+        loss = torch.zeros((), device=data.actor_mask.device)
+        shared = None
+        if train_actor:
+            logp, ent, hidden = forwards.actor(models.actor, ro)
+            count("the actor's forward pass", torch.stack([logp.detach(), ent]), "values")
+            actor = self.actor_loss(data, j, logp, ent, denoms, share, beta, meter)
+            count("the actor's loss", actor, "scalar", parts.name("policy.loss").inline)
+            loss = loss + actor
+            shared = hidden if models.shared_critic else None
+        elif models.shared_critic:
+            with torch.no_grad():
+                shared = forwards.hidden(models.actor, ro)
+        if models.critic is not None:
+            critic = self.critic_loss(data, j, ro, shared, denoms, share, meter)
+            count("the critic's loss", critic, "scalar", parts.name("critic.loss").inline)
+            loss = loss + critic
+        return loss
+
+    def actor_loss(
+        self,
+        data: UpdateData,
+        j: Tensor,
+        logp: Tensor,
+        ent: Tensor,
+        denoms: Denominators,
+        share: float,
+        beta: Tensor,
+        meter: Meter,
+    ) -> Tensor:
+        """L_π of the micro-batch (docs/design.md): with mask' = mask·[ω > 0]·[c > 0],
+        agg(pl(logp, logp_old, A, mask')·ω·c, mask') + β·agg(kl(logp, logp_ref), mask')
+        − c_H·agg(entropy, mask') + c_NLL·agg(−logp, mask'·[R > 0])."""
+        policy, parts = self.spec.policy, self.parts
+        mask = data.actor_mask[j]
+        assert data.batch.logp_old is not None
+        logp_old = data.batch.logp_old[j].float()
+        adv = data.advantages[j]
+
+        def term(elementwise: Tensor, m: Tensor, denom: Tensor | None) -> Tensor:
+            return aggregate(parts.policy_agg, elementwise, m, denom, share)
+
+        elementwise = parts.policy_loss(logp, logp_old, adv, mask)
+        weights = data.policy_weights[j][:, None] * data.correction[j]  # ω · c
+        pg = term(elementwise * weights, mask, denoms["policy"])
+        count(str(parts.name("policy.aggregation")), pg, "scalar")
+        loss = pg
+        kl = self.spec.kl
+        if kl is not None and kl.placement == "loss":
+            assert parts.kl is not None and data.batch.logp_ref is not None
+            ref = data.batch.logp_ref[j].float()
+            # where the aggregation drops a position (padding, rows of weight 0) log π_ref is
+            # compared with itself: KL 0 there, so a huge log-ratio at a dropped position
+            # (exp overflows) cannot put 0·inf = NaN into the gradient
+            estimate = parts.kl(torch.where(mask, logp, ref), ref)
+            loss = loss + beta * term(estimate, mask, denoms["policy"])
+        if policy.entropy_coef > 0:
+            loss = loss - policy.entropy_coef * term(ent, mask, denoms["policy"])
+        if data.nll_mask is not None:
+            loss = loss + policy.nll_coef * term(-logp, data.nll_mask[j], denoms["nll"])
+
+        meter.add("policy_loss", pg, share)
+        with torch.no_grad():
+            tokens = mask.float().sum()
+            log_ratio = torch.where(mask, logp - logp_old, 0.0)
+            # (ρ − 1) − log ρ, an estimate of KL(π_old ‖ π) from the sampled tokens
+            meter.add("approx_kl", (log_ratio.exp() - 1 - log_ratio).sum(), tokens)
+            meter.add("entropy", torch.where(mask, ent, 0.0).sum(), tokens)
+            clipped = optional(parts.policy_loss, "policy_loss", "clipped")
+            if clipped is not None:
+                active = clipped(logp, logp_old, adv, mask) & mask
+                meter.add("clipfrac", active.float().sum(), tokens)
+        return loss
+
+    def critic_loss(
+        self,
+        data: UpdateData,
+        j: Tensor,
+        ro: Rollout,
+        shared: Tensor | None,
+        denoms: Denominators,
+        share: float,
+        meter: Meter,
+    ) -> Tensor:
+        """L_V of the micro-batch (docs/design.md): vf_coef·agg(ℓ(pred, Y, V_old)·ω^V, m^V)."""
+        parts = self.parts
+        assert parts.critic_loss is not None and parts.critic_agg is not None
+        assert data.targets is not None and data.value_mask is not None
+        assert data.value_weights is not None and data.batch.values is not None
+        pred = parts.prediction(self.forwards.critic_head_out(ro, shared)[:, :-1])
+        count("the critic's forward pass", pred, "values")
+        target = data.targets[j]
+        old = data.batch.values[j].float()
+        vmask = data.value_mask[j]
+        elementwise = parts.critic_loss(pred, target, old)
+        weighted = elementwise * data.value_weights[j][:, None]
+        value = aggregate(parts.critic_agg, weighted, vmask, denoms.get("critic"), share)
+        count(str(parts.name("critic.aggregation")), value, "scalar")
+
+        meter.add("value_loss", value, share)
+        clipped = optional(parts.critic_loss, "regression_loss", "clipped")
+        if clipped is not None:
+            with torch.no_grad():
+                active = clipped(pred, target, old) & vmask
+                meter.add("vf_clipfrac", active.float().sum(), vmask.float().sum())
+        return self.spec.train.vf_coef * value
