@@ -302,6 +302,7 @@ def fake_trainer(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
     module.train = train  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "ppokit.trainer", module)
+    monkeypatch.setitem(sys.modules, "ppokit.trainer.loop", module)
     return calls
 
 

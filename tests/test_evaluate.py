@@ -80,20 +80,24 @@ class _Results(dict):
 
 
 def _hook_evaluation(monkeypatch: pytest.MonkeyPatch, spec: Spec) -> _Results:
-    """Evaluate the run's learner each time the loop saves a checkpoint (right after the
-    round's update, as the loop's own evaluation does): {round: metrics}."""
+    """Evaluate the run (its Setup, as the loop's own evaluation does) each time the loop
+    saves a checkpoint, right after the round's update: {round: metrics}."""
     results = _Results()
     evaluators: list[Evaluator] = []
-    save = loop.save_checkpoint
+    run_round, save = loop._run_round, loop.save_checkpoint
 
-    def hooked(out: Path, run_learner: Any, source: Any, round_done: int, spec_yaml: str) -> Any:
+    def round_hooked(setup: Any, *rest: Any) -> Any:
         if not evaluators:
-            evaluators.append(Evaluator.of(spec, run_learner))
-            results.actor = run_learner.models.actor
-        results[round_done] = evaluators[0].run()
-        return save(out, run_learner, source, round_done, spec_yaml)
+            evaluators.append(Evaluator.of(spec, setup))
+            results.actor = setup.models.actor
+        return run_round(setup, *rest)
 
-    monkeypatch.setattr(loop, "save_checkpoint", hooked)
+    def save_hooked(out: Path, models: Any, state: Any, source: Any, done: int, yaml: str) -> Any:
+        results[done] = evaluators[0].run()
+        return save(out, models, state, source, done, yaml)
+
+    monkeypatch.setattr(loop, "_run_round", round_hooked)
+    monkeypatch.setattr(loop, "save_checkpoint", save_hooked)
     return results
 
 

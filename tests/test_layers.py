@@ -35,9 +35,7 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(
-    tree: ast.AST, modules: set[str], package: str, type_only: bool = False
-) -> set[str]:
+def _imports(tree: ast.AST, modules: set[str], package: str, type_only: bool = False) -> set[str]:
     """The ppokit modules a module's code imports (``type_only``: with its TYPE_CHECKING
     blocks' imports)."""
     found: set[str] = set()
