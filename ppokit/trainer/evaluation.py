@@ -41,18 +41,21 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ppokit import distributed
 from ppokit.components.rollout_engine import Sampling
 from ppokit.errors import UserError
-from ppokit.spec import Spec
+from ppokit.spec import DataSpec, EvalSpec, Spec
 from ppokit.stats import pass_at_k, wilson_half_width
 from ppokit.trainer.episodes import Sampler
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Scorer
+
+if TYPE_CHECKING:
+    from ppokit.trainer.round import Learner
 
 __all__ = ["Evaluator", "eval_rows", "eval_seed", "isolated_rng"]
 
@@ -61,6 +64,11 @@ def eval_seed(seed: int) -> int:
     """The seed of a run's evaluation, from ``(spec.seed, "eval")``: a 63-bit integer."""
     digest = hashlib.sha256(f"ppokit:{int(seed)}:eval".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _eval_data(settings: EvalSpec, spec: Spec) -> DataSpec:
+    """``eval.data``; the spec's validator puts the spec's own data section where it is null."""
+    return settings.data if settings.data is not None else spec.data
 
 
 def eval_rows(spec: Spec) -> list[dict[str, Any]]:
@@ -72,7 +80,7 @@ def eval_rows(spec: Spec) -> list[dict[str, Any]]:
     settings = spec.eval
     if settings is None:
         raise UserError("the spec has no eval section")
-    data = settings.data.model_copy(update={"shuffle": False})
+    data = _eval_data(settings, spec).model_copy(update={"shuffle": False})
     source = make_prompt_source(data, eval_seed(spec.seed))
     size = getattr(source, "size", None)
     count = settings.prompts if size is None else min(settings.prompts, int(size))
@@ -80,7 +88,7 @@ def eval_rows(spec: Spec) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def isolated_rng(seed: int, device: Any) -> Iterator[None]:
+def isolated_rng(seed: int, device: torch.device | str) -> Iterator[None]:
     """Run the body with torch's RNG (CPU and the run's accelerator) seeded with ``seed``,
     then put every RNG state back, python's and numpy's too."""
     import numpy as np
@@ -117,16 +125,17 @@ class Evaluator:
             raise UserError("the spec has no eval section")
         self.spec = spec
         self.settings = spec.eval
+        self.data = _eval_data(spec.eval, spec)
         self.sampler = sampler
         self.scorer = scorer
         self.seed = eval_seed(spec.seed)
         self.rows = eval_rows(spec)
-        self.formatted = format_prompts(self.rows, scorer.tokenizer, self.settings.data)
+        self.formatted = format_prompts(self.rows, scorer.tokenizer, self.data)
         self.max_new_tokens = self.settings.max_new_tokens or spec.rollout.max_new_tokens
         self.seconds = 0.0
 
     @classmethod
-    def of(cls, spec: Spec, learner: Any) -> Evaluator:
+    def of(cls, spec: Spec, learner: Learner) -> Evaluator:
         """The evaluation of a training run's ``learner`` (its sampler and scorer)."""
         return cls(spec, learner.sampler, learner.scorer)
 
@@ -154,7 +163,7 @@ class Evaluator:
             greedy=greedy,
             seed=seed,
         )
-        return self.sampler(rows, prompts, self.settings.data, sampling)
+        return self.sampler(rows, prompts, self.data, sampling)
 
     def _batch(
         self, rows: list[dict[str, Any]], prompts: list[str], seed: int

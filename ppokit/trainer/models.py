@@ -31,15 +31,20 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
 
 from ppokit.errors import MissingDependency, UserError, one_line
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from ppokit.spec import LoraSpec, ParallelSpec, Spec
 
 __all__ = [
     "SMOLLM2",
@@ -69,6 +74,17 @@ class Runtime:
     amp_dtype: torch.dtype | None
 
 
+class Report(Protocol):
+    """What hears of :func:`build_models`' steps: :class:`Silent` or a run's
+    :class:`~ppokit.trainer.display.Display`."""
+
+    def step(self, name: str) -> None:
+        """A step begins (``loading the actor ...``)."""
+
+    def status(self, text: str) -> None:
+        """The step's own progress (``tensor 12/272``)."""
+
+
 class Silent:
     """What :func:`build_models` tells of its steps when nobody listens: nothing. A run's
     :class:`~ppokit.trainer.display.Display` has the same two methods."""
@@ -96,7 +112,7 @@ def quiet_progress_bars() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _gguf_progress(report: Any) -> Iterator[None]:
+def _gguf_progress(report: Report) -> Iterator[None]:
     """transformers' "Converting and de-quantizing GGUF tensors" bar (a plain ``tqdm`` that
     its progress-bar switch does not reach) replaced, while a GGUF file loads, by the
     count of tensors converted, reported to ``report.status``."""
@@ -244,7 +260,7 @@ class Models:
             if was_training:
                 actor.train()
 
-    def shard(self, parallel: Any) -> None:
+    def shard(self, parallel: ParallelSpec) -> None:
         """Put every model under FSDP2 across the run's processes (``spec.parallel``;
         :func:`ppokit.distributed.shard_model`): the actor, the reference copy and the
         critic (a shared critic's head on its own)."""
@@ -366,9 +382,9 @@ def _model_source(what: str, name: str, revision: str | None) -> tuple[str | Pat
     return name, kwargs
 
 
-def _unreachable_errors() -> tuple[type[BaseException], ...]:
+def _unreachable_errors() -> tuple[type[Exception], ...]:
     """The errors of a model id that is not found or cannot be reached."""
-    errors: list[type[BaseException]] = [OSError]
+    errors: list[type[Exception]] = [OSError]
     with contextlib.suppress(ImportError):
         from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 
@@ -380,14 +396,20 @@ def _unreachable_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def _load(what: str, name: str, source: str | Path, trust_remote_code: bool, load: Any) -> Any:
+_Loaded = TypeVar("_Loaded")
+
+
+def _load(
+    what: str, name: str, source: str | Path, trust_remote_code: bool, load: Callable[[], _Loaded]
+) -> _Loaded:
     """``load()``, with what it raises for a user's mistake as one-line :class:`UserError`s."""
     unreachable = _unreachable_errors()
+    mistakes: tuple[type[Exception], ...] = (*unreachable, ValueError, KeyError)
     try:
         return load()
     except ImportError as exc:
         raise UserError(f"{what} {name!r}: {one_line(exc)}") from None
-    except (*unreachable, ValueError, KeyError) as exc:
+    except mistakes as exc:
         if not trust_remote_code and _needs_remote_code(exc, source):
             raise _remote_code_error(what, name, source) from None
         if isinstance(source, str) and isinstance(exc, unreachable):
@@ -404,7 +426,7 @@ def load_actor(
     seed: int,
     trust_remote_code: bool = False,
     revision: str | None = None,
-    report: Any = None,
+    report: Report | None = None,
 ) -> tuple[Any, nn.Module]:
     """(tokenizer, causal LM) of ``spec.model.actor``, on CPU in float32.
 
@@ -478,11 +500,11 @@ def _critic_trunk(
         AutoConfig.from_pretrained(source, **kwargs)
         return AutoModel.from_pretrained(source, dtype=torch.float32, **kwargs)
 
-    return _load("model.critic_init", critic_init, source, trust_remote_code, load)  # type: ignore[no-any-return]
+    return _load("model.critic_init", critic_init, source, trust_remote_code, load)
 
 
 def hidden_size_of(model: nn.Module) -> int:
-    config = model.config
+    config = cast("PretrainedConfig", model.config)  # nn.Module types attributes as modules
     return int(getattr(config, "hidden_size", None) or config.get_text_config().hidden_size)
 
 
@@ -500,7 +522,7 @@ def _adaptable_names(model: nn.Module) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _lora_error(model: nn.Module, lora: Any, what: str, exc: BaseException) -> UserError:
+def _lora_error(model: nn.Module, lora: LoraSpec, what: str, exc: BaseException) -> UserError:
     text = one_line(exc)
     kind = type(model).__name__
     if "not found in the base model" in text or type(exc).__name__ == "NoMatchingPeftModuleError":
@@ -518,7 +540,7 @@ def _lora_error(model: nn.Module, lora: Any, what: str, exc: BaseException) -> U
 
 
 def add_lora(
-    model: nn.Module, lora: Any, what: str, seed: int, task_type: str | None = None
+    model: nn.Module, lora: LoraSpec, what: str, seed: int, task_type: str | None = None
 ) -> nn.Module:
     """``model`` wrapped by ``peft.get_peft_model``: LoRA adapters (seeded init) on the
     modules ``lora.target_modules`` names, every other parameter frozen."""
@@ -530,7 +552,8 @@ def add_lora(
     try:
         config = LoraConfig(
             r=lora.r,
-            lora_alpha=lora.alpha,
+            # peft annotates an int; it only divides it (alpha / r), a float alike
+            lora_alpha=lora.alpha,  # type: ignore[arg-type]
             lora_dropout=lora.dropout,
             target_modules=target if isinstance(target, str) else list(target),
             task_type=task_type,
@@ -550,13 +573,13 @@ def _checkpointing(model: nn.Module) -> None:
 
 
 def build_models(
-    spec: Any,
+    spec: Spec,
     head_size: int,
     *,
     reference: bool = True,
     critic: bool = True,
     device: str | None = None,
-    report: Any = None,
+    report: Report | None = None,
 ) -> Models:
     """Actor, critic (when ``spec.critic`` is set and ``critic``), reference (when
     ``spec.kl`` is set and ``reference``: a frozen copy of the actor, or with
