@@ -29,12 +29,19 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
     from ppokit.batch import RolloutBatch
     from ppokit.spec import Spec
     from ppokit.trainer.models import Models
 
 
-def load_spec(path: Any = None, overrides: Any = (), base: dict[str, Any] | None = None) -> Spec:
+def load_spec(
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    base: dict[str, Any] | None = None,
+) -> Spec:
     """Read a spec file (None: start from ``base`` or the defaults), apply ``path=value``
     overrides, validate it: :func:`ppokit.spec.load_spec`."""
     from ppokit.spec import load_spec as load

@@ -12,8 +12,10 @@ re-derive them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -124,23 +126,24 @@ class RolloutBatch:
 
     def replace(self, **changes: Tensor | None) -> RolloutBatch:
         """A new batch with some fields replaced (validated again)."""
-        return dataclasses.replace(self, **changes)
+        return self._with(changes)
 
     def to(self, device: torch.device | str) -> RolloutBatch:
-        return dataclasses.replace(
-            self,
-            **{
-                f: (None if getattr(self, f) is None else getattr(self, f).to(device))
-                for f in FIELDS
-            },
+        return self._with(
+            {f: (None if getattr(self, f) is None else getattr(self, f).to(device)) for f in FIELDS}
         )
 
     def rows(self, index: Tensor | slice) -> RolloutBatch:
         """The sub-batch of the given rows (every present field indexed along B)."""
-        return dataclasses.replace(
-            self,
-            **{f: (None if getattr(self, f) is None else getattr(self, f)[index]) for f in FIELDS},
+        return self._with(
+            {f: (None if getattr(self, f) is None else getattr(self, f)[index]) for f in FIELDS}
         )
+
+    def _with(self, changes: Mapping[str, Tensor | None]) -> RolloutBatch:
+        """``dataclasses.replace`` with fields named at run time: a None for a required field
+        is no type error here but __post_init__'s BatchError."""
+        fields: dict[str, Any] = dict(changes)
+        return dataclasses.replace(self, **fields)
 
     def has(self, field: str) -> bool:
         return getattr(self, field, None) is not None

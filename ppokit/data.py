@@ -33,8 +33,9 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -517,7 +518,7 @@ def hash_files(path: Path) -> str:
         name = "" if file == path else file.relative_to(path).as_posix()
         digest.update(f"{name}\0{file.stat().st_size}\0".encode())
         with file.open("rb") as f:
-            for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+            for chunk in iter(partial(f.read, 1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()[:16]
 
@@ -637,6 +638,14 @@ class DatasetSource(RowSource):
 
 
 # ---------------------------------------------------------------------- factory
+class _RowSettings(TypedDict):
+    """The data section's settings that every data file's source takes."""
+
+    shuffle: bool
+    columns: Mapping[str, str] | None
+    answer_pattern: str | None
+
+
 def make_prompt_source(data_spec: DataSpec, seed: int) -> PromptSource:
     """The prompt source ``data_spec.source`` names, seeded with ``seed``.
 
@@ -653,7 +662,7 @@ def make_prompt_source(data_spec: DataSpec, seed: int) -> PromptSource:
         raise UserError(
             f"data.options: a data file takes no options, got {', '.join(sorted(options))}"
         )  # a validated spec never gets here
-    rows = {
+    rows: _RowSettings = {
         "shuffle": data_spec.shuffle,
         "columns": data_spec.columns,
         "answer_pattern": data_spec.answer_pattern,

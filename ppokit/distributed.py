@@ -31,16 +31,18 @@ import hashlib
 import os
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ppokit.errors import UserError
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
+
+    from ppokit.spec import ParallelSpec
 
 __all__ = [
     "PeerFailure",
@@ -228,7 +230,7 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard_model(model: nn.Module, parallel: Any, device_type: str) -> nn.Module:
+def shard_model(model: nn.Module, parallel: ParallelSpec, device_type: str) -> nn.Module:
     """``model`` under FSDP2 (``fully_shard``): each transformer block, then the root.
 
     ``parallel.shard``: shard parameters, gradients and optimizer state over the processes
@@ -258,7 +260,7 @@ def shard_model(model: nn.Module, parallel: Any, device_type: str) -> nn.Module:
 
 
 #: The ``parallel`` settings each sharded model was sharded with.
-_PARALLEL: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_PARALLEL: weakref.WeakKeyDictionary[nn.Module, ParallelSpec] = weakref.WeakKeyDictionary()
 
 
 @contextlib.contextmanager
@@ -291,7 +293,10 @@ def sharded(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-def as_forward(module: nn.Module, fn: Any) -> Any:
+_Out = TypeVar("_Out")
+
+
+def as_forward(module: nn.Module, fn: Callable[[], _Out]) -> _Out:
     """``fn()`` run as ``module``'s forward when ``module`` is sharded (FSDP2 gathers its
     own parameters around its forward and reduces their gradients after its backward: a
     computation that uses them outside the module's ``forward``, such as a trunk followed

@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import types
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from itertools import takewhile
@@ -52,13 +53,13 @@ EXAMPLES = frozenset(
 )
 #: The paper methods of examples/specs (by file stem), in the order of variants.md: the one
 #: list of them (the tests require each; a method spec not listed follows, sorted).
-METHODS = ("ppo", "vc_ppo", "vapo", "grpo", "grpo_tis", "dr_grpo", "dapo", "rloo")
+METHODS: tuple[str, ...] = ("ppo", "vc_ppo", "vapo", "grpo", "grpo_tis", "dr_grpo", "dapo", "rloo")
 METHODS += ("reinforce_pp", "reinforce_pp_baseline", "remax", "opo", "gspo", "cispo")
 METHODS += ("ppo_hlgauss",)
 DASH, SECTION = "—", "(section defaults)"
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*(?:\|\s*(.*?)\s*)?\}\}")
 _SCALARS = {int: "integer", float: "number", str: "string", bool: "boolean", Any: "any"}
-_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+_BOUNDS: tuple[tuple[str, str], ...] = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
 _BOUNDS += (("min_length", "len >="), ("max_length", "len <="))
 
 
@@ -148,7 +149,8 @@ def params_table(rows: list[ParamRow]) -> Table:
 
 
 # ---------------------------------------------------------------------- markdown
-def table(rows: Any) -> str:
+def table(rows: Iterable[Sequence[str]]) -> str:
+    """The rows as a Markdown table's lines (a `|` inside a cell escaped)."""
     return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows)
 
 
@@ -241,8 +243,10 @@ def _slot_cell(spec: Spec, s: Slot, registry: Registry, plugins: set[str]) -> st
             plugins.add(f"`{c.name}` ({s.kind}, {record.distribution})")
         mark = "" if info.plugin == BUILTIN_PLUGIN else "†"
         cells.append(("" if weight == 1 else f"{weight:g}·") + f"`{compact(c)}`{mark}")
-    kl = [f"β={owner.coef:g}", owner.placement] if s.section == "kl" else []
-    adaptive = f" (adaptive, target {owner.target:g})" if kl and owner.target is not None else ""
+    kl_spec = spec.kl if s.section == "kl" else None
+    kl = [f"β={kl_spec.coef:g}", kl_spec.placement] if kl_spec is not None else []
+    target = kl_spec.target if kl_spec is not None else None
+    adaptive = f" (adaptive, target {target:g})" if target is not None else ""
     return ", ".join([" + ".join(cells), *kl]) + adaptive
 
 
@@ -255,7 +259,8 @@ def variants_md(root: Path) -> str:
     if failed:
         raise UserError(f"plugins of {root / 'plugins'} that do not load: {', '.join(failed)}")
     rows = [["method", *(s.path for s in SLOTS)], ["---"] * (len(SLOTS) + 1)]
-    sections, plugins = [], set()
+    sections: list[str] = []
+    plugins: set[str] = set()
     for path in method_paths(root):
         spec, rel = load_spec(path, registry=registry), path.relative_to(root).as_posix()
         cells = [_slot_cell(spec, s, registry, plugins) for s in SLOTS]

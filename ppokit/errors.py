@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import unicodedata
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import typer
 
 
 class UserError(Exception):
@@ -67,7 +70,7 @@ def error_lines(exc: BaseException) -> list[str]:
     return [f"error: {exc}".splitlines()[0]]
 
 
-def fail(lines: str | list[str], code: int = 1) -> Any:
+def fail(lines: str | list[str], code: int = 1) -> typer.Exit:
     """Print each line in red on stderr; return the ``typer.Exit(code)`` to raise."""
     import typer
     from rich.console import Console

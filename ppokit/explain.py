@@ -110,8 +110,8 @@ def _reward(w: _Writer, spec: Spec) -> None:
     if spec.rollout.environment.name != slot("rollout.environment").default:
         terms.append(f"the turn rewards of {spec.rollout.environment.name}")
     w.line("R = " + " + ".join(terms), 1)
-    for r in spec.reward:
-        w.component("reward", r)
+    for reward in spec.reward:
+        w.component("reward", reward)
     r = spec.rollout
     w.component("rollout.filter", r.filter)
     if r.filter.name != slot("rollout.filter").default:

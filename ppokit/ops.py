@@ -275,6 +275,7 @@ def _dense_scan(
     elif not overwrite or not x.is_contiguous():
         x = scratch.empty((b, padded), x.dtype).copy_(x)
     chunks = x.view(b, n_chunks, size)
+    step: Tensor | float  # d for the next chunk's head: [B, 1] or one number
     if isinstance(d, Tensor):
         weights = _power_matrices(d, size)  # [B, C, C] in the carry dtype
         matrix, first, step = weights.to(x.dtype), weights[:, :, :1], d[:, None]

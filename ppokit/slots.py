@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from ppokit.spec import Spec
 
 __all__ = ["FIELDS", "KINDS", "SLOTS", "BatchField", "Slot", "field", "slot"]
 
@@ -222,7 +225,7 @@ def slot(path: str) -> Slot:
     return _BY_PATH[path]
 
 
-def _has(section: str) -> Callable[[Any], bool]:
+def _has(section: str) -> Callable[[Spec], bool]:
     return lambda spec: getattr(spec, section) is not None
 
 
@@ -240,11 +243,11 @@ class BatchField:
     #: the spec path an unmet requirement is reported at (None: always met)
     path: str | None = None
     #: whether a spec meets it (None: always)
-    met: Callable[[Any], bool] | None = None
+    met: Callable[[Spec], bool] | None = None
     #: the error when it is not met: ``{who}`` the requiring slots, ``{spec}`` the spec
     error: str = ""
 
-    def problem(self, spec: Any, who: str) -> str | None:
+    def problem(self, spec: Spec, who: str) -> str | None:
         """The error line for a spec that does not meet this requirement, else None."""
         if self.met is None or self.met(spec):
             return None

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 #: Spec keys whose change does not change what a run optimises (a resume may change them).
-FREE_KEYS = ("output", "eval", "parallel", "health", "train.rounds")
+FREE_KEYS: tuple[str, ...] = ("output", "eval", "parallel", "health", "train.rounds")
 FREE_KEYS += ("model.device", "model.threads")
 
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ppokit.components import reward as catalogue
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["SPAN", "SYMBOLS", "DemoReward", "make_row"]
 
@@ -53,7 +56,7 @@ class DemoReward:
         responses: Sequence[str],
         answer: Sequence[str] | None = None,
         **fields: Any,
-    ) -> Any:
+    ) -> torch.Tensor:
         import torch  # this module stays torch-free: the spec reads its SYMBOLS
 
         symbols = list(answer) if answer is not None else [p[-1:] for p in prompts]

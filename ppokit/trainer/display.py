@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task
@@ -142,7 +142,7 @@ class _Field(ProgressColumn):
         return Text(value, style=self.style, no_wrap=True, overflow="ellipsis")
 
 
-def console_width(stream: Any = None) -> int | None:
+def console_width(stream: IO[str] | None = None) -> int | None:
     """The width to lay out for on ``stream`` (default stdout): None on a terminal (rich
     asks it), else ``COLUMNS`` when set, else :data:`CONSOLE_WIDTH`."""
     stream = stream if stream is not None else sys.stdout
@@ -201,7 +201,7 @@ class Display:
         total: int,
         start: int,
         live: bool = True,
-        stream: Any = None,
+        stream: IO[str] | None = None,
         console: Console | None = None,
         every: float = PLAIN_EVERY,
     ) -> None:
@@ -354,14 +354,15 @@ class Display:
         (a new ``generate`` call at step 0, or when ``step`` goes back)."""
         now = time.perf_counter()
         with self._lock:
-            again = self.gen is None or step == 0 or step < self.gen.step
-            if again or (steps, rows) != (self.gen.steps, self.gen.rows):
-                self.gen = _Generation(step, steps, rows, now)
+            gen = self.gen
+            again = gen is None or step == 0 or step < gen.step
+            if gen is None or again or (steps, rows) != (gen.steps, gen.rows):
+                gen = self.gen = _Generation(step, steps, rows, now)
                 self.passes += 1
-            elif self.gen.step == 0 and self.gen.first == 0:  # the rate counts from step 1:
-                self.gen.first, self.gen.began = step, now  # not the prompts' forward pass
-            self.gen.step = step
-            self.gen.at = now
+            elif gen.step == 0 and gen.first == 0:  # the rate counts from step 1:
+                gen.first, gen.began = step, now  # not the prompts' forward pass
+            gen.step = step
+            gen.at = now
             if self.progress is not None:
                 self.detail = self._gen_text(now)
                 self._show()
@@ -444,7 +445,7 @@ class _Folded(logging.Handler):
     """Each record as a line of ``path`` (None: no file); a warning or an error also as a
     message of the display, each distinct one once (its first line)."""
 
-    def __init__(self, display: Any, path: Path | None) -> None:
+    def __init__(self, display: Display, path: Path | None) -> None:
         super().__init__(logging.INFO)
         self.display = display
         self.path = path
@@ -468,7 +469,7 @@ class _Folded(logging.Handler):
 
 
 @contextlib.contextmanager
-def folded_logs(display: Any, path: Path | None) -> Iterator[None]:
+def folded_logs(display: Display, path: Path | None) -> Iterator[None]:
     """While the block runs, the lines of :data:`FOLDED_LOGGERS` (INFO and above) go to
     ``path`` and not to the terminal, where they would write over the live display; each
     distinct warning is also a message of ``display``, once. The loggers' levels, handlers

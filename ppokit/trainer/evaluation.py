@@ -48,7 +48,7 @@ import torch
 from ppokit import distributed
 from ppokit.components.rollout_engine import Sampling
 from ppokit.errors import UserError
-from ppokit.spec import Spec
+from ppokit.spec import DataSpec, EvalSpec, Spec
 from ppokit.stats import pass_at_k, wilson_half_width
 from ppokit.trainer.episodes import Sampler
 from ppokit.trainer.rollout import Rollout
@@ -66,6 +66,11 @@ def eval_seed(seed: int) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+def _eval_data(settings: EvalSpec, spec: Spec) -> DataSpec:
+    """``eval.data``; the spec's validator puts the spec's own data section where it is null."""
+    return settings.data if settings.data is not None else spec.data
+
+
 def eval_rows(spec: Spec) -> list[dict[str, Any]]:
     """The evaluation prompts' data rows: the first ``eval.prompts`` rows of ``eval.data``,
     in order (at most one pass over a data file), the generator seeded with
@@ -75,7 +80,7 @@ def eval_rows(spec: Spec) -> list[dict[str, Any]]:
     settings = spec.eval
     if settings is None:
         raise UserError("the spec has no eval section")
-    data = settings.data.model_copy(update={"shuffle": False})
+    data = _eval_data(settings, spec).model_copy(update={"shuffle": False})
     source = make_prompt_source(data, eval_seed(spec.seed))
     size = getattr(source, "size", None)
     count = settings.prompts if size is None else min(settings.prompts, int(size))
@@ -83,7 +88,7 @@ def eval_rows(spec: Spec) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def isolated_rng(seed: int, device: Any) -> Iterator[None]:
+def isolated_rng(seed: int, device: torch.device | str) -> Iterator[None]:
     """Run the body with torch's RNG (CPU and the run's accelerator) seeded with ``seed``,
     then put every RNG state back, python's and numpy's too."""
     import numpy as np
@@ -120,11 +125,12 @@ class Evaluator:
             raise UserError("the spec has no eval section")
         self.spec = spec
         self.settings = spec.eval
+        self.data = _eval_data(spec.eval, spec)
         self.sampler = sampler
         self.scorer = scorer
         self.seed = eval_seed(spec.seed)
         self.rows = eval_rows(spec)
-        self.formatted = format_prompts(self.rows, scorer.tokenizer, self.settings.data)
+        self.formatted = format_prompts(self.rows, scorer.tokenizer, self.data)
         self.max_new_tokens = self.settings.max_new_tokens or spec.rollout.max_new_tokens
         self.seconds = 0.0
 
@@ -157,7 +163,7 @@ class Evaluator:
             greedy=greedy,
             seed=seed,
         )
-        return self.sampler(rows, prompts, self.settings.data, sampling)
+        return self.sampler(rows, prompts, self.data, sampling)
 
     def _batch(
         self, rows: list[dict[str, Any]], prompts: list[str], seed: int

@@ -76,7 +76,8 @@ def token_logprobs(
     ``checkpoint_min_elements`` logit elements in the call, each chunk is checkpointed.
     """
     b, t = targets.shape
-    vocab = head.weight.shape[0] if hasattr(head, "weight") else 1
+    weight = getattr(head, "weight", None)
+    vocab = weight.shape[0] if isinstance(weight, Tensor) else 1
     step = max(1, chunk_elements // max(1, b * vocab))
     grad = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in head.parameters())

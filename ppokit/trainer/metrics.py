@@ -11,13 +11,17 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from ppokit.metrics_table import CURVES, EVAL_CURVES, REQUIRED, TIMING, metric
 from ppokit.runfolder import METRICS, SAMPLES, append_line, read_metrics, write_atomic
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = [
     "CURVES",
@@ -138,7 +142,7 @@ class MetricsLog:
             append_line(self.samples_path, "\n".join(lines))
 
 
-def _accuracy_band(ax: Any, history: Sequence[dict[str, Any]]) -> None:
+def _accuracy_band(ax: Axes, history: Sequence[dict[str, Any]]) -> None:
     """The 95% Wilson interval of ``eval/accuracy`` over its ``eval/prompts`` prompts."""
     from ppokit.stats import wilson_interval
 
@@ -158,7 +162,9 @@ def curves_title(name: str, seed: int, when: float | None = None) -> str:
     return f"{name} \u00b7 seed {seed} \u00b7 {stamp}"
 
 
-def plot_curves(history: Sequence[dict[str, Any]], path: Path, title: str | None = None) -> Any:
+def plot_curves(
+    history: Sequence[dict[str, Any]], path: Path, title: str | None = None
+) -> Figure | None:
     """Reward and the main diagnostics against the round, one panel each (matplotlib Agg),
     under ``title`` (also the PNG's ``Title`` metadata); every axis labelled. Returns the
     figure (closed), or None when there is nothing to plot."""

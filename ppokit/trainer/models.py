@@ -31,16 +31,21 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
 
 from ppokit.errors import MissingDependency, UserError, one_line
 from ppokit.trainer.report import Reporter, Silent
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from ppokit.spec import LoraSpec, ParallelSpec, Spec
 
 __all__ = [
     "SMOLLM2",
@@ -234,7 +239,7 @@ class Models:
             if was_training:
                 actor.train()
 
-    def shard(self, parallel: Any) -> None:
+    def shard(self, parallel: ParallelSpec) -> None:
         """Put every model under FSDP2 across the run's processes (``spec.parallel``;
         :func:`ppokit.distributed.shard_model`): the actor, the reference copy and the
         critic (a shared critic's head on its own)."""
@@ -356,9 +361,9 @@ def _model_source(what: str, name: str, revision: str | None) -> tuple[str | Pat
     return name, kwargs
 
 
-def _unreachable_errors() -> tuple[type[BaseException], ...]:
+def _unreachable_errors() -> tuple[type[Exception], ...]:
     """The errors of a model id that is not found or cannot be reached."""
-    errors: list[type[BaseException]] = [OSError]
+    errors: list[type[Exception]] = [OSError]
     with contextlib.suppress(ImportError):
         from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 
@@ -370,14 +375,20 @@ def _unreachable_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def _load(what: str, name: str, source: str | Path, trust_remote_code: bool, load: Any) -> Any:
+_Loaded = TypeVar("_Loaded")
+
+
+def _load(
+    what: str, name: str, source: str | Path, trust_remote_code: bool, load: Callable[[], _Loaded]
+) -> _Loaded:
     """``load()``, with what it raises for a user's mistake as one-line :class:`UserError`s."""
     unreachable = _unreachable_errors()
+    mistakes: tuple[type[Exception], ...] = (*unreachable, ValueError, KeyError)
     try:
         return load()
     except ImportError as exc:
         raise UserError(f"{what} {name!r}: {one_line(exc)}") from None
-    except (*unreachable, ValueError, KeyError) as exc:
+    except mistakes as exc:
         if not trust_remote_code and _needs_remote_code(exc, source):
             raise _remote_code_error(what, name, source) from None
         if isinstance(source, str) and isinstance(exc, unreachable):
@@ -468,11 +479,11 @@ def _critic_trunk(
         AutoConfig.from_pretrained(source, **kwargs)
         return AutoModel.from_pretrained(source, dtype=torch.float32, **kwargs)
 
-    return _load("model.critic_init", critic_init, source, trust_remote_code, load)  # type: ignore[no-any-return]
+    return _load("model.critic_init", critic_init, source, trust_remote_code, load)
 
 
 def hidden_size_of(model: nn.Module) -> int:
-    config = model.config
+    config = cast("PretrainedConfig", model.config)  # nn.Module types attributes as modules
     return int(getattr(config, "hidden_size", None) or config.get_text_config().hidden_size)
 
 
@@ -490,7 +501,7 @@ def _adaptable_names(model: nn.Module) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _lora_error(model: nn.Module, lora: Any, what: str, exc: BaseException) -> UserError:
+def _lora_error(model: nn.Module, lora: LoraSpec, what: str, exc: BaseException) -> UserError:
     text = one_line(exc)
     kind = type(model).__name__
     if "not found in the base model" in text or type(exc).__name__ == "NoMatchingPeftModuleError":
@@ -508,7 +519,7 @@ def _lora_error(model: nn.Module, lora: Any, what: str, exc: BaseException) -> U
 
 
 def add_lora(
-    model: nn.Module, lora: Any, what: str, seed: int, task_type: str | None = None
+    model: nn.Module, lora: LoraSpec, what: str, seed: int, task_type: str | None = None
 ) -> nn.Module:
     """``model`` wrapped by ``peft.get_peft_model``: LoRA adapters (seeded init) on the
     modules ``lora.target_modules`` names, every other parameter frozen."""
@@ -520,7 +531,8 @@ def add_lora(
     try:
         config = LoraConfig(
             r=lora.r,
-            lora_alpha=lora.alpha,
+            # peft annotates an int; it only divides it (alpha / r), a float alike
+            lora_alpha=lora.alpha,  # type: ignore[arg-type]
             lora_dropout=lora.dropout,
             target_modules=target if isinstance(target, str) else list(target),
             task_type=task_type,
@@ -540,7 +552,7 @@ def _checkpointing(model: nn.Module) -> None:
 
 
 def build_models(
-    spec: Any,
+    spec: Spec,
     head_size: int,
     *,
     reference: bool = True,

@@ -6,13 +6,17 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from ppokit.components.rollout_engine import EngineContext, Generation, Sampling
 from ppokit.errors import UserError
+
+if TYPE_CHECKING:
+    from ppokit.spec import DataSpec, ModelSpec, RolloutSpec
+    from ppokit.trainer.models import Models
 
 __all__ = ["PromptEncoder", "Rollout", "engine_context", "eos_ids", "fit_context", "sampling"]
 
@@ -29,12 +33,12 @@ def eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
 
 
 def engine_context(
-    models: Any,
-    model_spec: Any,
+    models: Models,
+    model_spec: ModelSpec,
     process: int = 0,
     processes: int = 1,
     progress: Callable[[int, int, int], None] | None = None,
-) -> Any:
+) -> EngineContext:
     """The :class:`EngineContext` a run starts its engine with (``models``: the run's
     :class:`~ppokit.trainer.models.Models`; ``progress``: the decoding steps' listener)."""
     from ppokit.trainer.models import autocast
@@ -52,7 +56,7 @@ def engine_context(
     )
 
 
-def sampling(rollout: Any, n: int, seed: int | None = None, **changes: Any) -> Sampling:
+def sampling(rollout: RolloutSpec, n: int, seed: int | None = None, **changes: Any) -> Sampling:
     """The :class:`Sampling` of the spec's ``rollout`` section for ``n`` responses a prompt
     (``changes``: another length limit, temperature, ``greedy=True``, ...)."""
     settings: dict[str, Any] = dict(
@@ -111,7 +115,11 @@ class PromptEncoder:
         self.device = device
 
     def __call__(
-        self, prompts: list[str], data: Any, max_new: int, room: str = "rollout.max_new_tokens"
+        self,
+        prompts: list[str],
+        data: DataSpec,
+        max_new: int,
+        room: str = "rollout.max_new_tokens",
     ) -> tuple[Tensor, Tensor]:
         """(ids, attention mask) ``[P, L]``; ``data`` (a data section) decides the chat
         template (its special tokens are already in the text) and ``long_prompts``;
@@ -204,13 +212,20 @@ class Rollout:
             value = pad_id if name == "response_ids" else 0
             return torch.cat([pad(x, t, value, False) for x in xs])
 
-        return cls(**{f.name: joined(f.name) for f in fields(cls)})
+        return cls._of({f.name: joined(f.name) for f in fields(cls)})
 
     def rows(self, index: Tensor) -> Rollout:
         """The rows ``index`` of every field."""
-        return Rollout(
-            **{
+        return Rollout._of(
+            {
                 f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index]
                 for f in fields(self)
             }
         )
+
+    @classmethod
+    def _of(cls, values: dict[str, Tensor | None]) -> Rollout:
+        """The rollout of every field by name (the required ones are never None here: each
+        comes from a rollout that has it)."""
+        named: dict[str, Any] = values
+        return cls(**named)

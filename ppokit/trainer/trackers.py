@@ -40,10 +40,13 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ppokit.errors import MissingDependency, one_line
 from ppokit.runfolder import TRACKER_FILES, TRACKERS_JSON, read_json, write_atomic
+
+if TYPE_CHECKING:
+    from ppokit.spec import Spec
 
 __all__ = [
     "IDS_FILE",
@@ -374,11 +377,11 @@ class Trackers:
 
     def __init__(
         self,
-        spec: Any,
+        spec: Spec,
         out_dir: str | Path,
         *,
         start_round: int = 0,
-        stream: Any = None,
+        stream: IO[str] | None = None,
     ) -> None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import operator
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -30,7 +31,7 @@ class NoEnvironment:
         return Step(None, 0.0, True)
 
 
-_BINARY = {
+_BINARY: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -39,14 +40,18 @@ _BINARY = {
     ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_UNARY: dict[type[ast.unaryop], Callable[[Fraction], Fraction]] = {
+    ast.UAdd: operator.pos,
+    ast.USub: operator.neg,
+}
 #: The largest magnitude a value may reach (larger is an error, not a slow big integer).
 LIMIT = Fraction(10) ** 100
 
 
 def _value(node: ast.AST) -> Fraction:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return Fraction(node.value)
+    number = node.value if isinstance(node, ast.Constant) else None
+    if isinstance(number, (int, float)) and not isinstance(number, bool):
+        return Fraction(number)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_value(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:

@@ -14,7 +14,7 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ def require_field(fields: dict[str, Any], name: str, reward: str, count: int) ->
     return values
 
 
-def _scores(values: Sequence[float]) -> torch.Tensor:
+def _scores(values: Iterable[float]) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.float32)
 
 

@@ -30,7 +30,9 @@ from ppokit.catalogue import Component, Params
 
 if TYPE_CHECKING:
     import torch
-    from torch import Tensor
+    from torch import Tensor, nn
+
+    from ppokit.spec import ModelSpec, Spec
 
 __all__ = [
     "ENTRIES",
@@ -152,11 +154,11 @@ class EngineContext:
     optional both ways (None: nobody listens; an engine that never calls it is fine).
     """
 
-    model: Any
-    model_spec: Any
+    model: nn.Module
+    model_spec: ModelSpec
     eos_ids: tuple[int, ...]
     pad_id: int
-    device: Any
+    device: torch.device
     autocast: Callable[[], AbstractContextManager[Any]]
     process: int = 0
     processes: int = 1
@@ -324,7 +326,7 @@ def _tiny_fix(hidden: int, heads: int, kv: int) -> str:
     return f"--set model.tiny.num_attention_heads={best} --set model.tiny.num_key_value_heads={kv}"
 
 
-def vllm_problems(spec: Any, params: Any) -> Iterator[str]:
+def vllm_problems(spec: Spec, params: VLLMParams) -> Iterator[str]:
     """What the ``vllm`` engine refuses when it starts, found from the spec alone: on a CPU
     an attention head size vLLM's CPU attention lacks (the tiny model's from its settings, a
     named model's from :data:`NAMED_HEAD_SIZES`, a local folder's from its config.json; a
@@ -342,11 +344,11 @@ def vllm_problems(spec: Any, params: Any) -> Iterator[str]:
     supports = f"vLLM's CPU attention supports heads of {sizes} dimensions"
     if model.actor == "tiny":
         t = model.tiny
-        head = t.hidden_size // t.num_attention_heads
-        if head not in VLLM_CPU_HEAD_SIZES:
+        tiny_head = t.hidden_size // t.num_attention_heads
+        if tiny_head not in VLLM_CPU_HEAD_SIZES:
             yield (
                 f"model.tiny.num_attention_heads: rollout.engine vllm: {supports}; the tiny "
-                f"model's have {head} (hidden_size {t.hidden_size} / num_attention_heads "
+                f"model's have {tiny_head} (hidden_size {t.hidden_size} / num_attention_heads "
                 f"{t.num_attention_heads}): "
                 f"e.g. {_tiny_fix(t.hidden_size, t.num_attention_heads, t.num_key_value_heads)}"
             )

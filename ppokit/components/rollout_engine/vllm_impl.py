@@ -26,7 +26,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +41,9 @@ from ppokit.components.rollout_engine import (
     Sampling,
 )
 from ppokit.errors import MissingDependency, UserError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["VLLMEngine", "adapter_weights", "base_weights", "lora_rank"]
 
@@ -120,12 +123,17 @@ def adapter_weights(model: nn.Module) -> dict[str, Tensor]:
     return {k: _full(v).contiguous().cpu() for k, v in state.items()}
 
 
+def _config(model: nn.Module) -> PretrainedConfig:
+    """The actor's transformers config (the base model's under LoRA)."""
+    lm = model.get_base_model() if _peft(model) else model  # type: ignore[operator]
+    return cast("PretrainedConfig", lm.config)  # nn.Module types attributes as modules
+
+
 def _write_model(model: nn.Module, folder: Path, dtype: torch.dtype) -> None:
     """The actor's config and weights (the base model's under LoRA) as a model folder."""
     from safetensors.torch import save_file
 
-    lm = model.get_base_model() if _peft(model) else model  # type: ignore[operator]
-    config = copy.deepcopy(lm.config)
+    config = copy.deepcopy(_config(model))
     if hasattr(config, "quantization_config"):  # a GGUF file's: the weights are dequantized
         del config.quantization_config
     config.save_pretrained(folder)
@@ -228,6 +236,13 @@ class VLLMEngine:
         self.tp_group: Any = None
         self.torch_dtype = torch.float32  # vLLM's, resolved at the start
 
+    @property
+    def _started(self) -> EngineContext:
+        """The context of :meth:`start` (an error before it, or after :meth:`close`)."""
+        if self.context is None:
+            raise RuntimeError("the vllm engine was not started")
+        return self.context
+
     # ------------------------------------------------------------------ start
     def _resolved_dtype(self, context: EngineContext, gpu: bool) -> str:
         if self.dtype != "auto":
@@ -238,7 +253,7 @@ class VLLMEngine:
         return "bfloat16" if gpu else "float32"
 
     def _check_model(self, model: nn.Module, gpu: bool) -> None:
-        config = model.get_base_model().config if _peft(model) else model.config  # type: ignore[operator]
+        config = _config(model)
         heads = getattr(config, "num_attention_heads", None)
         head = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
         if not gpu and head is not None and head not in CPU_HEAD_SIZES:
@@ -270,7 +285,7 @@ class VLLMEngine:
         self.folder = Path(tempfile.mkdtemp(prefix="ppokit-vllm-"))
         self.torch_dtype = getattr(torch, self._resolved_dtype(context, gpu))
         _write_model(model, self.folder / "model", self.torch_dtype)
-        config = model.get_base_model().config if _peft(model) else model.config  # type: ignore[operator]
+        config = _config(model)
         max_len = self.max_model_len or getattr(config, "max_position_embeddings", None)
         kwargs: dict[str, Any] = dict(
             model=str(self.folder / "model"),
@@ -315,7 +330,7 @@ class VLLMEngine:
     def _params(self, sampling: Sampling, seed: int | None, n: int) -> Any:
         from vllm import SamplingParams
 
-        eos = list(self.context.eos_ids)  # type: ignore[union-attr]
+        eos = list(self._started.eos_ids)
         if sampling.greedy:
             return SamplingParams(
                 n=1,
@@ -358,7 +373,9 @@ class VLLMEngine:
             prompts, seeds, share = self._group_prompts(prompts, seeds, per)
         params = [self._params(sampling, s, per) for s in seeds]
         self.llm.enqueue(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            # vllm imports NotRequired from typing, which mypy's Python 3.10 lacks: every key
+            # of the TypedDict reads as required there
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],  # type: ignore[typeddict-item]
             params,
             use_tqdm=False,
             lora_request=self.lora,
@@ -394,7 +411,7 @@ class VLLMEngine:
         while they fit vLLM's batch, so the count is the tokens done; it stops at
         ``steps`` (more steps: responses that waited for a place in the batch)."""
         engine = self.llm.llm_engine
-        progress = self.context.progress  # type: ignore[union-attr]
+        progress = self._started.progress
         if progress is not None:
             progress(0, steps, rows)
         done: list[Any] = []
@@ -431,15 +448,16 @@ class VLLMEngine:
             self._push_weights()
 
     def _push_weights(self) -> None:
-        model = self.context.model  # type: ignore[union-attr]
+        context = self._started
+        model = context.model
         if self.asleep:  # level 2: the weights were dropped; they come back as pushed
             self.llm.wake_up(tags=["weights"])
         weights: Any = base_weights(model, self.torch_dtype)  # one weight at a time
-        if self.context.processes > 1:  # the gathers (collectives) on the trainer's thread
+        if context.processes > 1:  # the gathers (collectives) on the trainer's thread
             weights = list(weights)
         elif self.tensor_parallel_size > 1:  # sent to vLLM's worker processes
             weights = [(k, v.cpu()) for k, v in weights]
-        device = torch.device(self.context.device)
+        device = torch.device(context.device)
 
         def push() -> None:
             if device.type == "cuda":  # a thread starts on the first GPU
@@ -463,7 +481,7 @@ class VLLMEngine:
         if self.asleep:
             self.llm.wake_up()
             self.asleep = 0
-        model = self.context.model  # type: ignore[union-attr]
+        model = self._started.model
         self.pushes += 1
         folder = self.folder / f"adapter-{self.pushes}"  # type: ignore[operator]
         _write_adapter(model, folder)
