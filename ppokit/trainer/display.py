@@ -31,6 +31,7 @@ from rich.text import Text
 from ppokit.errors import UserError, printable
 from ppokit.metrics_table import SHOWN, SUMMARY, best_direction
 from ppokit.trainer.health import fired_signs
+from ppokit.trainer.report import Reporter
 
 __all__ = ["Display", "best_direction", "console_width", "duration", "fmt", "health_line"]
 __all__ += ["folded_logs", "plain_line"]
@@ -445,7 +446,7 @@ class _Folded(logging.Handler):
     """Each record as a line of ``path`` (None: no file); a warning or an error also as a
     message of the display, each distinct one once (its first line)."""
 
-    def __init__(self, display: Display, path: Path | None) -> None:
+    def __init__(self, display: Reporter, path: Path | None) -> None:
         super().__init__(logging.INFO)
         self.display = display
         self.path = path
@@ -469,7 +470,7 @@ class _Folded(logging.Handler):
 
 
 @contextlib.contextmanager
-def folded_logs(display: Display, path: Path | None) -> Iterator[None]:
+def folded_logs(display: Reporter, path: Path | None) -> Iterator[None]:
     """While the block runs, the lines of :data:`FOLDED_LOGGERS` (INFO and above) go to
     ``path`` and not to the terminal, where they would write over the live display; each
     distinct warning is also a message of ``display``, once. The loggers' levels, handlers

@@ -195,6 +195,7 @@ def kl_to_reference(
     r_t ← r_t − β·kl_t; then the adaptive controller's step of β. Returns the batch and β."""
     kl = spec.kl
     assert kl is not None and assembly.kl is not None
+    assert batch.logp_old is not None and batch.logp_ref is not None
     estimate_ = assembly.kl(batch.logp_old, batch.logp_ref).float()
     kl_tok = estimate_ * batch.maskf
     kl_seq = kl_tok.sum(1).mean()

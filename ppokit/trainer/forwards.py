@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ppokit import distributed
-from ppokit.trainer.logprobs import response_hidden, token_logprobs, trunk_hidden
+from ppokit.trainer.logprobs import output_head, response_hidden, token_logprobs, trunk_hidden
 from ppokit.trainer.models import Models, ValueModel, autocast, trunk_of
 from ppokit.trainer.rollout import Rollout
 
@@ -42,7 +42,7 @@ class Forwards:
             with autocast(self.models.runtime):
                 logp, ent = token_logprobs(
                     hidden[:, :-1],
-                    model.get_output_embeddings(),
+                    output_head(model),
                     ro.response_ids,
                     self.temperature,
                     entropy=entropy,
@@ -78,10 +78,13 @@ class Forwards:
             with autocast(self.models.runtime):
                 return critic(shared_hidden)
 
+        trunk = critic.trunk
+        assert trunk is not None  # a separate critic has its own trunk
+
         def forward() -> Tensor:
             ids, attn = ro.inputs()
             with autocast(self.models.runtime):
-                hidden = response_hidden(trunk_hidden(critic.trunk, ids, attn), ro.prompt_len)
+                hidden = response_hidden(trunk_hidden(trunk, ids, attn), ro.prompt_len)
                 if distributed.sharded(critic):  # this function is the critic's forward
                     return ValueModel.forward(critic, hidden)
                 return critic(hidden)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["position_ids", "response_hidden", "token_logprobs", "trunk_hidden"]
+__all__ = ["output_head", "position_ids", "response_hidden", "token_logprobs", "trunk_hidden"]
 
 #: Elements of float32 logits one chunk may hold (64 MiB).
 CHUNK_ELEMENTS = 1 << 24
@@ -28,6 +28,13 @@ CHECKPOINT_MIN_ELEMENTS = CHUNK_ELEMENTS
 def position_ids(attention_mask: Tensor) -> Tensor:
     """Positions counted over real tokens only (left padding gets position 0)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def output_head(model: nn.Module) -> nn.Module:
+    """A causal LM's output projection (transformers' ``get_output_embeddings()``)."""
+    head = getattr(model, "get_output_embeddings")()  # noqa: B009 (nn.Module types no such member)
+    assert isinstance(head, nn.Module), "a causal LM without an output projection"
+    return head
 
 
 def trunk_hidden(trunk: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

@@ -396,7 +396,7 @@ def _rounds(
                 f"evaluating {prompts} held-out prompts",
                 passes=2 * batches,  # a greedy and a sampled pass over each batch
             )
-            record = {"round": 0, **evaluator.run(), "time_eval": evaluator.seconds}
+            record: dict[str, Any] = {"round": 0, **evaluator.run(), "time_eval": evaluator.seconds}
             log.append(record)
             trackers.log_metrics(0, record)
             history.append(record)
