@@ -19,14 +19,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ppokit.metrics_table import Metric
-
-if TYPE_CHECKING:
-    from ppokit.spec import Spec
 
 __all__ = ["Component", "Contract", "Gamma", "NoParams", "Params", "implementation_of"]
 
@@ -119,7 +116,8 @@ class Component:
     #: ``check(spec, params)``: the ``path: message`` lines of what a run would refuse
     #: about this component in ``spec`` (``params``: its validated parameters), found at
     #: validation, without heavy imports; called once its parameters and packages pass
-    check: Callable[[Spec, Any], Iterable[str]] | None = None
+    #: (``spec`` is a :class:`ppokit.spec.Spec`: the catalogue sits below the spec's models)
+    check: Callable[[Any, Any], Iterable[str]] | None = None
 
     def implementation(self, obj: T) -> T:
         """Decorator of the implementation: records ``obj`` as this entry's implementation

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from ppokit.spec import Spec
+#: A validated :class:`ppokit.spec.Spec` (the slot table sits below the spec's models, which
+#: read it: named here, not imported).
+Spec = Any
 
 __all__ = ["FIELDS", "KINDS", "SLOTS", "BatchField", "Slot", "field", "slot"]
 

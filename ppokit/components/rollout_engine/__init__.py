@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
-    from ppokit.spec import ModelSpec, Spec
 
 __all__ = [
     "ENTRIES",
@@ -155,7 +154,7 @@ class EngineContext:
     """
 
     model: nn.Module
-    model_spec: ModelSpec
+    model_spec: Any  # the spec's ModelSpec (components sit below ppokit.spec: not imported)
     eos_ids: tuple[int, ...]
     pad_id: int
     device: torch.device
@@ -326,7 +325,7 @@ def _tiny_fix(hidden: int, heads: int, kv: int) -> str:
     return f"--set model.tiny.num_attention_heads={best} --set model.tiny.num_key_value_heads={kv}"
 
 
-def vllm_problems(spec: Spec, params: VLLMParams) -> Iterator[str]:
+def vllm_problems(spec: Any, params: VLLMParams) -> Iterator[str]:
     """What the ``vllm`` engine refuses when it starts, found from the spec alone: on a CPU
     an attention head size vLLM's CPU attention lacks (the tiny model's from its settings, a
     named model's from :data:`NAMED_HEAD_SIZES`, a local folder's from its config.json; a
