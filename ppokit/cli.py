@@ -209,7 +209,7 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Validate spec files: every error, one 'path: message' line each."""
-    results = []
+    results: list[dict[str, Any]] = []
     for path in specs:
         try:
             _load(path, overrides)
@@ -276,7 +276,7 @@ def docs(
 def plugins(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
     """Loaded plugins with their version and components, and those that failed."""
     registry = get_registry()
-    records = [
+    records: list[dict[str, Any]] = [
         {
             "name": p.name,
             "distribution": p.distribution,

@@ -175,7 +175,7 @@ def _without_gguf_marker(model: Any) -> None:
             return  # another quantization: save_pretrained decides
     if quantizer is not None:
         model.hf_quantizer = None
-    if quantization is not None:
+    if config is not None and quantization is not None:
         config.quantization_config = None
         del config.quantization_config
 
@@ -218,12 +218,13 @@ def _write(tmp: Path, run_dir: Path, with_critic: bool, trust_remote_code: bool)
     if critic is not None:
         check_critic(path, state, models)
         load_weights(path, "critic", critic.head if models.shared_critic else critic, models)
-    critic_trunk = None
+    critic_trunk: Any = None  # a peft model when models.lora
     if critic is not None and critic.trunk is not None:
         critic_trunk = critic.trunk
         if models.lora:  # its frozen weights are the actor's: merge a copy of its own
             critic_trunk = copy.deepcopy(critic_trunk).merge_and_unload()
-    policy = models.actor.merge_and_unload() if models.lora else models.actor  # type: ignore[operator]
+    actor: Any = models.actor  # a peft model when models.lora
+    policy = actor.merge_and_unload() if models.lora else actor
     policy.eval()
     policy.generation_config = _generation_config(policy, models.tokenizer, spec)
     _save_pretrained(policy, tmp)

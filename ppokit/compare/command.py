@@ -73,7 +73,7 @@ def _is_run_dir(path: Path) -> bool:
 def discover_runs(out: Path) -> list[RunRecord]:
     """Every run folder of a sweep: ``out/runs/<group>/<run>`` (``seed-N`` or any name)."""
     root = out / RUNS_DIR
-    records = []
+    records: list[RunRecord] = []
     if not root.is_dir():
         return records
     for group in sorted(p for p in root.iterdir() if p.is_dir()):

@@ -221,11 +221,11 @@ def run_status(run_dir: Path, rounds: int) -> tuple[str, str]:
 
 def _comparable(data: Mapping[str, Any]) -> dict[str, Any]:
     """A resolved spec without what may differ between attempts of one run."""
-    data = json.loads(json.dumps(dict(data), default=str))
-    data.pop("output", None)
-    if isinstance(data.get("train"), dict):
-        data["train"].pop("rounds", None)
-    return data
+    plain: dict[str, Any] = json.loads(json.dumps(dict(data), default=str))
+    plain.pop("output", None)
+    if isinstance(plain.get("train"), dict):
+        plain["train"].pop("rounds", None)
+    return plain
 
 
 def _first_difference(a: Any, b: Any, path: str = "") -> str | None:

@@ -220,7 +220,9 @@ def summarize(
     evals = _eval_keys(records)
     components = {}
     for g, runs in groups.items():
-        found = next((r.spec for r in runs if r.status == "finished" and r.spec), None)
+        found: Mapping[str, Any] | None = next(
+            (r.spec for r in runs if r.status == "finished" and r.spec), None
+        )
         found = found or next((r.spec for r in runs if r.spec), None)
         found = found or (specs or {}).get(g)
         if found:  # a group whose spec is unknown (no spec.yaml) is labelled by its name

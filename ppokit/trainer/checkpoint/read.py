@@ -163,6 +163,7 @@ def _check_shards(path: Path, state: dict[str, Any]) -> None:
 def _check_cover(path: Path, folder: str) -> None:
     """Every tensor of ``path/folder`` is covered exactly once by its shards' chunks."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     try:
         with _dcp():
@@ -170,9 +171,9 @@ def _check_cover(path: Path, folder: str) -> None:
     except Exception as exc:  # a header that is not JSON, or contradicts its file
         raise _fail(path, f"unreadable shard files in {folder}/ ({one_line(exc)})") from None
     for name, entry in metadata.state_dict_metadata.items():
-        chunks = getattr(entry, "chunks", None)
-        if chunks is None:
+        if not isinstance(entry, TensorStorageMetadata):
             continue  # not a tensor
+        chunks = entry.chunks
         size = [int(n) for n in entry.size]
         boxes = []
         for chunk in chunks:

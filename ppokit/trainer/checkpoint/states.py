@@ -206,7 +206,7 @@ def _model_state(stem: str, module: torch.nn.Module, models: Any) -> dict[str, t
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     owner = models.critic if stem == "critic" and models.shared_critic else module
-    state = get_model_state_dict(owner)
+    state: dict[str, Any] = get_model_state_dict(owner)  # a model's: tensors only
     if owner is not module:  # a shared critic stores its head alone
         state = {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
     drop = _tied(module)
@@ -249,7 +249,8 @@ def _set_model_state(
     if stem == "critic" and models.shared_critic:
         owner = models.critic
         state = {f"head.{k}": v for k, v in state.items()}
-    set_model_state_dict(owner, state, options=StateDictOptions(strict=False))
+    values: dict[str, Any] = dict(state)  # DCP's type of a state dict: any value
+    set_model_state_dict(owner, values, options=StateDictOptions(strict=False))
 
 
 def _optimizer_states(models: Any, optimizers: Optimizers) -> dict[str, Any]:

@@ -169,12 +169,12 @@ def _write_tmp(
     optim = _encode(_optimizer_states(models, state.optimizers), tensors, "optim", keep=True)
     _dcp_save(tensors, tmp / "optim")
     rng_data, rng_tensors = _rng_files(capture_rng(), source.state_dict())
-    stem = tmp / _rng_stem(world.rank)
-    save_file(rng_tensors, f"{stem}.safetensors")
-    Path(f"{stem}.json").write_text(json.dumps(rng_data) + "\n")
-    mine = [Path(f"{stem}.safetensors"), Path(f"{stem}.json")]
+    rng = tmp / _rng_stem(world.rank)
+    save_file(rng_tensors, f"{rng}.safetensors")
+    Path(f"{rng}.json").write_text(json.dumps(rng_data) + "\n")
+    mine = [Path(f"{rng}.safetensors"), Path(f"{rng}.json")]
     if world.main:
-        state = {
+        record = {
             "format": FORMAT,
             "round": round_done,
             "kl_coef": float(state.kl_coef),
@@ -183,7 +183,7 @@ def _write_tmp(
             "lora_base": base,
         }
         (tmp / "optim.json").write_text(json.dumps(optim) + "\n")
-        (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+        (tmp / "state.json").write_text(json.dumps(record, indent=2) + "\n")
         (tmp / "spec.yaml").write_text(spec_yaml)
         mine += [tmp / "optim.json", tmp / "state.json", tmp / "spec.yaml"]
     for file in mine:  # DCP syncs its own files
