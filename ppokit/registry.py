@@ -20,21 +20,19 @@ import io
 import os
 import re
 import sys
-import threading
 import traceback
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import pluggy
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ppokit import hookspecs
+from ppokit.bounded import TimedOut, run_bounded
 from ppokit.catalogue import Component, implementation_of
 from ppokit.errors import one_line, printable
 from ppokit.metrics_table import declare
@@ -46,11 +44,9 @@ __all__ = [
     "PluginRecord",
     "Registry",
     "RegistryError",
-    "TimedOut",
     "get_registry",
     "name_problem",
     "reset_registry",
-    "run_bounded",
 ]
 
 
@@ -153,39 +149,6 @@ PLUGIN_ERRORS = (Exception, SystemExit)
 
 class PluginPrinted(RuntimeError):
     """A plugin wrote to standard output while it loaded (which would corrupt JSON output)."""
-
-
-class TimedOut(Exception):
-    """A call run by :func:`run_bounded` did not finish in time (it goes on in the
-    background, on a daemon thread)."""
-
-
-T = TypeVar("T")
-
-
-def run_bounded(fn: Callable[[], T], timeout: float | None, name: str) -> T:
-    """``fn()`` on a daemon thread called ``name``, waited for at most ``timeout`` seconds
-    (``None``: called here, unbounded); :class:`TimedOut` when it runs over. Whatever ``fn``
-    raises (``SystemExit`` included) is raised here. A Python thread cannot be killed: an
-    overrunning call goes on in the background, and being a daemon thread it does not keep
-    the process from exiting."""
-    if timeout is None:
-        return fn()
-    future: Future[T] = Future()
-
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn())
-        except BaseException as exc:  # handed to the waiting thread
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    try:
-        return future.result(timeout)
-    except FutureTimeout:
-        raise TimedOut(f"did not finish within {timeout:g} s") from None
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import ppokit
+from ppokit.bounded import run_bounded
 from ppokit.catalogue import Component
 from ppokit.errors import printable
 from ppokit.registry import (
@@ -29,7 +30,6 @@ from ppokit.registry import (
     env_flag,
     name_problem,
     plugin_import_timeout,
-    run_bounded,
 )
 from tests.helpers import Venv, write_plugin_dist
 

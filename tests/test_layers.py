@@ -216,3 +216,20 @@ def test_an_exception_is_made_one_line_in_one_place() -> None:
     assert not copies, f"use ppokit.errors.one_line: {copies}"
     probe = ast.parse('f"{type(exc).__name__}: {exc}"')
     assert _one_line_copies(probe) == [1]  # the pattern finds a copy
+
+
+def test_a_call_is_bounded_in_one_place() -> None:
+    """``ppokit.bounded.run_bounded`` is the one way a call is waited for under a timeout:
+    no other module waits on a future of its own."""
+    waiting = []
+    for path in PACKAGE.rglob("*.py"):
+        where = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            modules = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            if any(m.startswith("concurrent") for m in modules) and where != "ppokit/bounded.py":
+                waiting.append(f"{where}:{node.lineno}")
+    assert not waiting

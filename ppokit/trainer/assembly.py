@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ppokit.batch import RolloutBatch
+from ppokit.bounded import TimedOut, run_bounded
 from ppokit.catalogue import Contract
 from ppokit.components import KIND_PACKAGES
 from ppokit.errors import ComponentError, ComponentTimeout, UserError, one_line
@@ -399,23 +397,10 @@ def call_with_timeout(
     message). A call that runs over raises
     :class:`ComponentTimeout`. A Python thread cannot be killed: the call goes on in the
     background (a daemon thread, so the process can still exit) and the run stops."""
-    if timeout is None:
-        return fn(*args, **kwargs)
-    future: Future[Any] = Future()
-
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # handed to the waiting thread
-            future.set_exception(exc)
-
     name = where.slot if isinstance(where, Where) else str(where)
-    threading.Thread(target=run, name=f"ppokit-{name}", daemon=True).start()
     try:
-        return future.result(timeout)
-    except FutureTimeout:
+        return run_bounded(lambda: fn(*args, **kwargs), timeout, f"ppokit-{name}")
+    except TimedOut:
         raise ComponentTimeout(
             f"{where} did not return within {setting} ({timeout:g} s); a running "
             "call cannot be interrupted, so the run stops"

@@ -13,7 +13,6 @@ are in :mod:`ppokit.components.rollout_engine`, which imports none of them.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import copy
 import gc
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor, nn
 
+from ppokit.bounded import TimedOut, run_bounded
 from ppokit.components.rollout_engine import (
     VLLM,
     VLLM_CPU_HEAD_SIZES,
@@ -175,18 +175,15 @@ def _own_random_state() -> Iterator[None]:
 
 
 def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
-    """``fn()`` on a worker thread, waited for at most ``timeout`` seconds: a stuck call is
-    a ``TimeoutError``, not a hang (a Python thread cannot be killed: it goes on until the
-    process ends, which is what follows the error)."""
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ppokit-vllm")
+    """``fn()`` waited for at most ``timeout`` seconds (:func:`ppokit.bounded.run_bounded`):
+    a stuck call is a ``TimeoutError``, not a hang (a Python thread cannot be killed: it
+    goes on until the process ends, which is what follows the error)."""
     try:
-        return pool.submit(fn).result(timeout)
-    except concurrent.futures.TimeoutError:
+        return run_bounded(fn, timeout, "ppokit-vllm")
+    except TimedOut:
         raise TimeoutError(
             f"{what} did not finish within rollout.engine.sync_timeout_s ({timeout:g} s)"
         ) from None
-    finally:
-        pool.shutdown(wait=False)
 
 
 def _tp_group(size: int) -> Any:
