@@ -84,8 +84,8 @@ def load_target(
     ``model.trust_remote_code`` is refused unless ``trust_remote_code`` (the command line's
     ``--trust-remote-code``): a run folder names no code that runs by itself.
     """
-    from ppokit.trainer.checkpoint.layout import _state_of
-    from ppokit.trainer.checkpoint.read import _locate
+    from ppokit.trainer.checkpoint.layout import state_of
+    from ppokit.trainer.checkpoint.read import locate
     from ppokit.trainer.models import SMOLLM2
 
     overrides = list(overrides or [])
@@ -97,8 +97,8 @@ def load_target(
 
         if not has_checkpoint(path):
             raise UserError(f"{path}: the run has no checkpoint yet: nothing to evaluate")
-        folder = _locate(path)  # every checksum verified
-        round_no = int(_state_of(folder)["round"])
+        folder = locate(path)  # every checksum verified
+        round_no = int(state_of(folder)["round"])
         run_data = read_run_spec(folder, trust_remote_code=trust_remote_code)
         data = copy.deepcopy(base) if base is not None else copy.deepcopy(run_data)
         data["model"] = copy.deepcopy(run_data.get("model") or {})

@@ -194,13 +194,13 @@ def _write(tmp: Path, run_dir: Path, with_critic: bool, trust_remote_code: bool)
     from transformers.utils import logging as hf_logging
 
     from ppokit.trainer.checkpoint import check_critic, load_weights
-    from ppokit.trainer.checkpoint.layout import _state_of
-    from ppokit.trainer.checkpoint.read import _locate
+    from ppokit.trainer.checkpoint.layout import state_of
+    from ppokit.trainer.checkpoint.read import locate
     from ppokit.trainer.models import build_models, trunk_of
 
     hf_logging.set_verbosity_error()
-    path = _locate(run_dir)  # verifies the manifest and every checksum
-    state = _state_of(path)
+    path = locate(run_dir)  # verifies the manifest and every checksum
+    state = state_of(path)
     spec_file = path / "spec.yaml"
     try:
         spec = validate_spec(read_run_spec(spec_file, trust_remote_code=trust_remote_code))

@@ -660,7 +660,7 @@ def test_live_view_and_time_left(tmp_path: Path) -> None:
         run(5, "pending"),
     ]
     write_run(runs[3].dir, [0.1, 0.2], rounds=3)
-    progress = cmp_progress._Progress(runs, jobs=2)
+    progress = cmp_progress.Progress(runs, jobs=2)
     # mean wall 15 s: 2 pending runs (30 s) and ~10 s left of the running one, over 2 jobs
     assert progress.eta(now) == pytest.approx(20.0, abs=0.1)
     assert progress.line().startswith(
@@ -672,10 +672,10 @@ def test_live_view_and_time_left(tmp_path: Path) -> None:
     view.event(runs[2], "failed")
     view.refresh()
     view.stop()
-    text = cmp_runs._ANSI.sub("", buffer.getvalue())
+    text = cmp_runs.ANSI.sub("", buffer.getvalue())
     assert "ppokit compare" in text and "round 2/3" in text
     assert "failed: a seed 2: error: it broke" in text
-    assert cmp_progress._Progress([run(0, "pending")], jobs=1).eta() is None
+    assert cmp_progress.Progress([run(0, "pending")], jobs=1).eta() is None
 
 
 # ---------------------------------------------------------------------- real tiny runs

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ppokit.compare import COMPARE_LOCK, SweepRun, _last_line, run_sweep
+from ppokit.compare import COMPARE_LOCK, SweepRun, last_line, run_sweep
 from ppokit.errors import UserError
 from ppokit.runfolder import LOCK, FolderLock
 from ppokit.spec import load_spec
@@ -218,9 +218,9 @@ def test_the_recorded_error_is_the_error_line(tmp_path: Path) -> None:
 def test_the_error_line_of_a_traceback_and_of_a_plain_log(tmp_path: Path) -> None:
     log = tmp_path / "log"
     log.write_text("Traceback (most recent call last):\n  ...\nValueError: bad\n\n")
-    assert _last_line(log) == "ValueError: bad"
+    assert last_line(log) == "ValueError: bad"
     log.write_text("working\nstopped here\n───────\n")
-    assert _last_line(log) == "stopped here"
+    assert last_line(log) == "stopped here"
 
 
 def test_a_second_sweep_on_one_folder_refuses(tmp_path: Path, fake_script: Path) -> None:

@@ -233,3 +233,40 @@ def test_a_call_is_bounded_in_one_place() -> None:
             if any(m.startswith("concurrent") for m in modules) and where != "ppokit/bounded.py":
                 waiting.append(f"{where}:{node.lineno}")
     assert not waiting
+
+
+def _private_imports(tree: ast.AST, package: str) -> list[tuple[int, str]]:
+    """(line, ``module.name``) of each underscore name a module imports from a ppokit
+    module (inside functions and TYPE_CHECKING blocks too)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+        if base.split(".")[0] != "ppokit":
+            continue
+        for alias in node.names:
+            if alias.name.startswith("_") and not alias.name.startswith("__"):
+                found.append((node.lineno, f"{base}.{alias.name}"))
+    return found
+
+
+def test_no_module_imports_another_modules_underscore_names() -> None:
+    """What a module offers is public and documented; what only it uses stays private."""
+    crossing = []
+    for path in PACKAGE.rglob("*.py"):
+        if "templates" in path.relative_to(PACKAGE).parts:
+            continue
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for line, imported in _private_imports(ast.parse(path.read_text()), package):
+            crossing.append(f"{path.relative_to(ROOT)}:{line} {imported}")
+    assert not crossing
+
+
+def test_a_private_import_is_found() -> None:
+    tree = ast.parse("from ppokit.a import _b, c\nfrom .d import _e\nimport os\n")
+    assert _private_imports(tree, "ppokit.x") == [(1, "ppokit.a._b"), (2, "ppokit.x.d._e")]

@@ -38,7 +38,7 @@ from ppokit.compare.runs import (
     threads_per_job,
     train_command,
 )
-from ppokit.compare.scheduler import _last_line
+from ppokit.compare.scheduler import last_line
 from ppokit.compare.summary import (
     RunRecord,
     component_names,
@@ -53,11 +53,11 @@ __all__ = [
     "RunRecord",
     "SweepRun",
     "SweepSpec",
-    "_last_line",
     "compare_command",
     "component_names",
     "differing_components",
     "discover_runs",
+    "last_line",
     "parse_seeds",
     "plan_run",
     "prepare_specs",

@@ -12,29 +12,29 @@ from typing import Any, TextIO
 import typer
 import yaml
 
-from ppokit.compare.progress import LiveView, PlainView, _Progress
-from ppokit.compare.render import _fmt, _fmt_stat, write_outputs
+from ppokit.compare.progress import LiveView, PlainView, Progress
+from ppokit.compare.render import fmt, fmt_stat, write_outputs
 from ppokit.compare.runs import (
-    _SEED_DIR,
     ERROR_FILE,
     LOGS_DIR,
     PLOT,
     RUNS_DIR,
+    SEED_DIR,
     SUMMARY_JSON,
     SUMMARY_MD,
     WAIT_BUSY,
     SweepRun,
     SweepSpec,
-    _spec_rounds,
-    _sweep_lock,
     parse_seeds,
     plan_run,
     prepare_specs,
     read_history,
     read_run_spec,
+    spec_rounds,
+    sweep_lock,
     train_command,
 )
-from ppokit.compare.scheduler import _last_line, execute
+from ppokit.compare.scheduler import execute, last_line
 from ppokit.compare.summary import RunRecord
 from ppokit.errors import UserError, error_lines, fail
 from ppokit.runfolder import (
@@ -49,7 +49,7 @@ from ppokit.spec import SpecError
 # ---------------------------------------------------------------------- report mode
 def _record_of(run_dir: Path, group: str, seed: int | None) -> RunRecord:
     spec = read_run_spec(run_dir)
-    rounds = _spec_rounds(spec)
+    rounds = spec_rounds(spec)
     history = read_history(run_dir)
     last = max((h["round"] for h in history), default=0)
     error_file = run_dir / ERROR_FILE
@@ -58,7 +58,7 @@ def _record_of(run_dir: Path, group: str, seed: int | None) -> RunRecord:
     if rounds is not None and last >= rounds:
         status, error = "finished", None
     elif error_file.is_file():
-        status, error = "failed", _last_line(error_file)
+        status, error = "failed", last_line(error_file)
     else:
         status, error = "incomplete", None
     return RunRecord(group, seed, run_dir, status, rounds, error, history, spec)
@@ -78,7 +78,7 @@ def discover_runs(out: Path) -> list[RunRecord]:
         return records
     for group in sorted(p for p in root.iterdir() if p.is_dir()):
         for run_dir in sorted(p for p in group.iterdir() if _is_run_dir(p)):
-            m = _SEED_DIR.match(run_dir.name)
+            m = SEED_DIR.match(run_dir.name)
             records.append(_record_of(run_dir, group.name, int(m.group(1)) if m else None))
     return records
 
@@ -96,7 +96,7 @@ def _added_run(text: str) -> RunRecord:
         raise UserError(f"--add {text}: {run_dir} is not a directory")
     if not _is_run_dir(run_dir):
         raise UserError(f"--add {text}: {run_dir} is not a ppokit run folder (no metrics.jsonl)")
-    m = _SEED_DIR.match(run_dir.resolve().name)
+    m = SEED_DIR.match(run_dir.resolve().name)
     group = label or (run_dir.resolve().parent.name if m else run_dir.resolve().name)
     return _record_of(run_dir, group, int(m.group(1)) if m else None)
 
@@ -113,7 +113,7 @@ def report(
     if not records:
         raise UserError(f"no runs found under {directory / RUNS_DIR} (and none added with --add)")
     target = Path(out) if out is not None else directory
-    lock = _sweep_lock(target)
+    lock = sweep_lock(target)
     try:
         return write_outputs(target, records, threshold, _previous_order(directory))
     finally:
@@ -155,13 +155,13 @@ def run_sweep(
         raise UserError(f"--jobs {jobs}: needs at least 1")
     sweep_specs = prepare_specs(paths, overrides)
     out = Path(out).expanduser()
-    lock = _sweep_lock(out)
+    lock = sweep_lock(out)
     try:
         runs = [plan_run(s, seed, out) for s in sweep_specs for seed in seeds]
         if live is None:
             live = sys.stdout.isatty()
         view: PlainView = (
-            LiveView(_Progress(runs, jobs)) if live else PlainView(_Progress(runs, jobs), stream)
+            LiveView(Progress(runs, jobs)) if live else PlainView(Progress(runs, jobs), stream)
         )
         completed = execute(
             runs, out, overrides, jobs, view=view, command=command, grace=grace, wait_busy=wait_busy
@@ -272,9 +272,9 @@ def _print_table(summary: Mapping[str, Any]) -> None:
             escape(g["label"]),
             str(g["finished"]),
             str(g["failed"]),
-            _fmt_stat(g["final_reward"]),
-            *(_fmt_stat(g["eval"][k]) for k in evals),
-            f"{_fmt(rt['mean'])} ({rt['reached']}/{rt['of']})",
-            _fmt_stat(g["wall_time_s"]),
+            fmt_stat(g["final_reward"]),
+            *(fmt_stat(g["eval"][k]) for k in evals),
+            f"{fmt(rt['mean'])} ({rt['reached']}/{rt['of']})",
+            fmt_stat(g["wall_time_s"]),
         )
     Console(highlight=False, soft_wrap=True, width=console_width()).print(table)

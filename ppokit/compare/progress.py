@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ppokit.compare.runs import SweepRun, _last_round, read_history
+from ppokit.compare.runs import SweepRun, last_round, read_history
 from ppokit.runfolder import (
     METRICS,
 )
@@ -17,7 +17,7 @@ from ppokit.trainer.display import duration
 
 
 # ---------------------------------------------------------------------- progress
-class _Progress:
+class Progress:
     """Counts and the estimated time left of a sweep; the views below show it."""
 
     def __init__(self, runs: Sequence[SweepRun], jobs: int) -> None:
@@ -76,7 +76,7 @@ class _Progress:
             return 0
         cached = self._rounds.get(path)
         if cached is None or cached[0] != size:
-            cached = (size, _last_round(run.dir))
+            cached = (size, last_round(run.dir))
             self._rounds[path] = cached
         return cached[1]
 
@@ -84,7 +84,7 @@ class _Progress:
 class PlainView:
     """One plain line per run event (no terminal)."""
 
-    def __init__(self, progress: _Progress, stream: TextIO | None = None) -> None:
+    def __init__(self, progress: Progress, stream: TextIO | None = None) -> None:
         self.progress = progress
         self.stream = stream
 
@@ -109,7 +109,7 @@ class PlainView:
 class LiveView(PlainView):
     """A live rich view of the whole sweep (on a terminal)."""
 
-    def __init__(self, progress: _Progress, console: Any = None) -> None:
+    def __init__(self, progress: Progress, console: Any = None) -> None:
         from rich.console import Console
 
         super().__init__(progress)

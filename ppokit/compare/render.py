@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ppokit.compare.runs import PLOT, SUMMARY_JSON, SUMMARY_MD
-from ppokit.compare.summary import RunRecord, _number, _trim, summarize
+from ppokit.compare.summary import RunRecord, is_number, summarize, trim
 from ppokit.metrics_table import metric
 from ppokit.runfolder import (
     write_atomic,
@@ -17,7 +17,8 @@ from ppokit.runfolder import (
 from ppokit.stats import mean_ci95
 
 
-def _fmt(x: float | None, digits: int = 3) -> str:
+def fmt(x: float | None, digits: int = 3) -> str:
+    """A number for a table: ``-`` when missing, ``digits`` significant digits."""
     if x is None:
         return "-"
     if abs(x) >= 1000:
@@ -25,12 +26,13 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}g}" if abs(x) >= 1 else f"{x:.{digits}f}"
 
 
-def _fmt_stat(stat: Mapping[str, Any]) -> str:
+def fmt_stat(stat: Mapping[str, Any]) -> str:
+    """``mean ± ci95`` of a summary statistic (``(n=1)`` for one run, ``-`` for none)."""
     if stat["mean"] is None:
         return "-"
     if stat["ci95"] is None:
-        return f"{_fmt(stat['mean'])} (n=1)"
-    return f"{_fmt(stat['mean'])} ± {_fmt(stat['ci95'])}"
+        return f"{fmt(stat['mean'])} (n=1)"
+    return f"{fmt(stat['mean'])} ± {fmt(stat['ci95'])}"
 
 
 def _cell(text: str) -> str:
@@ -59,11 +61,11 @@ def render_markdown(summary: Mapping[str, Any], title: str = "ppokit compare") -
             g["name"],
             differs,
             f"{g['finished']}/{g['failed']}/{g['runs_total']}",
-            _fmt_stat(g["final_reward"]),
-            *(_fmt_stat(g["eval"][k]) for k in evals),
-            f"{_fmt(rt['mean'])} ({rt['reached']}/{rt['of']})",
-            _fmt_stat(g["wall_time_s"]),
-            _fmt_stat(g["tokens_per_s"]),
+            fmt_stat(g["final_reward"]),
+            *(fmt_stat(g["eval"][k]) for k in evals),
+            f"{fmt(rt['mean'])} ({rt['reached']}/{rt['of']})",
+            fmt_stat(g["wall_time_s"]),
+            fmt_stat(g["tokens_per_s"]),
         ]
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     lines += [
@@ -89,8 +91,8 @@ def render_markdown(summary: Mapping[str, Any], title: str = "ppokit compare") -
                 "-" if r["seed"] is None else str(r["seed"]),
                 r["status"],
                 str(r.get("rounds", 0)),
-                _fmt(r.get("final_reward")),
-                _fmt(r.get("wall_time_s")),
+                fmt(r.get("final_reward")),
+                fmt(r.get("wall_time_s")),
                 r["error"] or "",
                 r["dir"],
             ]
@@ -109,8 +111,8 @@ def _curve(
     (the band is its value)."""
     by_round: dict[int, list[float]] = {}
     for r in runs:
-        for h in _trim(r.history, r.rounds):
-            if _number(h.get(key)):
+        for h in trim(r.history, r.rounds):
+            if is_number(h.get(key)):
                 by_round.setdefault(h["round"], []).append(float(h[key]))
     xs = sorted(by_round)
     means, lows, highs, counts = [], [], [], []

@@ -50,8 +50,8 @@ SECTION_NAME_SLOT = {s.section: s.path for s in SLOTS if s.names_section and s.s
 #: Seconds a restarted sweep waits for a run another process still holds (an interrupted
 #: sweep's run finishing) before it reports it.
 WAIT_BUSY = 60.0
-_SEED_DIR = re.compile(r"^seed-(\d+)$")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+SEED_DIR = re.compile(r"^seed-(\d+)$")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 # ---------------------------------------------------------------------- seeds, specs
@@ -127,7 +127,7 @@ def prepare_specs(paths: Sequence[Path], overrides: Sequence[str]) -> list[Sweep
     return out
 
 
-def _sweep_lock(out: Path) -> FolderLock:
+def sweep_lock(out: Path) -> FolderLock:
     """``out`` created and locked for one sweep (or report): a second one refuses."""
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -163,7 +163,8 @@ def read_history(run_dir: Path) -> list[dict[str, Any]]:
         return []
 
 
-def _last_round(run_dir: Path) -> int:
+def last_round(run_dir: Path) -> int:
+    """The last round ``run_dir``'s metrics.jsonl records (0: none)."""
     return max((r["round"] for r in read_history(run_dir)), default=0)
 
 
@@ -179,7 +180,8 @@ def read_run_spec(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def _spec_rounds(data: Mapping[str, Any] | None) -> int | None:
+def spec_rounds(data: Mapping[str, Any] | None) -> int | None:
+    """``train.rounds`` of a resolved spec's mapping, None when it has none."""
     train = data.get("train") if data else None
     rounds = train.get("rounds") if isinstance(train, dict) else None
     return rounds if isinstance(rounds, int) else None
@@ -202,7 +204,7 @@ def run_status(run_dir: Path, rounds: int) -> tuple[str, str]:
         return "new", ""
     if not run_dir.is_dir():
         return "blocked", f"{run_dir} exists and is not a directory"
-    last = _last_round(run_dir)
+    last = last_round(run_dir)
     if last >= rounds:
         return "finished", f"round {last}"
     if (run_dir / CHECKPOINT).is_dir():

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ppokit.compare.progress import PlainView, _Progress
+from ppokit.compare.progress import PlainView, Progress
 from ppokit.compare.runs import (
-    _ANSI,
+    ANSI,
     ERROR_FILE,
     LOGS_DIR,
     RUNS_DIR,
     WAIT_BUSY,
     SweepRun,
-    _last_round,
+    last_round,
     run_status,
     threads_per_job,
     train_command,
@@ -46,14 +46,14 @@ _ERROR_LINES = (re.compile(r"^error: "), re.compile(r"^[\w.]*(Error|Exception|In
 _WORDLESS = re.compile(r"^[^\w]*$")
 
 
-def _last_line(path: Path) -> str | None:
+def last_line(path: Path) -> str | None:
     """The line of a log that says why its run failed: the last ``error:`` line, else the
     last exception line, else the last line with a word in it (never a table border)."""
     try:
         text = read_bytes(path).decode("utf-8", errors="replace")
     except OSError:
         return None
-    lines = [_ANSI.sub("", line).strip() for line in text.splitlines()]
+    lines = [ANSI.sub("", line).strip() for line in text.splitlines()]
     for pattern in _ERROR_LINES:
         for line in reversed(lines):
             if pattern.match(line):
@@ -65,7 +65,7 @@ def _last_line(path: Path) -> str | None:
 
 
 def _exit_error(rc: int, stderr: Path) -> str:
-    line = _last_line(stderr)
+    line = last_line(stderr)
     if line:
         return line
     if rc < 0:
@@ -203,14 +203,14 @@ def execute(
     """Run the runs to launch (``action`` new, resume or overwrite), ``jobs`` at a time.
 
     Each run's stdout and stderr go to ``out/logs/<spec>/seed-<s>.out|.err``; a failed run's
-    error (its ``error:`` line, see :func:`_last_line`) to ``run.error`` and
+    error (its ``error:`` line, see :func:`last_line`) to ``run.error`` and
     ``RUN_DIR/error.txt``. A run whose folder another process holds (an interrupted sweep's
     run still finishing) is waited for, up to ``wait_busy`` seconds, then planned again.
     Returns False when interrupted (Ctrl-C, SIGTERM or SIGHUP: every running run is stopped
     and marked ``interrupted``), True otherwise. The runs never outlive the sweep: they are
     stopped on any exit of this function.
     """
-    progress = view.progress if view is not None else _Progress(runs, jobs)
+    progress = view.progress if view is not None else Progress(runs, jobs)
     view = view or PlainView(progress)
     threads = str(threads_per_job(jobs))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
@@ -268,7 +268,7 @@ def execute(
         run.status = "interrupted"
     for run in running:
         run.wall = time.perf_counter() - (run.started or time.perf_counter())
-        if _last_round(run.dir) >= run.rounds:
+        if last_round(run.dir) >= run.rounds:
             run.status = "finished"  # it got to its last round before it stopped
     view.stop()
     return False
@@ -304,7 +304,7 @@ def _waited(
 
 def _finish(run: SweepRun, rc: int) -> None:
     if rc == 0:
-        last = _last_round(run.dir)
+        last = last_round(run.dir)
         if last >= run.rounds:
             run.status = "finished"
             return

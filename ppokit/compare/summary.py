@@ -135,14 +135,15 @@ def _final(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
     if not history:
         return None
     last = history[-1]["round"]
-    window = [h[key] for h in history if h["round"] > last - FINAL_WINDOW and _number(h.get(key))]
+    window = [h[key] for h in history if h["round"] > last - FINAL_WINDOW and is_number(h.get(key))]
     if window:
         return math.fsum(window) / len(window)
-    logged = [h[key] for h in history if _number(h.get(key))]
+    logged = [h[key] for h in history if is_number(h.get(key))]
     return logged[-1] if logged else None
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a finite real number (a bool is not)."""
     return (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
@@ -156,7 +157,7 @@ def _eval_keys(records: Sequence[RunRecord]) -> list[str]:
         for r in records
         for h in r.history
         for k, v in h.items()
-        if k.startswith("eval/") and _number(v)
+        if k.startswith("eval/") and is_number(v)
     }
     return sorted(keys, key=lambda k: (k != "eval/accuracy", k))
 
@@ -181,23 +182,26 @@ def run_metrics(history: Sequence[Mapping[str, Any]], threshold: float) -> dict[
         (
             h["round"]
             for h in hist
-            if _number(h.get("reward_mean")) and h["reward_mean"] >= threshold
+            if is_number(h.get("reward_mean")) and h["reward_mean"] >= threshold
         ),
         None,
     )
-    tps = [h["tokens_per_s"] for h in hist if _number(h.get("tokens_per_s"))]
-    evals = sorted({k for h in hist for k, v in h.items() if k.startswith("eval/") and _number(v)})
+    tps = [h["tokens_per_s"] for h in hist if is_number(h.get("tokens_per_s"))]
+    evals = sorted(
+        {k for h in hist for k, v in h.items() if k.startswith("eval/") and is_number(v)}
+    )
     return {
         "rounds": hist[-1]["round"] if hist else 0,
         "final_reward": _final(hist, "reward_mean"),
         "eval": {k: _final(hist, k) for k in evals},
         "rounds_to_threshold": reached,
-        "wall_time_s": math.fsum(h["time_round"] for h in hist if _number(h.get("time_round"))),
+        "wall_time_s": math.fsum(h["time_round"] for h in hist if is_number(h.get("time_round"))),
         "tokens_per_s": math.fsum(tps) / len(tps) if tps else None,
     }
 
 
-def _trim(history: Sequence[dict[str, Any]], rounds: int | None) -> list[dict[str, Any]]:
+def trim(history: Sequence[dict[str, Any]], rounds: int | None) -> list[dict[str, Any]]:
+    """The records of ``history`` up to round ``rounds`` (None: all)."""
     return [h for h in history if rounds is None or h["round"] <= rounds]
 
 
@@ -234,7 +238,7 @@ def summarize(
     for g, runs in groups.items():
         per_run = []
         for r in sorted(runs, key=lambda r: (r.seed is None, r.seed or 0, str(r.dir))):
-            m = run_metrics(_trim(r.history, r.rounds), threshold) if r.history else None
+            m = run_metrics(trim(r.history, r.rounds), threshold) if r.history else None
             per_run.append(
                 {
                     "seed": r.seed,

@@ -25,7 +25,7 @@ from ppokit.registry import (
     suggest,
 )
 from ppokit.slots import FIELDS, SLOTS
-from ppokit.spec.files import MAX_SPEC_DEPTH, MAX_SPEC_NODES, _measure
+from ppokit.spec.files import MAX_SPEC_DEPTH, MAX_SPEC_NODES, measure
 from ppokit.spec.models import GENERATED_SOURCES, ComponentSpec, RewardSpec, Spec, SpecError
 
 #: Response positions a round may hold (B x max_new_tokens): each needs several float32
@@ -260,7 +260,7 @@ def validate_spec(data: Any, registry: Registry | None = None) -> Spec:
         data = {}
     if not isinstance(data, dict):
         raise SpecError([f"the spec must be a mapping, got {type(data).__name__}"])
-    if _measure(data, MAX_SPEC_NODES)[1] > MAX_SPEC_DEPTH:
+    if measure(data, MAX_SPEC_NODES)[1] > MAX_SPEC_DEPTH:
         raise SpecError([f"the spec nests deeper than {MAX_SPEC_DEPTH} levels"])
     registry = registry or get_registry()
     bad = {path: value for path, value in _non_finite(data)}

@@ -179,7 +179,7 @@ _SpecLoader.add_constructor(_INT, lambda loader, node: _int12(loader.construct_s
 _SpecLoader.add_constructor(_AMBIGUOUS, _ambiguous_number)
 
 
-def _measure(node: Any, budget: int) -> tuple[int, int]:
+def measure(node: Any, budget: int) -> tuple[int, int]:
     """(nodes, depth) of a loaded value, shared (aliased) nodes counted each time; stops
     past ``budget`` nodes or MAX_SPEC_DEPTH levels."""
     stack, count, depth = [(node, 1)], 0, 0
@@ -212,7 +212,7 @@ def _ambiguous_numbers(node: Any, path: str) -> Iterator[str]:
             stack.extend((v, f"{where}.{i}" if where else str(i)) for i, v in enumerate(item))
 
 
-def _load_yaml(text: str, path: str = "") -> Any:
+def load_yaml(text: str, path: str = "") -> Any:
     """``text`` read by :class:`_SpecLoader`; SpecError (one line each) for invalid YAML, too
     many nodes or levels, and YAML 1.1 numbers (named by their path below ``path``)."""
     try:
@@ -224,7 +224,7 @@ def _load_yaml(text: str, path: str = "") -> Any:
         raise SpecError([f"{where}invalid YAML: {problem}"]) from None
     except RecursionError:  # aliases of deep nodes inside deep nodes
         raise SpecError([f"invalid YAML: nested deeper than {MAX_SPEC_DEPTH} levels"]) from None
-    nodes, depth = _measure(data, MAX_SPEC_NODES)
+    nodes, depth = measure(data, MAX_SPEC_NODES)
     if nodes > MAX_SPEC_NODES:
         raise SpecError([f"the spec expands to more than {MAX_SPEC_NODES} values (YAML aliases)"])
     if depth > MAX_SPEC_DEPTH:
@@ -239,7 +239,7 @@ def parse_spec_text(text: str, source: str | None = None) -> dict[str, Any]:
     """A spec mapping from YAML text: safe YAML with YAML 1.2's numbers, no duplicate keys,
     aliases and nesting bounded."""
     try:
-        data = _load_yaml(text)
+        data = load_yaml(text)
     except SpecError as exc:
         raise SpecError(exc.errors, source=source) from None
     if data is None:

@@ -12,7 +12,7 @@ from ppokit.registry import (
 )
 from ppokit.slots import SLOTS, slot
 from ppokit.spec.checks import validate_spec
-from ppokit.spec.files import _load_yaml, read_spec_file
+from ppokit.spec.files import load_yaml, read_spec_file
 from ppokit.spec.models import Spec, SpecError
 
 
@@ -72,7 +72,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             errors.append(f"--set {item!r}: expected path=value")
             continue
         try:
-            value = _load_yaml(raw, key) if raw.strip() else None
+            value = load_yaml(raw, key) if raw.strip() else None
         except SpecError as exc:
             errors.extend(f"--set {item!r}: {line}" for line in exc.errors)
             continue

@@ -31,7 +31,7 @@ from ppokit.trainer.checkpoint import (
     read_state,
     restore_rng,
 )
-from ppokit.trainer.checkpoint.states import _rng_files, _rng_from_files
+from ppokit.trainer.checkpoint.states import rng_files, rng_from_files
 from ppokit.trainer.metrics import TIMING, read_metrics
 from tests.helpers.trainer import learner, one_line_error, resume, run_fixtures, small_spec
 
@@ -145,10 +145,10 @@ def test_rng_states_round_trip_through_json_and_safetensors(tmp_path: Path) -> N
     random.random(), np.random.standard_normal(), torch.rand(3)  # a cached gaussian too
     rng = capture_rng()
     rng.setdefault("cuda", [torch.get_rng_state(), torch.get_rng_state()[:16]])  # CPU stand-in
-    data, tensors = _rng_files(rng, {"source": "demo", "seed": 3, "drawn": 5, "k": (1, 2.5)})
+    data, tensors = rng_files(rng, {"source": "demo", "seed": 3, "drawn": 5, "k": (1, 2.5)})
     save_file(tensors, str(tmp_path / "rng.safetensors"))
     (tmp_path / "rng.json").write_text(json.dumps(data))
-    back, source = _rng_from_files(
+    back, source = rng_from_files(
         json.loads((tmp_path / "rng.json").read_text()), load_file(tmp_path / "rng.safetensors")
     )
     assert source == {"source": "demo", "seed": 3, "drawn": 5, "k": (1, 2.5)}

@@ -24,22 +24,23 @@ DCP_FOLDERS = ("actor", "critic", "optim")
 RNG = "rng"
 
 
-def _rng_stem(rank: int) -> str:
+def rng_stem(rank: int) -> str:
     """Process ``rank``'s RNG files, without their suffix."""
     return f"{RNG}/process-{rank:05d}"
 
 
 #: Files every checkpoint has (format 4; ``actor/`` and ``optim/`` hold at least one file).
-REQUIRED = ("state.json", "spec.yaml", "optim.json", f"{_rng_stem(0)}.json")
-_NAME = re.compile(
+REQUIRED = ("state.json", "spec.yaml", "optim.json", f"{rng_stem(0)}.json")
+NAME = re.compile(
     r"(state\.json|spec\.yaml|optim\.json"
     rf"|({'|'.join(DCP_FOLDERS)})/[A-Za-z0-9_-][A-Za-z0-9_.-]*\.safetensors"
     rf"|{RNG}/process-\d{{5}}\.(json|safetensors))"
 )
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def _fail(path: Path, why: str) -> UserError:
+def fail(path: Path, why: str) -> UserError:
+    """The one-line error of a checkpoint at ``path`` that cannot be used, and why."""
     return UserError(f"checkpoint {path} cannot be used: {why}")
 
 
@@ -55,11 +56,11 @@ def _whole(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
-def _state_problem(state: Any) -> str | None:
+def state_problem(state: Any) -> str | None:
     """What is wrong with a ``state.json`` object (explicit types and ranges), or None."""
     if not isinstance(state, dict):
         return "not a JSON object"
-    problem = _format_problem(state.get("format"))
+    problem = format_problem(state.get("format"))
     if problem is not None:
         return problem
     checks = {
@@ -87,19 +88,19 @@ def _state_problem(state: Any) -> str | None:
     return f"{bad[0]} is {json.dumps(state.get(bad[0]))[:40]}, not {ranges[bad[0]]}"
 
 
-def _state_of(path: Path) -> dict[str, Any]:
+def state_of(path: Path) -> dict[str, Any]:
     """The checkpoint's ``state.json``, every field checked (a one-line error naming it)."""
     try:
         state = read_json(path / "state.json")
     except (OSError, ValueError) as exc:
-        raise _fail(path, f"state.json is unreadable ({one_line(exc)})") from None
-    problem = _state_problem(state)
+        raise fail(path, f"state.json is unreadable ({one_line(exc)})") from None
+    problem = state_problem(state)
     if problem is not None:
-        raise _fail(path, f"state.json: {problem}")
+        raise fail(path, f"state.json: {problem}")
     return state
 
 
-def _format_problem(form: Any) -> str | None:
+def format_problem(form: Any) -> str | None:
     """Why a checkpoint of format ``form`` is not read (None: it is :data:`FORMAT`)."""
     if form == FORMAT and not isinstance(form, bool):
         return None

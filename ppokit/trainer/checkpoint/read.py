@@ -22,32 +22,32 @@ from ppokit.runfolder import (
     read_json,
 )
 from ppokit.trainer.checkpoint.layout import (
-    _NAME,
-    _SHA256,
     DCP_FOLDERS,
     MANIFEST,
+    NAME,
     OLD,
     REQUIRED,
     RNG,
+    SHA256,
     TMP,
-    _fail,
-    _format_problem,
-    _rng_stem,
-    _state_of,
+    fail,
+    format_problem,
+    rng_stem,
+    state_of,
 )
 from ppokit.trainer.checkpoint.states import (
-    _dcp,
-    _dcp_load,
-    _decode,
-    _encode,
-    _load_optimizers,
-    _optimizer_states,
-    _rng_from_files,
-    _weights_module,
+    dcp_load,
+    decode,
+    encode,
+    load_optimizers,
     load_weights,
+    optimizer_states,
+    quiet_dcp,
     restore_rng,
+    rng_from_files,
+    weights_module,
 )
-from ppokit.trainer.checkpoint.write import _discard, _fsync_dir, _sha256, nonfinite
+from ppokit.trainer.checkpoint.write import discard, file_sha256, fsync_dir, nonfinite
 
 if TYPE_CHECKING:
     from ppokit.trainer.optim import Optimizers
@@ -62,16 +62,16 @@ def _regular_files_only(path: Path) -> None:
             entry = Path(root) / name
             mode = os.lstat(entry).st_mode
             if stat.S_ISLNK(mode):
-                raise _fail(path, f"{entry} is a symbolic link (a checkpoint holds files only)")
+                raise fail(path, f"{entry} is a symbolic link (a checkpoint holds files only)")
             if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-                raise _fail(path, f"{entry} is not a regular file")
+                raise fail(path, f"{entry} is not a regular file")
 
 
 def _verify(path: Path) -> None:
     """Check ``path``'s manifest and every checksum in it, then that its shards are what
     its state says they are; ``UserError`` naming the file."""
     if os.path.islink(path):
-        raise _fail(path, "it is a symbolic link (a checkpoint holds files only)")
+        raise fail(path, "it is a symbolic link (a checkpoint holds files only)")
     try:
         _regular_files_only(path)
     except OSError as exc:
@@ -83,14 +83,14 @@ def _verify(path: Path) -> None:
         except (OSError, ValueError, AttributeError):
             old_format = None
         if old_format == 1:
-            raise _fail(
+            raise fail(
                 path,
                 "it was written by an older ppokit (format 1, which stored Python pickles) and "
                 "is not read, as it could run code; start a new run",
             )
-        problem = None if old_format is None else _format_problem(old_format)
+        problem = None if old_format is None else format_problem(old_format)
         if problem is not None:
-            raise _fail(path, problem)
+            raise fail(path, problem)
         raise UserError(f"{manifest_file}: missing (an incomplete checkpoint?)")
     try:
         manifest = read_json(manifest_file)
@@ -101,15 +101,15 @@ def _verify(path: Path) -> None:
             raise ValueError("'files' is not an object")
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{manifest_file}: unreadable ({one_line(exc)})") from None
-    problem = _format_problem(manifest.get("format"))
+    problem = format_problem(manifest.get("format"))
     if problem is not None:
-        raise _fail(path, problem)
+        raise fail(path, problem)
     _check_names(path, manifest_file, files)
     for name, entry in files.items():
         if (
             not isinstance(entry, dict)
             or not isinstance(entry.get("sha256"), str)
-            or not _SHA256.fullmatch(entry["sha256"])
+            or not SHA256.fullmatch(entry["sha256"])
             or not isinstance(entry.get("bytes"), int)
         ):
             raise UserError(f"{manifest_file}: malformed entry for {name}")
@@ -122,9 +122,9 @@ def _verify(path: Path) -> None:
                 f"{file}: {size} bytes where the manifest says {entry['bytes']} "
                 "(file truncated or corrupted?)"
             )
-        if _sha256(file) != entry["sha256"]:
+        if file_sha256(file) != entry["sha256"]:
             raise UserError(f"{file}: checksum mismatch (file corrupted?)")
-    _check_shards(path, _state_of(path))
+    _check_shards(path, state_of(path))
 
 
 #: A DCP shard file: the process (1-based) that wrote it.
@@ -144,7 +144,7 @@ def _check_shards(path: Path, state: dict[str, Any]) -> None:
         names = [f.name for f in (path / folder).iterdir()]
         sets = {m.group(1) for name in names if (m := _SHARD.fullmatch(name))}
         if sets != expected or len(names) != processes:
-            raise _fail(
+            raise fail(
                 path,
                 f"{folder}/ holds {len(names)} shard file(s) of {len(sets)} process(es) but "
                 f"state.json records {processes} process(es) (a shard deleted or added?)",
@@ -152,10 +152,10 @@ def _check_shards(path: Path, state: dict[str, Any]) -> None:
         _check_cover(path, folder)
     for rank in range(processes):
         for suffix in (".json", ".safetensors"):
-            if not (path / f"{_rng_stem(rank)}{suffix}").is_file():
-                raise _fail(
+            if not (path / f"{rng_stem(rank)}{suffix}").is_file():
+                raise fail(
                     path,
-                    f"{_rng_stem(rank)}{suffix} is missing but state.json records "
+                    f"{rng_stem(rank)}{suffix} is missing but state.json records "
                     f"{processes} process(es)",
                 )
 
@@ -166,10 +166,10 @@ def _check_cover(path: Path, folder: str) -> None:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     try:
-        with _dcp():
+        with quiet_dcp():
             metadata = HuggingFaceStorageReader(str(path / folder)).read_metadata()
     except Exception as exc:  # a header that is not JSON, or contradicts its file
-        raise _fail(path, f"unreadable shard files in {folder}/ ({one_line(exc)})") from None
+        raise fail(path, f"unreadable shard files in {folder}/ ({one_line(exc)})") from None
     for name, entry in metadata.state_dict_metadata.items():
         if not isinstance(entry, TensorStorageMetadata):
             continue  # not a tensor
@@ -186,7 +186,7 @@ def _check_cover(path: Path, folder: str) -> None:
                     for o, n, whole in zip(offsets, sizes, size, strict=True)
                 )
             ):
-                raise _fail(path, f"{folder}/ {name}: a shard lies outside the tensor {size}")
+                raise fail(path, f"{folder}/ {name}: a shard lies outside the tensor {size}")
             boxes.append((offsets, sizes))
         covered = sum(math.prod(sizes) for _, sizes in boxes)
         for i, (a_off, a_size) in enumerate(boxes):
@@ -195,9 +195,9 @@ def _check_cover(path: Path, folder: str) -> None:
                     ao < bo + bn and bo < ao + an and an and bn
                     for ao, an, bo, bn in zip(a_off, a_size, b_off, b_size, strict=True)
                 ):
-                    raise _fail(path, f"{folder}/ {name}: two shards overlap")
+                    raise fail(path, f"{folder}/ {name}: two shards overlap")
         if covered != math.prod(size):
-            raise _fail(
+            raise fail(
                 path,
                 f"{folder}/ {name}: its shards cover {covered} of its {math.prod(size)} "
                 "elements (a shard deleted or a header rewritten?)",
@@ -211,7 +211,7 @@ def _check_names(path: Path, manifest_file: Path, files: dict[str, Any]) -> None
         if name not in files:
             raise UserError(f"{manifest_file}: {name} is not listed (malformed manifest)")
     for name in files:
-        if not _NAME.fullmatch(name):
+        if not NAME.fullmatch(name):
             raise UserError(f"{manifest_file}: unknown file {name!r} (malformed manifest)")
     for folder in ("actor", "optim"):
         if not any(name.startswith(f"{folder}/") for name in files):
@@ -221,10 +221,10 @@ def _check_names(path: Path, manifest_file: Path, files: dict[str, Any]) -> None
             continue
         for file in (path / folder).iterdir():
             if f"{folder}/{file.name}" not in files:
-                raise _fail(path, f"{file} is not in its manifest (a file added after saving)")
+                raise fail(path, f"{file} is not in its manifest (a file added after saving)")
 
 
-def _locate(out: Path) -> Path:
+def locate(out: Path) -> Path:
     """The verified checkpoint directory to resume from.
 
     ``out/checkpoint`` when it exists (an error in it is reported, never skipped). Without it
@@ -234,7 +234,7 @@ def _locate(out: Path) -> Path:
     final = out / CHECKPOINT
     if final.exists():
         if not final.is_dir():
-            raise _fail(final, "it is not a directory")
+            raise fail(final, "it is not a directory")
         _verify(final)
         return final
     problems = []
@@ -259,7 +259,7 @@ def _locate(out: Path) -> Path:
 #: The most rounds a checkpoint may record (train.rounds' bound) and processes.
 def read_state(out: Path) -> dict[str, Any]:
     """The verified checkpoint's ``state.json`` (round, KL coefficient, critic kind)."""
-    return _state_of(_locate(out))
+    return state_of(locate(out))
 
 
 def load_checkpoint(out: Path, models: Any, run: State, source: Any) -> int:
@@ -272,18 +272,18 @@ def load_checkpoint(out: Path, models: Any, run: State, source: Any) -> int:
     ``out/checkpoint`` once it has been restored.
     """
     path = _locate_once(out)
-    state = _state_of(path)
+    state = state_of(path)
     check_critic(path, state, models)
     try:
-        for stem, module in _weights_module(models):
+        for stem, module in weights_module(models):
             load_weights(path, stem, module, models)
         optim = _read_sharded_optimizers(models, run.optimizers, path)
-        rng_stem = path / _rng_stem(distributed.world().rank)
-        if not Path(f"{rng_stem}.json").is_file():  # more processes than saved it
-            rng_stem = path / _rng_stem(0)
-        _load_optimizers(models, run.optimizers, optim)
-        rng, source_state = _rng_from_files(
-            read_json(Path(f"{rng_stem}.json")), load_file(f"{rng_stem}.safetensors")
+        rng_path = path / rng_stem(distributed.world().rank)
+        if not Path(f"{rng_path}.json").is_file():  # more processes than saved it
+            rng_path = path / rng_stem(0)
+        load_optimizers(models, run.optimizers, optim)
+        rng, source_state = rng_from_files(
+            read_json(Path(f"{rng_path}.json")), load_file(f"{rng_path}.safetensors")
         )
         source.load_state_dict(source_state)
         kl_coef = float(state["kl_coef"])
@@ -291,10 +291,10 @@ def load_checkpoint(out: Path, models: Any, run: State, source: Any) -> int:
     except UserError:
         raise
     except Exception as exc:
-        raise _fail(path, one_line(exc)) from None
+        raise fail(path, one_line(exc)) from None
     problem = distributed.first_text(nonfinite(models, run.optimizers))  # the optimizers too
     if problem is not None:
-        raise _fail(path, problem)
+        raise fail(path, problem)
     run.kl_coef = torch.tensor(kl_coef, dtype=torch.float32, device=models.runtime.device)
     distributed.barrier()  # every process has read it before it moves
     if path.name != CHECKPOINT and distributed.world().main:
@@ -305,7 +305,7 @@ def load_checkpoint(out: Path, models: Any, run: State, source: Any) -> int:
 def check_critic(path: Path, state: dict[str, Any], models: Any) -> None:
     """The checkpoint at ``path`` (its ``state.json``) has the models' kind of critic."""
     if state.get("critic") != models.critic_kind:
-        raise _fail(
+        raise fail(
             path, f"it has critic {state.get('critic')!r} but the spec has {models.critic_kind!r}"
         )
 
@@ -314,18 +314,18 @@ def _read_sharded_optimizers(models: Any, optimizers: Optimizers, path: Path) ->
     """The optimizer and scheduler states of a checkpoint, this process's shards
     read by DCP into the shapes of the run's own (zero-initialised) states."""
     template: dict[str, torch.Tensor] = {}
-    _encode(_optimizer_states(models, optimizers), template, "optim", keep=True)
+    encode(optimizer_states(models, optimizers), template, "optim", keep=True)
     stored = read_json(path / "optim.json")
     named = set(_tensor_names(stored))
     if named != set(template):
         differ = sorted(named ^ set(template))
-        raise _fail(path, f"optim.json does not match the spec's optimizers ({differ[0]} ...)")
-    _dcp_load(template, path / "optim")
-    return _decode(stored, template)
+        raise fail(path, f"optim.json does not match the spec's optimizers ({differ[0]} ...)")
+    dcp_load(template, path / "optim")
+    return decode(stored, template)
 
 
 def _tensor_names(obj: Any) -> Iterator[str]:
-    """The ``{"$tensor": name}`` names in a JSON tree of :func:`_encode`."""
+    """The ``{"$tensor": name}`` names in a JSON tree of :func:`encode`."""
     if isinstance(obj, dict):
         if set(obj) == {"$tensor"}:
             yield str(obj["$tensor"])
@@ -338,14 +338,14 @@ def _tensor_names(obj: Any) -> Iterator[str]:
 
 
 def _locate_once(out: Path) -> Path:
-    """:func:`_locate` by the first process (which verifies every checksum once), its
+    """:func:`locate` by the first process (which verifies every checksum once), its
     answer (or error) given to every process."""
     if not distributed.world().distributed:
-        return _locate(out)
+        return locate(out)
     answer = None
     if distributed.world().main:
         try:
-            answer = f"ok {_locate(out)}"
+            answer = f"ok {locate(out)}"
         except UserError as exc:
             answer = f"error {exc}"
     answer = str(distributed.first_text(answer))
@@ -358,6 +358,6 @@ def _locate_once(out: Path) -> Path:
 def _promote(out: Path, path: Path) -> None:
     """Move a recovered copy back to ``out/checkpoint`` and drop the other leftover."""
     path.rename(out / CHECKPOINT)
-    _fsync_dir(out)
+    fsync_dir(out)
     for name in (TMP, OLD):
-        _discard(out / name)
+        discard(out / name)

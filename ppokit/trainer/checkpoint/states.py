@@ -21,8 +21,8 @@ import torch
 from ppokit import distributed
 from ppokit.errors import UserError, one_line
 from ppokit.trainer.checkpoint.layout import (
-    _fail,
-    _state_of,
+    fail,
+    state_of,
 )
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def restore_rng(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state(cuda_state, index)
 
 
-def _rng_files(rng: dict[str, Any], source_state: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def rng_files(rng: dict[str, Any], source_state: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(rng.json object, rng.safetensors tensors) of an RNG capture and a source state."""
     version, internal, gauss_next = rng["python"]
     bit_generator, key, pos, has_gauss, cached_gaussian = rng["numpy"]
@@ -69,7 +69,7 @@ def _rng_files(rng: dict[str, Any], source_state: Any) -> tuple[dict[str, Any], 
             "cached_gaussian": float(cached_gaussian),
         },
         "cuda_devices": len(cuda),
-        "source": _encode(source_state, tensors, "source"),
+        "source": encode(source_state, tensors, "source"),
     }
     return data, tensors
 
@@ -82,7 +82,7 @@ def _ints(values: Any, what: str) -> list[int]:
     return values
 
 
-def _rng_from_files(data: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], Any]:
+def rng_from_files(data: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], Any]:
     """(RNG state for :func:`restore_rng`, prompt source state) from rng.json/.safetensors."""
     if not isinstance(data, dict):
         raise ValueError("rng.json is not an object")
@@ -107,11 +107,11 @@ def _rng_from_files(data: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict[s
     devices = int(data.get("cuda_devices", 0))
     if devices:
         state["cuda"] = [tensors[f"cuda.{i}"] for i in range(devices)]
-    return state, _decode(data["source"], tensors)
+    return state, decode(data["source"], tensors)
 
 
 # ------------------------------------------------------------ state trees as JSON
-def _encode(obj: Any, tensors: dict[str, torch.Tensor], path: str, keep: bool = False) -> Any:
+def encode(obj: Any, tensors: dict[str, torch.Tensor], path: str, keep: bool = False) -> Any:
     """``obj`` (nested dicts, lists, tuples, scalars, tensors) as JSON; its tensors are added
     to ``tensors`` and referenced as ``{"$tensor": name}`` (names follow the path, so the
     same tree gives the same names). Tuples and dicts whose keys are not plain strings are
@@ -130,29 +130,29 @@ def _encode(obj: Any, tensors: dict[str, torch.Tensor], path: str, keep: bool = 
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if isinstance(obj, tuple):
-        return {"$tuple": [_encode(v, tensors, f"{path}/{i}", keep) for i, v in enumerate(obj)]}
+        return {"$tuple": [encode(v, tensors, f"{path}/{i}", keep) for i, v in enumerate(obj)]}
     if isinstance(obj, list):
-        return [_encode(v, tensors, f"{path}/{i}", keep) for i, v in enumerate(obj)]
+        return [encode(v, tensors, f"{path}/{i}", keep) for i, v in enumerate(obj)]
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("$") for k in obj):
-            return {k: _encode(v, tensors, f"{path}/{k}", keep) for k, v in obj.items()}
+            return {k: encode(v, tensors, f"{path}/{k}", keep) for k, v in obj.items()}
         return {
             "$items": [
-                [_encode(k, tensors, f"{path}/key", keep), _encode(v, tensors, f"{path}/{k}", keep)]
+                [encode(k, tensors, f"{path}/key", keep), encode(v, tensors, f"{path}/{k}", keep)]
                 for k, v in obj.items()
             ]
         }
     raise TypeError(f"cannot store a {type(obj).__name__} in a checkpoint ({path})")
 
 
-def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    """Inverse of :func:`_encode`; ``ValueError``/``KeyError`` on anything malformed."""
+def decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of :func:`encode`; ``ValueError``/``KeyError`` on anything malformed."""
     if isinstance(obj, list):
-        return [_decode(v, tensors) for v in obj]
+        return [decode(v, tensors) for v in obj]
     if isinstance(obj, dict):
         tags = [k for k in obj if k.startswith("$")]
         if not tags:
-            return {k: _decode(v, tensors) for k, v in obj.items()}
+            return {k: decode(v, tensors) for k, v in obj.items()}
         if len(obj) != 1:
             raise ValueError(f"malformed tagged value {sorted(obj)[:3]}")
         tag, value = next(iter(obj.items()))
@@ -161,20 +161,20 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
                 raise ValueError(f"tensor {value!r} is missing")
             return tensors[value]
         if tag == "$tuple" and isinstance(value, list):
-            return tuple(_decode(v, tensors) for v in value)
+            return tuple(decode(v, tensors) for v in value)
         if tag == "$items" and isinstance(value, list):
             items = {}
             for item in value:
                 if not isinstance(item, list) or len(item) != 2:
                     raise ValueError("malformed $items entry")
-                items[_decode(item[0], tensors)] = _decode(item[1], tensors)
+                items[decode(item[0], tensors)] = decode(item[1], tensors)
             return items
         raise ValueError(f"unknown tag {tag!r}")
     return obj
 
 
 # ------------------------------------------------------------ model and optimizer states
-def _weights_module(models: Any) -> list[tuple[str, torch.nn.Module]]:
+def weights_module(models: Any) -> list[tuple[str, torch.nn.Module]]:
     """(folder or file stem, module) of the weights a checkpoint stores."""
     out = [("actor", models.actor)]
     if models.critic is not None:
@@ -199,7 +199,7 @@ def _tied(module: torch.nn.Module) -> set[str]:
     return drop
 
 
-def _model_state(stem: str, module: torch.nn.Module, models: Any) -> dict[str, torch.Tensor]:
+def model_state(stem: str, module: torch.nn.Module, models: Any) -> dict[str, torch.Tensor]:
     """``module``'s state dict as this process holds it (its DTensor shards on several
     processes), tied duplicates left out; the tensors are the module's own, so DCP loads
     into them in place."""
@@ -253,7 +253,7 @@ def _set_model_state(
     set_model_state_dict(owner, values, options=StateDictOptions(strict=False))
 
 
-def _optimizer_states(models: Any, optimizers: Optimizers) -> dict[str, Any]:
+def optimizer_states(models: Any, optimizers: Optimizers) -> dict[str, Any]:
     """Optimizer states keyed by parameter name (this process's shards on several) and the
     schedulers'. An optimizer that has not stepped gets zero states first (DCP's
     ``get_optimizer_state_dict``), the shapes a checkpoint is read into."""
@@ -266,7 +266,9 @@ def _optimizer_states(models: Any, optimizers: Optimizers) -> dict[str, Any]:
     return optim
 
 
-def _load_optimizers(models: Any, optimizers: Optimizers, optim: dict[str, Any]) -> None:
+def load_optimizers(models: Any, optimizers: Optimizers, optim: dict[str, Any]) -> None:
+    """Put the checkpoint's optimizer and scheduler states ``optim`` (this process's
+    shards) into the run's ``optimizers``."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     for name, module, opt, sched in _optimizers(models, optimizers):
@@ -289,7 +291,7 @@ def _cause(exc: BaseException) -> BaseException:
 
 
 @contextlib.contextmanager
-def _dcp() -> Iterator[None]:
+def quiet_dcp() -> Iterator[None]:
     """DCP without its one-process notice and its log lines (it logs a failed read with a
     traceback on the root logger); its errors as their cause, on one line."""
     disabled = logging.root.manager.disable
@@ -310,23 +312,23 @@ def _dcp() -> Iterator[None]:
         logging.disable(disabled)
 
 
-def _dcp_save(tensors: dict[str, torch.Tensor], folder: Path) -> None:
+def dcp_save(tensors: dict[str, torch.Tensor], folder: Path) -> None:
     """Every process writes its shards of ``tensors`` to ``folder`` (a collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
-    with _dcp():
+    with quiet_dcp():
         dcp.save(
             tensors, storage_writer=HuggingFaceStorageWriter(str(folder), save_distributed=True)
         )
 
 
-def _dcp_load(tensors: dict[str, torch.Tensor], folder: Path) -> None:
+def dcp_load(tensors: dict[str, torch.Tensor], folder: Path) -> None:
     """Fill ``tensors`` (this process's shards) in place from ``folder`` (a collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
-    with _dcp():
+    with quiet_dcp():
         dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(folder)))
 
 
@@ -338,23 +340,23 @@ def load_weights(path: Path, stem: str, module: torch.nn.Module, models: Any) ->
     Every load (resume, export, eval) goes through here: a file that does not match the
     spec's model is a one-line ``UserError``, and so is a weight that is not finite (it
     names the tensor)."""
-    saved = _state_of(path)
+    saved = state_of(path)
     try:
         if models.lora and stem == "actor":
             _check_base(path, saved.get("lora_base"), base_fingerprint(models))
-        state = _model_state(stem, module, models)
-        _dcp_load(state, path / stem)
+        state = model_state(stem, module, models)
+        dcp_load(state, path / stem)
         _set_model_state(stem, module, models, state)
     except UserError:
         raise
     except Exception as exc:
-        raise _fail(path, one_line(exc)) from None
-    problem = distributed.first_text(_first_nonfinite((f"{stem} {k}", v) for k, v in state.items()))
+        raise fail(path, one_line(exc)) from None
+    problem = distributed.first_text(first_nonfinite((f"{stem} {k}", v) for k, v in state.items()))
     if problem is not None:
-        raise _fail(path, problem)
+        raise fail(path, problem)
 
 
-def _first_nonfinite(tensors: Iterator[tuple[str, torch.Tensor]]) -> str | None:
+def first_nonfinite(tensors: Iterator[tuple[str, torch.Tensor]]) -> str | None:
     """``'NAME holds NaN or inf'`` for the first of ``tensors`` (this process's shards)
     that does, else None (one host read per device when all are finite)."""
     named = [
@@ -381,11 +383,11 @@ def _check_base(path: Path, saved: Any, current: list[float] | None) -> None:
     if not numbers or not all(
         isinstance(x, float | int) and not isinstance(x, bool) for x in saved
     ):
-        raise _fail(path, "it does not record the base weights its LoRA adapters were trained on")
+        raise fail(path, "it does not record the base weights its LoRA adapters were trained on")
     if not all(
         math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(current, saved, strict=True)
     ):
-        raise _fail(
+        raise fail(
             path,
             "its LoRA adapters were trained on other base weights than those of the spec's "
             "model.actor (a checkpoint stores the adapters, not the base model)",

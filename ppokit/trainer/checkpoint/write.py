@@ -29,19 +29,19 @@ from ppokit.trainer.checkpoint.layout import (
     OLD,
     RNG,
     TMP,
-    _rng_stem,
-    _state_problem,
+    rng_stem,
+    state_problem,
 )
 from ppokit.trainer.checkpoint.states import (
-    _dcp_save,
-    _encode,
-    _first_nonfinite,
-    _model_state,
-    _optimizer_states,
-    _rng_files,
-    _weights_module,
     base_fingerprint,
     capture_rng,
+    dcp_save,
+    encode,
+    first_nonfinite,
+    model_state,
+    optimizer_states,
+    rng_files,
+    weights_module,
 )
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def _named_tensors(models: Any, optimizers: Optimizers) -> Iterator[tuple[str, t
     """Every tensor a checkpoint stores of the models and optimizers, with a readable name
     (this process's shards on several processes)."""
     names: dict[int, str] = {}
-    for label, module in _weights_module(models):
+    for label, module in weights_module(models):
         for name, tensor in module.state_dict(keep_vars=True).items():
             names.setdefault(id(tensor), f"{label} {name}")
             yield f"{label} {name}", distributed.local_tensor(tensor)
@@ -72,7 +72,7 @@ def _named_tensors(models: Any, optimizers: Optimizers) -> Iterator[tuple[str, t
 def nonfinite(models: Any, optimizers: Optimizers) -> str | None:
     """``'NAME holds NaN or inf'`` for the first model or optimizer tensor (of this
     process's) that does, else None (one host read per device when all are finite)."""
-    return _first_nonfinite(_named_tensors(models, optimizers))
+    return first_nonfinite(_named_tensors(models, optimizers))
 
 
 def check_finite(models: Any, optimizers: Optimizers) -> None:
@@ -91,7 +91,7 @@ def checkpoint_round(out: Path) -> int | None:
             continue
         try:
             state = read_json(folder / "state.json")
-            if _state_problem(state) is None:
+            if state_problem(state) is None:
                 return int(state["round"])
         except (OSError, ValueError):
             pass
@@ -142,12 +142,12 @@ def save_checkpoint(
         except BaseException as exc:
             if not is_os_error(exc):
                 if world.main:
-                    _discard(tmp)
+                    discard(tmp)
                 raise  # not an OS error: a bug, a user error or an interrupt
             error = str(io_error(tmp, exc, doing))
         error = distributed.first_text(error)  # every process's files are written
         if error is not None and world.main:
-            _discard(tmp)
+            discard(tmp)
     if error is None:
         error = distributed.first_text(_seal_and_swap(out, doing) if world.main else None)
     if error is not None:
@@ -163,13 +163,13 @@ def _write_tmp(
     process also writes the JSON files. Everything is synced."""
     world = distributed.world()
     base = base_fingerprint(models)  # a collective: before the first process's own writes
-    for stem, module in _weights_module(models):
-        _dcp_save(_model_state(stem, module, models), tmp / stem)
+    for stem, module in weights_module(models):
+        dcp_save(model_state(stem, module, models), tmp / stem)
     tensors: dict[str, torch.Tensor] = {}
-    optim = _encode(_optimizer_states(models, state.optimizers), tensors, "optim", keep=True)
-    _dcp_save(tensors, tmp / "optim")
-    rng_data, rng_tensors = _rng_files(capture_rng(), source.state_dict())
-    rng = tmp / _rng_stem(world.rank)
+    optim = encode(optimizer_states(models, state.optimizers), tensors, "optim", keep=True)
+    dcp_save(tensors, tmp / "optim")
+    rng_data, rng_tensors = rng_files(capture_rng(), source.state_dict())
+    rng = tmp / rng_stem(world.rank)
     save_file(rng_tensors, f"{rng}.safetensors")
     Path(f"{rng}.json").write_text(json.dumps(rng_data) + "\n")
     mine = [Path(f"{rng}.safetensors"), Path(f"{rng}.json")]
@@ -197,39 +197,43 @@ def _seal_and_swap(out: Path, doing: str) -> str | None:
     try:
         files = {}
         for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
-            files[f.relative_to(tmp).as_posix()] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
+            files[f.relative_to(tmp).as_posix()] = {
+                "sha256": file_sha256(f),
+                "bytes": f.stat().st_size,
+            }
         manifest = {"format": FORMAT, "files": files}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         _fsync(tmp / MANIFEST)
         for folder in (tmp, *(p for p in tmp.iterdir() if p.is_dir())):
-            _fsync_dir(folder)
+            fsync_dir(folder)
     except OSError as exc:
-        _discard(tmp)
+        discard(tmp)
         return str(io_error(tmp, exc, doing))
     try:
         remove(old)
         if os.path.lexists(final):
             final.rename(old)
         tmp.rename(final)
-        _fsync_dir(out)
+        fsync_dir(out)
     except OSError as exc:
         if not final.exists() and old.is_dir():
             with contextlib.suppress(OSError):
                 old.rename(final)  # put the previous checkpoint back
         if final.is_dir():
-            _discard(tmp)
+            discard(tmp)
         return str(io_error(final, exc, doing))
-    _discard(old)
+    discard(old)
     return None
 
 
-def _discard(path: Path) -> None:
+def discard(path: Path) -> None:
     """:func:`remove`, its errors ignored (a leftover is removed by the next save)."""
     with contextlib.suppress(OSError):
         remove(path)
 
 
-def _sha256(file: Path) -> str:
+def file_sha256(file: Path) -> str:
+    """The SHA-256 of ``file``'s bytes, read in 1 MiB chunks (hex)."""
     digest = hashlib.sha256()
     with open(file, "rb") as fh:
         while chunk := fh.read(1 << 20):
@@ -242,7 +246,7 @@ def _fsync(file: Path) -> None:
         os.fsync(fh.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     """Make renames in ``path`` durable (where the platform can open a directory)."""
     try:
         fd = os.open(path, os.O_RDONLY)
