@@ -50,6 +50,7 @@ from ppokit.trainer.checkpoint.states import (
 from ppokit.trainer.checkpoint.write import discard, file_sha256, fsync_dir, nonfinite
 
 if TYPE_CHECKING:
+    from ppokit.trainer.models import Models
     from ppokit.trainer.optim import Optimizers
     from ppokit.trainer.setup import State
 
@@ -262,7 +263,7 @@ def read_state(out: Path) -> dict[str, Any]:
     return state_of(locate(out))
 
 
-def load_checkpoint(out: Path, models: Any, run: State, source: Any) -> int:
+def load_checkpoint(out: Path, models: Models, run: State, source: Any) -> int:
     """Restore everything from ``out/checkpoint`` into the ``models`` and the state ``run``
     of a run and the prompt ``source``; returns the number of rounds done.
 
@@ -302,7 +303,7 @@ def load_checkpoint(out: Path, models: Any, run: State, source: Any) -> int:
     return int(state["round"])
 
 
-def check_critic(path: Path, state: dict[str, Any], models: Any) -> None:
+def check_critic(path: Path, state: dict[str, Any], models: Models) -> None:
     """The checkpoint at ``path`` (its ``state.json``) has the models' kind of critic."""
     if state.get("critic") != models.critic_kind:
         raise fail(
@@ -310,7 +311,7 @@ def check_critic(path: Path, state: dict[str, Any], models: Any) -> None:
         )
 
 
-def _read_sharded_optimizers(models: Any, optimizers: Optimizers, path: Path) -> dict[str, Any]:
+def _read_sharded_optimizers(models: Models, optimizers: Optimizers, path: Path) -> dict[str, Any]:
     """The optimizer and scheduler states of a checkpoint, this process's shards
     read by DCP into the shapes of the run's own (zero-initialised) states."""
     template: dict[str, torch.Tensor] = {}

@@ -26,6 +26,7 @@ from ppokit.trainer.checkpoint.layout import (
 )
 
 if TYPE_CHECKING:
+    from ppokit.trainer.models import Models
     from ppokit.trainer.optim import Optimizers
 
 
@@ -174,7 +175,7 @@ def decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 
 # ------------------------------------------------------------ model and optimizer states
-def weights_module(models: Any) -> list[tuple[str, torch.nn.Module]]:
+def weights_module(models: Models) -> list[tuple[str, torch.nn.Module]]:
     """(folder or file stem, module) of the weights a checkpoint stores."""
     out = [("actor", models.actor)]
     if models.critic is not None:
@@ -182,7 +183,7 @@ def weights_module(models: Any) -> list[tuple[str, torch.nn.Module]]:
     return out
 
 
-def _optimizers(models: Any, optimizers: Optimizers) -> list[tuple[str, Any, Any, Any]]:
+def _optimizers(models: Models, optimizers: Optimizers) -> list[tuple[str, Any, Any, Any]]:
     """(name, module holding its parameters, optimizer, schedule) of each optimizer."""
     modules = {"actor": models.actor, "critic": models.critic}
     return [(name, modules[name], opt, sched) for name, opt, sched in optimizers.named()]
@@ -199,13 +200,14 @@ def _tied(module: torch.nn.Module) -> set[str]:
     return drop
 
 
-def model_state(stem: str, module: torch.nn.Module, models: Any) -> dict[str, torch.Tensor]:
+def model_state(stem: str, module: torch.nn.Module, models: Models) -> dict[str, torch.Tensor]:
     """``module``'s state dict as this process holds it (its DTensor shards on several
     processes), tied duplicates left out; the tensors are the module's own, so DCP loads
     into them in place."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    owner = models.critic if stem == "critic" and models.shared_critic else module
+    shared = models.critic if stem == "critic" and models.shared_critic else None
+    owner = module if shared is None else shared  # a shared critic: the module is its head
     state: dict[str, Any] = get_model_state_dict(owner)  # a model's: tensors only
     if owner is not module:  # a shared critic stores its head alone
         state = {k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}
@@ -216,7 +218,7 @@ def model_state(stem: str, module: torch.nn.Module, models: Any) -> dict[str, to
     return {k: v for k, v in state.items() if k not in drop}
 
 
-def base_fingerprint(models: Any) -> list[float] | None:
+def base_fingerprint(models: Models) -> list[float] | None:
     """With LoRA: the sum and the sum of squares (float64) of the actor's frozen weights over
     every process (a collective), which a checkpoint of the adapters alone records: the
     base weights it is read onto must be those it was trained on. None without LoRA."""
@@ -241,19 +243,19 @@ _BASE_SUMS: weakref.WeakKeyDictionary[torch.nn.Module, list[float]] = weakref.We
 
 
 def _set_model_state(
-    stem: str, module: torch.nn.Module, models: Any, state: dict[str, torch.Tensor]
+    stem: str, module: torch.nn.Module, models: Models, state: dict[str, torch.Tensor]
 ) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     owner = module
-    if stem == "critic" and models.shared_critic:
+    if stem == "critic" and models.shared_critic and models.critic is not None:
         owner = models.critic
         state = {f"head.{k}": v for k, v in state.items()}
     values: dict[str, Any] = dict(state)  # DCP's type of a state dict: any value
     set_model_state_dict(owner, values, options=StateDictOptions(strict=False))
 
 
-def optimizer_states(models: Any, optimizers: Optimizers) -> dict[str, Any]:
+def optimizer_states(models: Models, optimizers: Optimizers) -> dict[str, Any]:
     """Optimizer states keyed by parameter name (this process's shards on several) and the
     schedulers'. An optimizer that has not stepped gets zero states first (DCP's
     ``get_optimizer_state_dict``), the shapes a checkpoint is read into."""
@@ -266,7 +268,7 @@ def optimizer_states(models: Any, optimizers: Optimizers) -> dict[str, Any]:
     return optim
 
 
-def load_optimizers(models: Any, optimizers: Optimizers, optim: dict[str, Any]) -> None:
+def load_optimizers(models: Models, optimizers: Optimizers, optim: dict[str, Any]) -> None:
     """Put the checkpoint's optimizer and scheduler states ``optim`` (this process's
     shards) into the run's ``optimizers``."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
@@ -332,7 +334,7 @@ def dcp_load(tensors: dict[str, torch.Tensor], folder: Path) -> None:
         dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(folder)))
 
 
-def load_weights(path: Path, stem: str, module: torch.nn.Module, models: Any) -> None:
+def load_weights(path: Path, stem: str, module: torch.nn.Module, models: Models) -> None:
     """Read the weights ``stem`` (``actor``, ``critic``) of the verified checkpoint folder
     ``path`` into ``module`` (the actor, the critic or a shared critic's head), whatever
     the number of processes that wrote it.

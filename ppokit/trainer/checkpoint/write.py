@@ -45,6 +45,7 @@ from ppokit.trainer.checkpoint.states import (
 )
 
 if TYPE_CHECKING:
+    from ppokit.trainer.models import Models
     from ppokit.trainer.optim import Optimizers
     from ppokit.trainer.setup import State
 
@@ -53,7 +54,7 @@ class NonFiniteCheckpointError(UserError):
     """A model or optimizer tensor holds NaN or inf: such a state is never saved."""
 
 
-def _named_tensors(models: Any, optimizers: Optimizers) -> Iterator[tuple[str, torch.Tensor]]:
+def _named_tensors(models: Models, optimizers: Optimizers) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor a checkpoint stores of the models and optimizers, with a readable name
     (this process's shards on several processes)."""
     names: dict[int, str] = {}
@@ -69,13 +70,13 @@ def _named_tensors(models: Any, optimizers: Optimizers) -> Iterator[tuple[str, t
                     yield f"the optimizer's {key} of {owner}", distributed.local_tensor(value)
 
 
-def nonfinite(models: Any, optimizers: Optimizers) -> str | None:
+def nonfinite(models: Models, optimizers: Optimizers) -> str | None:
     """``'NAME holds NaN or inf'`` for the first model or optimizer tensor (of this
     process's) that does, else None (one host read per device when all are finite)."""
     return first_nonfinite(_named_tensors(models, optimizers))
 
 
-def check_finite(models: Any, optimizers: Optimizers) -> None:
+def check_finite(models: Models, optimizers: Optimizers) -> None:
     """Raise :class:`NonFiniteCheckpointError` naming the first model or optimizer tensor
     that holds a NaN or an inf."""
     problem = nonfinite(models, optimizers)
@@ -101,7 +102,7 @@ def checkpoint_round(out: Path) -> int | None:
 
 
 def save_checkpoint(
-    out: Path, models: Any, state: State, source: Any, round_done: int, spec_yaml: str
+    out: Path, models: Models, state: State, source: Any, round_done: int, spec_yaml: str
 ) -> Path:
     """Write ``out/checkpoint`` atomically; returns its path. On several processes every
     process calls it: each writes its own shards and RNG states, the first one the rest.
@@ -156,7 +157,7 @@ def save_checkpoint(
 
 
 def _write_tmp(
-    tmp: Path, models: Any, state: State, source: Any, round_done: int, spec_yaml: str
+    tmp: Path, models: Models, state: State, source: Any, round_done: int, spec_yaml: str
 ) -> None:
     """This process's part of a checkpoint in ``tmp`` (made by the first process): its
     shards of the weights and optimizer states (collectives), its RNG states; the first
