@@ -312,15 +312,12 @@ def estimate_round(
     the gathered round (every process's ``batch`` and ``scores``) and keeps its own rows.
     Returns the data, the metrics, β after the controller's step and the round's scores."""
     world = distributed.world()
-    if not world.distributed:
-        data, metrics, kl_coef = estimate(
-            ro, batch, scores, spec=spec, assembly=assembly, kl_coef=kl_coef
-        )
-        return data, metrics, kl_coef, scores
-    b = batch.batch_size
-    whole, scores = gather_batch(batch, b), distributed.gather_rows(scores)
+    b = batch.batch_size  # this process's rows
+    if world.distributed:
+        batch, scores = gather_batch(batch, b), distributed.gather_rows(scores)
     data, metrics, kl_coef = estimate(
-        ro, whole, scores, spec=spec, assembly=assembly, kl_coef=kl_coef
+        ro, batch, scores, spec=spec, assembly=assembly, kl_coef=kl_coef
     )
-    data = data.own_rows(ro, slice(world.rank * b, (world.rank + 1) * b))
+    if world.distributed:
+        data = data.own_rows(ro, slice(world.rank * b, (world.rank + 1) * b))
     return data, metrics, kl_coef, scores

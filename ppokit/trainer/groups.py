@@ -140,7 +140,7 @@ def fill(
         )
         phase("scoring")
         middle = time.perf_counter()
-        batch = _scored(rows, formatted, ro, scorer, scores, settings.n)
+        batch = _scored(rows, formatted, ro, scorer, scores)
         if not keeps_all:  # a filter that keeps every group is not called
             batch.keep = group_filter(_groups(batch, settings.n)).nonzero().flatten().tolist()
         timings["time_generate"] += middle - start
@@ -176,7 +176,6 @@ def _scored(
     ro: Rollout,
     scorer: Scorer,
     scores: Tensor | None,
-    n: int,
 ) -> GroupBatch:
     """One batch's responses scored (unless ``scores`` are given), every group kept."""
     if scores is None:
