@@ -205,7 +205,7 @@ def write_run(
 
 def test_run_writes_cover_the_trainers_files() -> None:
     """compare and the trainer read one torch-free list of the files a run writes
-    (ppokit/runfolder.py): trainer/loop.py imports its RUN_FILES from there (read from the
+    (ppokit/runfolder/): trainer/loop.py imports its RUN_FILES from there (read from the
     source, so no torch is imported), and compare's RUN_WRITES holds every name of it."""
     import ast
 

@@ -40,7 +40,7 @@ PLOT = "compare.png"
 FINAL_WINDOW = 5
 #: At most this many seeds per sweep (a typo such as 0-10000 is refused, not launched).
 MAX_SEEDS = 1000
-#: Names a ppokit run writes in its output directory (ppokit/runfolder.py: its files, the
+#: Names a ppokit run writes in its output directory (ppokit/runfolder/names.py: its files, the
 #: temporary names of its atomic writes and its lock), plus compare's own error.txt. A run
 #: folder holding anything else is not replaced.
 RUN_WRITES = frozenset({*RUN_FILES, *TEMP_FILES, LOCK, ERROR_FILE})

@@ -462,7 +462,7 @@ def test_spec_yaml_write_error_is_one_line(tmp_path: Path, monkeypatch) -> None:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
         return real(path)
 
-    monkeypatch.setattr(runfolder, "open_new", open_new)
+    monkeypatch.setattr(runfolder.files, "open_new", open_new)
     with pytest.raises(UserError, match=r"spec\.yaml\.tmp: cannot write \(permission denied\)"):
         train(small_spec(tmp_path / "run"))
     assert not (tmp_path / "run" / "spec.yaml.tmp").exists()
