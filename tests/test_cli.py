@@ -102,6 +102,7 @@ def test_show_parameters_formula_requires_source(use_registry: Any) -> None:
             params=ScaleParams,
             formula="A = s·R",
             source="A paper (X, 2024)",
+            requires=("group_ids",),
         )
     )
     data = json.loads(invoke("show", "advantage", "scaled", "--json").stdout)
@@ -326,7 +327,7 @@ def test_a_smoke_run_on_processes_leaves_no_temporary_folder(
 ) -> None:
     """``--smoke --nproc 2`` without ``--out``: the processes' TMPDIR is a new folder, removed
     with what a process stopped by the launcher left in it; with ``--out`` none is made."""
-    import ppokit.cli as cli
+    from ppokit import launcher
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     seen: list[str] = []
@@ -336,7 +337,7 @@ def test_a_smoke_run_on_processes_leaves_no_temporary_folder(
         (Path(os.environ["TMPDIR"]) / "ppokit-smoke-left").mkdir(exist_ok=True)
         return 1, ["error: process 1 (pid 1) was killed by signal SIGKILL"]
 
-    monkeypatch.setattr(cli, "launch", launch)
+    monkeypatch.setattr(launcher, "launch", launch)
     args = ["train", "--smoke", "--nproc", "2"]
     result = invoke(*args) if out is None else invoke(*args, "--out", str(tmp_path / out))
     assert result.exit_code == 1 and "SIGKILL" in result.stderr

@@ -474,7 +474,7 @@ def test_a_known_plugin_that_is_not_installed_says_how_to_install_it(
     def missing(name: str) -> None:
         raise PackageNotFoundError(name)
 
-    monkeypatch.setattr(registry_module, "distribution", missing)
+    monkeypatch.setattr(registry_module.plugins, "distribution", missing)
     with pytest.raises(RegistryError, match=r"not installed: pip install ppokit-hlgauss"):
         Registry().info("regression_loss", "hlgauss")
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 import ppokit.registry as registry_module
 from ppokit.catalogue import Component
+from ppokit.hookspecs import hookimpl
 from ppokit.registry import (
     KINDS,
     Registry,
@@ -28,18 +29,21 @@ from ppokit.registry import (
 )
 from tests.helpers import Plugin, Scaled, ScaleParams, shifted
 
-BUILTIN_NAMES = {
-    "advantage": {"gae", "mc", "length_adaptive_gae", "grpo", "dr_grpo", "rloo"},
-    "critic_target": {"lambda_return", "mc_return", "td0"},
-    "position_mask": {"response", "completed", "last_token"},
-    "prompt_weight": {"uniform", "pass_rate_variance", "informative_groups"},
-    "regression_loss": {"mse", "clipped_mse", "huber"},
-    "policy_loss": {"ppo_clip", "gspo", "cispo", "reinforce"},
-    "aggregation": {"token_mean", "seq_mean_token_mean", "seq_mean_token_sum"},
-    "kl_estimator": {"k1", "k2", "k3", "abs"},
-    "truncation": {"terminal", "bootstrap", "exclude", "penalty", "soft_overlong"},
-    "reward": {"demo", "math_verify", "exact_match", "regex", "length_penalty"},
-}
+
+def defined_entries() -> dict[str, set[str]]:
+    """The names of every Component entry the kind packages define (found in the
+    modules, not copied here), by kind."""
+    from ppokit.components import KIND_PACKAGES
+
+    found: dict[str, set[str]] = {}
+    for package in KIND_PACKAGES:
+        for value in vars(package).values():
+            if isinstance(value, Component):
+                found.setdefault(value.kind, set()).add(value.name)
+    return found
+
+
+BUILTIN_NAMES = defined_entries()
 
 
 def registry_with(*plugins: Plugin) -> Registry:
@@ -52,15 +56,19 @@ def registry_with(*plugins: Plugin) -> Registry:
 # ---------------------------------------------------------------------- lookup
 def test_builtins_are_registered_and_torch_free(clean_registry: None) -> None:
     registry = get_registry()
-    for kind, names in BUILTIN_NAMES.items():
-        assert names <= set(registry.names(kind)), kind
+    builtins = {
+        kind: {i.name for i in registry.components(kind) if i.plugin == "ppokit"} for kind in KINDS
+    }
+    # every entry a kind package defines is registered, and nothing else is built in
+    assert builtins == {kind: BUILTIN_NAMES.get(kind, set()) for kind in KINDS}
+    assert all(builtins.values()), "a kind without a built-in"
     for info in registry.components():
         assert info.plugin, info.name
         assert info.summary, f"{info.kind} {info.name} has no summary"
-        assert info._formula, f"{info.kind} {info.name}: the catalogue gives no formula"
+        assert info.formula, f"{info.kind} {info.name}: the catalogue gives no formula"
         if (info.kind, info.name) != ("reward", "demo"):  # the demo task has no paper
             assert info.source, f"{info.kind} {info.name} names no source"
-        assert isinstance(info.factory, str), f"{info.kind} {info.name} is not lazy"
+        assert info.lazy, f"{info.kind} {info.name} is not lazy"
         assert issubclass(info.params, BaseModel)
     assert registry.plugins["ppokit"].ok
 
@@ -70,7 +78,14 @@ def test_lookup_and_order() -> None:
         Plugin()
         .add("policy_loss", "zeta", Scaled, summary="last")
         .add("advantage", "beta", Scaled)
-        .add("advantage", "alpha", Scaled, params=ScaleParams, formula="y = s·x")
+        .add(
+            "advantage",
+            "alpha",
+            Scaled,
+            params=ScaleParams,
+            formula="y = s·x",
+            requires=("group_ids",),
+        )
     )
     assert registry.names("advantage") == ["alpha", "beta"]
     assert [(i.kind, i.name) for i in registry.components()] == [
@@ -80,7 +95,10 @@ def test_lookup_and_order() -> None:
     ]
     info = registry.info("advantage", "alpha")
     assert (info.plugin, info.formula, info.requires) == ("p0", "y = s·x", ("group_ids",))
-    assert info.summary == "Multiplies by ``scale``: y = scale · x."  # docstring's first line
+    # every fact is the entry's: a factory's docstring or attributes state none
+    assert registry.info("policy_loss", "zeta").summary == "last"
+    beta = registry.info("advantage", "beta")
+    assert (beta.summary, beta.formula, beta.requires) == ("", "", ())
     assert registry.has("advantage", "beta") and not registry.has("advantage", "gamma")
     assert registry.kinds() == KINDS
 
@@ -193,9 +211,9 @@ def test_lazy_factory_that_cannot_be_imported() -> None:
         unmarked.create("advantage", "ghost")
     bad = registry_with(Plugin().add("advantage", "ghost", "not a module"))
     assert "'not a module' is not a module name" in (bad.plugins["p0"].error or "")
-    # the older spelling of plugins written for ppokit 0.x: the attribute is read
-    older = registry_with(Plugin().add("advantage", "older", "textwrap:dedent"))
-    assert older.info("advantage", "older").load() is textwrap.dedent
+    # a factory is a module's name: "module:attr" is not one
+    attr = registry_with(Plugin().add("advantage", "older", "textwrap:dedent"))
+    assert "'textwrap:dedent' is not a module name" in (attr.plugins["p0"].error or "")
 
 
 def test_register_takes_one_entry() -> None:
@@ -206,7 +224,7 @@ def test_register_takes_one_entry() -> None:
         def __init__(self, *args: Any) -> None:
             self.args = args
 
-        @registry_module.hookspecs.hookimpl
+        @hookimpl
         def ppokit_register(self, register: Any) -> None:
             register(*self.args)
 
@@ -265,11 +283,11 @@ def test_bad_registration_fails_only_its_plugin(
 
 def test_hook_that_raises_and_bad_hooks_are_isolated() -> None:
     class WrongSignature:
-        @registry_module.hookspecs.hookimpl
+        @hookimpl
         def ppokit_register(self, register: object, extra: object) -> None: ...
 
     class UnknownHook:
-        @registry_module.hookspecs.hookimpl
+        @hookimpl
         def ppokit_registr(self, register: object) -> None: ...
 
     raising = Plugin(fail_with=RuntimeError("boom")).add("advantage", "partial", Scaled)
@@ -311,7 +329,7 @@ def fake_entry_points(
         EntryPoint("broken", "ppk_broken:plugin", "ppokit"),
     ]
     monkeypatch.setattr(
-        registry_module, "entry_points", lambda group: eps if group == "ppokit" else []
+        registry_module.plugins, "entry_points", lambda group: eps if group == "ppokit" else []
     )
 
 
@@ -343,7 +361,7 @@ def test_strict_plugins_makes_a_conflict_fatal(
         EntryPoint("good_a", "ppk_good_a:plugin", "ppokit"),
         EntryPoint("clash", "ppk_clash:plugin", "ppokit"),
     ]
-    monkeypatch.setattr(registry_module, "entry_points", lambda group: eps)
+    monkeypatch.setattr(registry_module.plugins, "entry_points", lambda group: eps)
     assert not build_registry().has("advantage", "from_a")
     with pytest.raises(
         RegistryError,

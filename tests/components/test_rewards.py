@@ -422,7 +422,7 @@ def test_every_reward_is_registered_with_its_documentation() -> None:
             assert info.formula.startswith("r = ")
     assert registry.info("reward", "demo").params.model_fields == {}
     # registered lazily (loading a component replaces the string: ask a fresh registry)
-    assert build_registry().info("reward", "demo").factory == "ppokit.tasks.demo"
+    assert build_registry().info("reward", "demo").entry.factory == "ppokit.tasks.demo"
 
 
 def test_registry_round_trip_and_defaults() -> None:

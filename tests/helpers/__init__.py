@@ -84,8 +84,6 @@ class ScaleParams(BaseModel):
 class Scaled:
     """Multiplies by ``scale``: y = scale · x."""
 
-    requires = ("group_ids",)
-
     def __init__(self, scale: float = 1.0) -> None:
         self.scale = scale
 
