@@ -3,7 +3,8 @@
 ``data.source`` in the spec selects one:
 
 - ``demo``: rows of the built-in demo task (``ppokit.tasks.demo.make_row``);
-- ``arithmetic``: generated arithmetic problems with their exact answers;
+- ``arithmetic``: generated arithmetic problems with their exact answers
+  (``ppokit.tasks.arithmetic.make_row``);
 - a ``.jsonl`` file: one JSON object per line, read without the ``datasets`` package;
 - any other local data file or folder the ``datasets`` package reads (``.json``,
   ``.parquet``, ``.csv``, ``.arrow``, a folder of data files, a folder written by
@@ -32,7 +33,6 @@ import random
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
-from fractions import Fraction
 from functools import partial
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
@@ -55,12 +55,9 @@ __all__ = [
     "PromptSource",
     "RowMap",
     "RowSource",
-    "chat_messages",
-    "format_prompts",
     "hash_files",
     "load_hub_dataset",
     "load_local_dataset",
-    "make_arithmetic_row",
     "make_prompt_source",
 ]
 
@@ -127,10 +124,6 @@ class DemoSource(GeneratedSource):
         super().__init__(seed, lambda rng: make_row(rng, settings.symbols, settings.turns))
 
 
-# ----------------------------------------------------------------- arithmetic
-_INSTRUCTION = "Put the final answer in \\boxed{}."
-
-
 def _options(model: type[Options], options: dict[str, Any]) -> Options:
     """``options`` validated by the source's options model; a UserError naming each problem."""
     try:
@@ -140,56 +133,6 @@ def _options(model: type[Options], options: dict[str, Any]) -> Options:
         raise UserError("; ".join(lines).replace("Value error, ", "")) from None
 
 
-def _format_number(value: int) -> str:
-    return f"({value})" if value < 0 else str(value)
-
-
-def _format_answer(value: Fraction) -> str:
-    if value.denominator == 1:
-        return str(value.numerator)
-    return f"{value.numerator}/{value.denominator}"
-
-
-def _evaluate(numbers: list[int], ops: list[str]) -> Fraction:
-    """The exact value of ``n0 op0 n1 op1 ...`` with ``*`` and ``/`` binding tighter."""
-    total = Fraction(0)
-    term = Fraction(numbers[0])
-    sign = 1
-    for op, number in zip(ops, numbers[1:], strict=True):
-        if op == "*":
-            term *= number
-        elif op == "/":
-            term /= number
-        else:
-            total += sign * term
-            sign = 1 if op == "+" else -1
-            term = Fraction(number)
-    return total + sign * term
-
-
-def make_arithmetic_row(rng: random.Random, **options: Any) -> dict[str, Any]:
-    """One problem: ``{"prompt", "answer", "expression"}``; the answer is exact (``a/b``
-    when a division leaves a fraction). ``options``: those of ``ArithmeticOptions``."""
-    o = _options(ArithmeticOptions, options)
-    ops, min_value, max_value, terms = o.ops, o.min_value, o.max_value, o.terms
-    chosen = [rng.choice(ops) for _ in range(terms - 1)]
-    numbers = [rng.randint(min_value, max_value)]
-    for op in chosen:
-        number = rng.randint(min_value, max_value)
-        while op == "/" and number == 0:
-            number = rng.randint(min_value, max_value)
-        numbers.append(number)
-    parts = [_format_number(numbers[0])]
-    for op, number in zip(chosen, numbers[1:], strict=True):
-        parts += [op, _format_number(number)]
-    expression = " ".join(parts)
-    return {
-        "prompt": f"What is {expression}? {_INSTRUCTION}",
-        "answer": _format_answer(_evaluate(numbers, chosen)),
-        "expression": expression,
-    }
-
-
 class ArithmeticSource(GeneratedSource):
     """Arithmetic problems over integers in ``[min_value, max_value]`` with ``terms``
     operands and operators drawn from ``ops`` (default ``"+-*"``)."""
@@ -197,8 +140,10 @@ class ArithmeticSource(GeneratedSource):
     kind = "arithmetic"
 
     def __init__(self, seed: int, options: dict[str, Any]) -> None:
-        settings = _options(ArithmeticOptions, options).model_dump()
-        super().__init__(seed, lambda rng: make_arithmetic_row(rng, **settings))
+        from ppokit.tasks.arithmetic import make_row
+
+        settings = _options(ArithmeticOptions, options)
+        super().__init__(seed, lambda rng: make_row(rng, settings))
 
 
 # -------------------------------------------------------------------- data rows
@@ -688,45 +633,3 @@ def make_prompt_source(data_spec: DataSpec, seed: int) -> PromptSource:
         raise UserError(f"data file not found: {path} ({_NOT_FOUND}){hint}")
     dataset, fingerprint = load_local_dataset(path, split)
     return DatasetSource(seed, dataset, fingerprint=fingerprint, label=str(path), **rows)
-
-
-# -------------------------------------------------------------------- formatting
-def chat_messages(row: Mapping[str, Any], system_prompt: str | None = None) -> list[dict[str, Any]]:
-    """The chat messages of a row: its ``messages`` when they end with its prompt as the user's
-    message (the messages layout), else the prompt as one user message; ``system_prompt``
-    comes first unless the messages have a system message."""
-    prompt = str(row["prompt"])
-    messages = row.get("messages")
-    if (
-        isinstance(messages, list)
-        and messages
-        and all(isinstance(m, Mapping) for m in messages)
-        and messages[-1].get("role") == "user"
-        and messages[-1].get("content") == prompt
-    ):
-        out = [dict(m) for m in messages]
-    else:
-        out = [{"role": "user", "content": prompt}]
-    if system_prompt is not None and not any(m.get("role") == "system" for m in out):
-        out.insert(0, {"role": "system", "content": system_prompt})
-    return out
-
-
-def format_prompts(rows: list[dict[str, Any]], tokenizer: Any, data_spec: DataSpec) -> list[str]:
-    """The text the policy sees for each row: its prompt, or its chat messages
-    (:func:`chat_messages`) in the tokenizer's chat template when ``data.chat_template``."""
-    if not data_spec.chat_template:
-        return [str(row["prompt"]) for row in rows]
-    if not getattr(tokenizer, "chat_template", None):
-        raise UserError(
-            "data.chat_template is true but the tokenizer has no chat template; "
-            "set data.chat_template: false"
-        )
-    return [
-        tokenizer.apply_chat_template(
-            chat_messages(row, data_spec.system_prompt),
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for row in rows
-    ]

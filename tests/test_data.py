@@ -1,11 +1,9 @@
-"""Prompt sources and prompt formatting."""
+"""Prompt sources: determinism and resumption, JSONL files, the column map and the data
+settings' checks."""
 
 from __future__ import annotations
 
 import json
-import random
-import re
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -14,28 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppokit.data import (
-    ArithmeticSource,
-    JsonlSource,
-    PromptSource,
-    _evaluate,
-    format_prompts,
-    make_arithmetic_row,
     make_prompt_source,
 )
 from ppokit.errors import UserError
 from ppokit.spec import DataSpec, SpecError, validate_spec
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "data" / "arithmetic_sample.jsonl"
-
-
-def _exact(expression: str) -> Fraction:
-    """The exact value of an arithmetic expression, evaluated by Python over Fractions."""
-    code = re.sub(r"\d+", lambda m: f"Fraction({m.group()})", expression)
-    return eval(code, {"Fraction": Fraction, "__builtins__": {}})
-
-
-def _answer(text: str) -> Fraction:
-    return Fraction(text)
+from ppokit.trainer.prompts import format_prompts
+from tests.trainer.test_prompts import TEMPLATE, chat_tokenizer
 
 
 def _jsonl(path: Path, rows: list[Any]) -> Path:
@@ -146,120 +128,6 @@ def test_changed_data_file_is_rejected_on_resume(jsonl_file: Path) -> None:
         make_prompt_source(DataSpec(source=str(jsonl_file)), 0).load_state_dict(state)
 
 
-# ------------------------------------------------------------------- arithmetic
-@pytest.mark.parametrize(
-    ("numbers", "ops", "value"),
-    [
-        ([23, 45], ["+"], Fraction(68)),
-        ([2, 3, 4], ["+", "*"], Fraction(14)),
-        ([2, 3, 4], ["*", "-"], Fraction(2)),
-        ([1, 2, 3], ["-", "-"], Fraction(-4)),
-        ([8, 2, 2], ["/", "/"], Fraction(2)),
-        ([7, 2], ["/"], Fraction(7, 2)),
-        ([5, -3, 2, 4], ["-", "*", "/"], Fraction(13, 2)),
-    ],
-)
-def test_evaluate_by_hand(numbers: list[int], ops: list[str], value: Fraction) -> None:
-    assert _evaluate(numbers, ops) == value
-
-
-class Scripted(random.Random):
-    """An rng returning given operands and always choosing ``op``."""
-
-    def __init__(self, values: list[int], op: str) -> None:
-        super().__init__(0)
-        self.values = iter(values)
-        self.op = op
-
-    def randint(self, a: int, b: int) -> int:
-        return next(self.values)
-
-    def choice(self, seq: Any) -> Any:
-        return self.op
-
-
-def test_arithmetic_rows_by_hand() -> None:
-    assert make_arithmetic_row(Scripted([23, 45], "+")) == {
-        "prompt": "What is 23 + 45? Put the final answer in \\boxed{}.",
-        "answer": "68",
-        "expression": "23 + 45",
-    }
-    row = make_arithmetic_row(Scripted([-7, -2, 4], "-"), terms=3, min_value=-9)
-    assert (row["expression"], row["answer"]) == ("(-7) - (-2) - 4", "-9")
-    row = make_arithmetic_row(Scripted([3, 0, 6, 0, 0, 2], "/"), ops="/", terms=3)
-    assert (row["expression"], row["answer"]) == ("3 / 6 / 2", "1/4")  # zero divisors redrawn
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    seed=st.integers(0, 2**32),
-    ops=st.sets(st.sampled_from("+-*/"), min_size=1).map("".join),
-    low=st.integers(-20, 20),
-    width=st.integers(0, 50),
-    terms=st.integers(2, 5),
-)
-def test_arithmetic_answers_are_correct(
-    seed: int, ops: str, low: int, width: int, terms: int
-) -> None:
-    if "/" in ops and low == 0 and width == 0:
-        width = 1
-    options = {"ops": ops, "min_value": low, "max_value": low + width, "terms": terms}
-    source = make_prompt_source(DataSpec(source="arithmetic", options=options), seed)
-    for row in source.next_rows(5):
-        expression = row["expression"]
-        assert row["prompt"] == f"What is {expression}? Put the final answer in \\boxed{{}}."
-        assert _exact(expression) == _answer(row["answer"])
-        numbers = [int(n) for n in re.findall(r"-?\d+", expression)]
-        assert len(numbers) == terms
-        assert all(low <= n <= low + width for n in numbers)
-        assert set(re.findall(r" ([-+*/]) ", expression)) <= set(ops)
-
-
-def test_arithmetic_answers_pass_math_verify() -> None:
-    from ppokit.registry import get_registry
-
-    reward = get_registry().create("reward", "math_verify")
-    rows = ArithmeticSource(0, {"ops": "+-*/", "min_value": -9, "max_value": 30}).next_rows(12)
-    responses = [f"\\boxed{{{r['answer']}}}" for r in rows]
-    prompts = [r["prompt"] for r in rows]
-    answers = [r["answer"] for r in rows]
-    assert reward(prompts, responses, answer=answers).tolist() == [1.0] * 12
-    wrong = [f"\\boxed{{{_answer(a) + 1}}}" for a in answers]
-    assert reward(prompts, wrong, answer=answers).tolist() == [0.0] * 12
-
-
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"ops": "+^"}, "data.options.ops"),
-        ({"ops": ""}, "data.options.ops"),
-        ({"min_value": 5, "max_value": 1}, "must not exceed"),
-        ({"terms": 1}, "data.options.terms"),
-        ({"ops": "/", "min_value": 0, "max_value": 0}, "division"),
-        ({"digits": 3}, "data.options.digits: Extra inputs are not permitted"),
-        ({"terms": 2.5}, "data.options.terms"),
-    ],
-)
-def test_arithmetic_bad_options(options: dict, message: str) -> None:
-    with pytest.raises(UserError, match=message):
-        make_prompt_source(DataSpec(source="arithmetic", options=options), 0)
-    with pytest.raises(SpecError, match=message):  # and the spec says so before any work
-        validate_spec({"data": {"source": "arithmetic", "options": options}, "advantage": "grpo"})
-
-
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        ({"source": "demo", "options": {"symbols": ""}}, "data.options.symbols"),
-        ({"source": "demo", "options": {"size": 3}}, "data.options.size"),
-        ({"source": "prompts.jsonl", "options": {"ops": "+"}}, "a data file takes no options"),
-    ],
-)
-def test_source_options_are_checked_by_validate(data: dict, message: str) -> None:
-    with pytest.raises(SpecError, match=message):
-        validate_spec({"data": data, "advantage": "grpo"})
-
-
 # ------------------------------------------------------------------------ JSONL
 def test_jsonl_cycles_through_every_row_each_epoch(jsonl_file: Path) -> None:
     rows = [json.loads(line) for line in jsonl_file.read_text().splitlines()]
@@ -271,17 +139,6 @@ def test_jsonl_cycles_through_every_row_each_epoch(jsonl_file: Path) -> None:
     for epoch in epochs:
         assert sorted(epoch, key=key) == sorted(rows, key=key)
     assert len({tuple(key(r) for r in e) for e in epochs}) > 1  # reshuffled each epoch
-
-
-def test_example_file_loads_and_its_answers_are_right() -> None:
-    source = make_prompt_source(DataSpec(source=str(EXAMPLE), shuffle=False), 0)
-    assert isinstance(source, JsonlSource) and isinstance(source, PromptSource)
-    for row in source.next_rows(len(source.rows)):
-        expression = re.fullmatch(
-            r"What is (.*)\? Put the final answer in \\boxed\{\}\.", row["prompt"]
-        )
-        assert expression is not None
-        assert _exact(expression.group(1)) == _answer(row["answer"])
 
 
 def test_jsonl_missing_file(tmp_path: Path) -> None:
@@ -312,52 +169,6 @@ def test_jsonl_takes_no_options(jsonl_file: Path) -> None:
         make_prompt_source(DataSpec(source=str(jsonl_file), options={"ops": "+"}), 0)
 
 
-# --------------------------------------------------------------- format_prompts
-TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def _tokenizer(template: str | None):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel(vocab={"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
-    tokenizer.chat_template = template
-    return tokenizer
-
-
-ROWS = [{"prompt": "What is 1 + 1?", "answer": "2"}, {"prompt": "hi", "answer": ""}]
-
-
-def test_format_prompts_plain() -> None:
-    assert format_prompts(ROWS, None, DataSpec()) == ["What is 1 + 1?", "hi"]
-    assert format_prompts(ROWS, _tokenizer(TEMPLATE), DataSpec(system_prompt="x")) == [
-        "What is 1 + 1?",
-        "hi",
-    ]
-
-
-def test_format_prompts_with_chat_template() -> None:
-    tokenizer = _tokenizer(TEMPLATE)
-    assert format_prompts(ROWS, tokenizer, DataSpec(chat_template=True)) == [
-        "<|user|>What is 1 + 1?\n<|assistant|>",
-        "<|user|>hi\n<|assistant|>",
-    ]
-    spec = DataSpec(chat_template=True, system_prompt="Be brief.")
-    assert format_prompts(ROWS[:1], tokenizer, spec) == [
-        "<|system|>Be brief.\n<|user|>What is 1 + 1?\n<|assistant|>"
-    ]
-
-
-def test_format_prompts_without_a_template_is_a_user_error() -> None:
-    with pytest.raises(UserError, match="no chat template"):
-        format_prompts(ROWS, _tokenizer(None), DataSpec(chat_template=True))
-
-
 # ------------------------------------------- column map, messages, answer_pattern
 def test_jsonl_column_map_messages_and_answer_pattern(tmp_path: Path) -> None:
     """The JSONL reader (no ``datasets`` needed) maps rows as every data file does."""
@@ -384,7 +195,7 @@ def test_jsonl_column_map_messages_and_answer_pattern(tmp_path: Path) -> None:
         {"prompt": "What is 1 + 1?", "answer": "2", "id": 1},
         {"prompt": "What is 6 * 7?", "answer": "42", "id": 2, "messages": chat[:2]},
     ]
-    tokenizer = _tokenizer(TEMPLATE)
+    tokenizer = chat_tokenizer(TEMPLATE)
     assert format_prompts(rows, tokenizer, DataSpec(chat_template=True, system_prompt="S")) == [
         "<|system|>S\n<|user|>What is 1 + 1?\n<|assistant|>",
         "<|system|>Be brief.\n<|user|>What is 6 * 7?\n<|assistant|>",

@@ -119,7 +119,7 @@ class Evaluator:
     """
 
     def __init__(self, spec: Spec, sampler: Sampler, scorer: Scorer) -> None:
-        from ppokit.data import format_prompts
+        from ppokit.trainer.prompts import format_prompts
 
         if spec.eval is None:
             raise UserError("the spec has no eval section")
@@ -138,18 +138,6 @@ class Evaluator:
     def of(cls, spec: Spec, setup: Setup) -> Evaluator:
         """The evaluation of a training run's ``setup`` (its sampler and scorer)."""
         return cls(spec, setup.sampler, setup.scorer)
-
-    @property
-    def names(self) -> list[str]:
-        """The metric names :meth:`run` returns."""
-        return [
-            "eval/accuracy",
-            "eval/accuracy_ci95",
-            *(f"eval/pass@{k}" for k in self.settings.ks),
-            "eval/reward_mean",
-            "eval/response_length_mean",
-            "eval/prompts",
-        ]
 
     # ------------------------------------------------------------------ generation
     def _generate(

@@ -69,7 +69,8 @@ def _use_plugin() -> None:
 def _worker(rank: int, port: int, folder: str) -> None:
     as_process(rank, port)
     _use_plugin()
-    from ppokit.data import format_prompts, make_prompt_source
+    from ppokit.data import make_prompt_source
+    from ppokit.trainer.prompts import format_prompts
     from tests.helpers.trainer import learner, small_spec
 
     with distributed.process_group("cpu", 120):

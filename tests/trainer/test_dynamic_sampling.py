@@ -14,12 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppokit.catalogue import NoParams
-from ppokit.data import format_prompts, make_prompt_source
+from ppokit.data import make_prompt_source
 from ppokit.errors import UserError
 from ppokit.trainer import train
 from ppokit.trainer.assembly import Where, checked
 from ppokit.trainer.groups import fill
 from ppokit.trainer.metrics import read_metrics
+from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.rollout import Rollout
 from tests.helpers import Plugin
 from tests.helpers.components import make
