@@ -9,12 +9,11 @@ component whose catalogue entry gives no formula).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ppokit import __version__
+from ppokit import __version__, launcher
 from ppokit.compare import compare_command
 from ppokit.docgen import param_rows, params_table, write_docs
 from ppokit.errors import UserError, error_lines, fail, printable
@@ -38,6 +37,7 @@ from ppokit.registry import (
     reset_registry,
 )
 from ppokit.spec import (
+    DEMO_SOURCE,
     DEMO_SPEC,
     Spec,
     SpecError,
@@ -390,7 +390,7 @@ def train(
         try:
             spec = validate_spec(data)
         except SpecError as exc:
-            raise SpecError(exc.errors, source="demo.yaml") from None
+            raise SpecError(exc.errors, source=DEMO_SOURCE) from None
     else:
         spec = _load(spec_path, extra)
     if print_spec:
@@ -413,11 +413,13 @@ def train(
             "--json": as_json,
         }
         argv += [flag for flag, on in flags.items() if on]
-        with _smoke_temp(smoke and out_dir is None):
-            status, ended = launch(nproc, argv)
+        with launcher.smoke_temp(smoke and out_dir is None):
+            status, ended = launcher.launch(nproc, argv)
         if any(" by signal " in line for line in ended) and not smoke:
             command = ["ppokit", "train", *_train_args(spec_path, overrides, seed, threads)]
-            ended += _how_to_continue(Path(spec.output.dir), [*command, "--nproc", str(nproc)])
+            ended += launcher.how_to_continue(
+                Path(spec.output.dir), [*command, "--nproc", str(nproc)]
+            )
         if ended:
             raise fail(ended, status)
         raise typer.Exit(status)
@@ -461,126 +463,6 @@ def _train_args(
         if value is not None:
             args += [flag, str(value)]
     return args
-
-
-@contextlib.contextmanager
-def _smoke_temp(on: bool) -> Iterator[None]:
-    """When ``on``, the processes' temporary directory (``TMPDIR``) is a new one, removed
-    with what they left in it (their smoke folder, if a process was stopped before it
-    removed it)."""
-    if not on:
-        yield
-        return
-    import shutil
-    import tempfile
-
-    folder = tempfile.mkdtemp(prefix="ppokit-processes-")
-    before = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = folder
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = before
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def launch(nproc: int, argv: list[str]) -> tuple[int, list[str]]:
-    """Run ``python -m ppokit ARGV`` on ``nproc`` local processes through torch's launcher
-    (``torch.distributed.run``, the code behind ``torchrun``). Returns the exit status of
-    the run and, when processes failed, one line for each saying how it ended
-    (:func:`ended_lines`; a process that raised has printed its error itself, one killed by
-    a signal could not); the launcher stops the others."""
-    import logging
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # ppokit sets torch's threads itself
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d's warnings on Ctrl-C
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
-    for name in list(logging.root.manager.loggerDict):  # the launcher's own log lines
-        if name.startswith("torch.distributed"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-
-    args = get_args_parser().parse_args(
-        ["--standalone", "--nproc-per-node", str(nproc), "-m", "ppokit", *argv]
-    )
-    try:
-        run(args)
-    except (KeyboardInterrupt, SignalException):  # the processes got it too; the first one
-        return 130, []  # said what to do
-    except ChildFailedError as exc:
-        import signal
-
-        # the first to fail first; the launcher stops the others with SIGTERM
-        order = sorted(
-            exc.failures.items(),
-            key=lambda kv: (kv[1].timestamp, kv[1].exitcode == -signal.SIGTERM, kv[0]),
-        )
-        return ended_lines({rank: (f.pid, f.exitcode) for rank, f in order})
-    return 0, []
-
-
-#: What a signal that ends a process usually means.
-SIGNAL_CAUSES = {
-    "SIGKILL": "sent from outside the run (the kernel's out-of-memory killer, a job "
-    "scheduler's limit, kill -9), so it could say nothing",
-    "SIGSEGV": "a crash in native code (torch, a C extension)",
-    "SIGBUS": "a crash in native code (torch, a C extension), or a file it mapped changed",
-    "SIGABRT": "a crash in native code (torch, a C extension)",
-    "SIGTERM": "stopped by the launcher once another process failed, or from outside the "
-    "run (a job scheduler, kill)",
-}
-
-
-def ended_lines(ends: dict[int, tuple[int, int]]) -> tuple[int, list[str]]:
-    """The exit status of a run whose processes ``ends`` (rank -> (pid, exit code; minus
-    the signal's number for one killed by a signal)), the first to fail first, failed, and
-    one line per process: ``process 1 (pid 4242) was killed by signal SIGKILL: ...``. The
-    status is the first process's: 128 plus its signal's number (as a shell reports it),
-    or its exit status."""
-    import signal
-
-    lines, statuses = [], []
-    for rank, (pid, code) in ends.items():
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"number {-code}"
-            cause = SIGNAL_CAUSES.get(name)
-            lines.append(
-                f"error: process {rank} (pid {pid}) was killed by signal {name}"
-                + (f": {cause}" if cause else "")
-            )
-            statuses.append(128 - code)
-        else:
-            lines.append(f"error: process {rank} (pid {pid}) exited with status {code}")
-            statuses.append(code)
-    return next((c for c in statuses if c > 0), 1), lines
-
-
-def _how_to_continue(out: Path, command: list[str]) -> list[str]:
-    """Where the run's last checkpoint is and the command that resumes it (or starts it
-    again, before its first checkpoint)."""
-    import shlex
-
-    from ppokit.runfolder import CHECKPOINT
-    from ppokit.trainer.checkpoint import checkpoint_round
-
-    done = checkpoint_round(out)
-    if done is None:
-        return [
-            f"no checkpoint was written yet in {out}",
-            "start again with: " + shlex.join([*command, "--out", str(out), "--overwrite"]),
-        ]
-    return [
-        f"the last checkpoint is round {done} ({out / CHECKPOINT})",
-        "continue with: " + shlex.join([*command, "--out", str(out), "--resume"]),
-    ]
 
 
 app.command("compare")(compare_command)

@@ -29,6 +29,7 @@ from ppokit.runfolder import (
     SPEC,
     RunFolder,
     check_metrics,
+    how_to_continue,
     io_errors,
     read_metrics,
     truncate_jsonl,
@@ -86,16 +87,10 @@ class Interrupted(KeyboardInterrupt):
         if self.smoke:
             return [f"{where} of the smoke run"]
         base = list(command) if command else ["ppokit", "train", "SPEC"]
-        if self.checkpoint:
-            return [
-                f"{where}; the last checkpoint is round {self.checkpoint} "
-                f"({self.out / 'checkpoint'})",
-                "continue with: " + shlex.join([*base, "--out", str(self.out), "--resume"]),
-            ]
-        return [
-            f"{where}, before the first checkpoint (output.save_every={self.save_every})",
-            "start again with: " + shlex.join([*base, "--out", str(self.out), "--overwrite"]),
-        ]
+        state, then = how_to_continue(self.out, base, self.checkpoint)
+        if not self.checkpoint:
+            state += f" (output.save_every={self.save_every})"
+        return [f"{where}; {state}", then]
 
 
 def smoke_spec(spec: Spec, out: str | None = None) -> Spec:
@@ -339,7 +334,8 @@ def _rounds(
 ) -> dict[str, Any]:
     """The rounds; ``temporary``: the output folder is removed when the run ends, so no
     line names it."""
-    from ppokit.data import format_prompts, make_prompt_source
+    from ppokit.data import make_prompt_source
+    from ppokit.trainer.prompts import format_prompts
 
     world = distributed.world()
     models = setup.models

@@ -256,7 +256,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_to_start_again(
     assert result.exit_code == 130
     lines = result.stderr.strip().splitlines()
     assert lines[-2] == (
-        "interrupted during round 2/3, before the first checkpoint (output.save_every=10)"
+        f"interrupted during round 2/3; no checkpoint was written yet in {out} (output.save_every=10)"
     )
     assert lines[-1].startswith("start again with: ppokit train ")
     assert lines[-1].endswith(f"--out {out} --overwrite")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ppokit.cli import ended_lines
+from ppokit.launcher import ended_lines
 from tests.helpers import path_plugin
 
 #: A reward whose process 1 kills itself with SIGKILL in round 2 (its second call).
