@@ -25,9 +25,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ppokit.metrics_table import Metric
 
-__all__ = ["Component", "Contract", "Gamma", "NoParams", "Params", "implementation_of"]
+__all__ = [
+    "LOG_RATIO_BOUND",
+    "Component",
+    "Contract",
+    "Gamma",
+    "NoParams",
+    "Params",
+    "implementation_of",
+]
 
 T = TypeVar("T")
+
+#: Bound on log-ratios before exponentiation (exp(20) ~ 5e8 stays finite in float32): the
+#: tensor code clamps with it (``ppokit.ops.LOG_RATIO_BOUND``) and the formulas state it.
+LOG_RATIO_BOUND = 20.0
 
 #: The implementation each entry's decorator recorded, by the entry's id (with the entry,
 #: which keeps the id from being reused).

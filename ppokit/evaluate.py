@@ -18,6 +18,7 @@ import typer
 from ppokit.errors import UserError, error_lines, fail, one_line
 from ppokit.registry import RegistryError
 from ppokit.spec import (
+    DEMO_SOURCE,
     Spec,
     SpecError,
     apply_overrides,
@@ -110,7 +111,7 @@ def load_target(
         model = dict(data.get("model") or {})
         model["actor"] = target if target in ("tiny", SMOLLM2) else str(path)
         data["model"] = model
-        spec = _finish_spec(data, overrides, source or "demo.yaml")
+        spec = _finish_spec(data, overrides, source or DEMO_SOURCE)
         return EvalTarget(spec, "model", target, None, None)
     if path.exists():
         raise UserError(

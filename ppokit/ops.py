@@ -75,6 +75,7 @@ import torch
 from torch import Tensor
 
 from ppokit.batch import RolloutBatch
+from ppokit.catalogue import LOG_RATIO_BOUND
 
 __all__ = [
     "CHUNK",
@@ -102,8 +103,6 @@ _TINY = torch.finfo(torch.float32).tiny
 #: below it, float32 roundings decay fast enough to stay within float32 precision (tested at
 #: T = 32768 in tests/components/test_scan_long.py).
 WIDE_TD_ERRORS_ABOVE = 0.95
-#: Bound on log-ratios before exponentiation (exp(20) ~ 5e8 stays finite in float32).
-LOG_RATIO_BOUND = 20.0
 #: Scratch bytes a thread keeps between calls at most (a (256, 4096) GAE call needs ~45 MiB).
 SCRATCH_BYTES_MAX = 256 * 2**20
 #: Alignment of the scratch tensors carved from one buffer, in bytes.

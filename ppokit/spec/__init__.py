@@ -15,6 +15,7 @@ Nothing here imports torch or transformers.
 
 from ppokit.spec.checks import MAX_ROUND_POSITIONS, validate_spec
 from ppokit.spec.files import (
+    DEMO_SOURCE,
     DEMO_SPEC,
     MAX_SPEC_BYTES,
     MAX_SPEC_DEPTH,
@@ -49,6 +50,7 @@ from ppokit.spec.models import (
 from ppokit.spec.overrides import apply_overrides, load_spec
 
 __all__ = [
+    "DEMO_SOURCE",
     "DEMO_SPEC",
     "GENERATED_SOURCES",
     "MAX_REWARD_WEIGHT",

@@ -276,6 +276,8 @@ def read_spec_file(path: str | Path) -> dict[str, Any]:
 
 #: The packaged demo spec, what ``ppokit train`` and ``ppokit eval MODEL`` run without one.
 DEMO_SPEC = "ppokit/specs/demo.yaml"
+#: How a message about the packaged demo spec names it.
+DEMO_SOURCE = DEMO_SPEC.rsplit("/", 1)[1]
 
 
 def read_demo_spec() -> dict[str, Any]:
@@ -284,7 +286,7 @@ def read_demo_spec() -> dict[str, Any]:
 
     from ppokit.errors import UserError
 
-    resource = files("ppokit") / "specs" / "demo.yaml"
+    resource = files("ppokit").joinpath(*DEMO_SPEC.split("/")[1:])
     if not resource.is_file():
         raise UserError(f"the packaged demo spec {DEMO_SPEC} is missing")
-    return parse_spec_text(resource.read_text(), "demo.yaml")
+    return parse_spec_text(resource.read_text(), DEMO_SOURCE)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import Field
 
 from ppokit import papers
-from ppokit.catalogue import Component, Contract, Params
+from ppokit.catalogue import LOG_RATIO_BOUND, Component, Contract, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -58,10 +58,13 @@ K1 = _estimator("k1", "Log-ratio: unbiased, high variance", "k1 = logp - logp_re
 K2 = _estimator(
     "k2", "Half squared log-ratio: biased, low variance", "k2 = 0.5 (logp - logp_ref)^2"
 )
+#: k3 is clamped to at most this value.
+K3_MAX = 10.0
 K3 = _estimator(
     "k3",
     "exp(d) - d - 1: unbiased and non-negative",
-    "k3 = clamp(exp(d) - d - 1, 0, 10), d = clamp(logp_ref - logp, -20, 20)",
+    f"k3 = clamp(exp(d) - d - 1, 0, {K3_MAX:g}), "
+    f"d = clamp(logp_ref - logp, -{LOG_RATIO_BOUND:g}, {LOG_RATIO_BOUND:g})",
 )
 ABS = _estimator("abs", "Absolute log-ratio", "|logp - logp_ref|")
 

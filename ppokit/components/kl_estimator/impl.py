@@ -6,12 +6,10 @@ import torch
 from torch import Tensor
 
 from ppokit.components import kl_estimator as catalogue
+from ppokit.components.kl_estimator import K3_MAX
 from ppokit.ops import LOG_RATIO_BOUND
 
 __all__ = ["K1", "K2", "K3", "AbsKL", "LogRatioEstimator"]
-
-#: k3 is clamped to at most this value.
-K3_MAX = 10.0
 
 
 def _k2(diff: Tensor) -> Tensor:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import Field
 
 from ppokit import papers
-from ppokit.catalogue import Component, Contract, NoParams, Params
+from ppokit.catalogue import LOG_RATIO_BOUND, Component, Contract, NoParams, Params
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -63,7 +63,7 @@ PPO_CLIP = Component(
     params=PPOClipParams,
     summary="PPO clipped surrogate (asymmetric clip-higher bounds, optional dual clip)",
     formula=(
-        "rho = exp(clamp(logp - logp_old, -20, 20)); "
+        f"rho = exp(clamp(logp - logp_old, -{LOG_RATIO_BOUND:g}, {LOG_RATIO_BOUND:g})); "
         "l = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high)); "
         "dual clip c: l = min(l, -c A) where A < 0"
     ),

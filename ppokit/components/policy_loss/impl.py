@@ -12,7 +12,7 @@ __all__ = ["CISPO", "GSPO", "PPOClip", "Reinforce"]
 
 
 def _log_ratio(logp: Tensor, logp_old: Tensor, mask: Tensor) -> Tensor:
-    """clamp(logp - logp_old, -20, 20) in float32, 0 at masked positions."""
+    """clamp(logp - logp_old, ±LOG_RATIO_BOUND) in float32, 0 at masked positions."""
     diff = logp.float() - logp_old.detach().float()
     return masked(diff, mask).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
