@@ -15,13 +15,13 @@ BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "api.md").read_text
 
 @pytest.mark.slow
 def test_the_first_example_learns_as_printed(tmp_path, monkeypatch, capsys) -> None:
-    """The whole first example (40 rounds of the demo, about 25 s on 2 cores): it learns."""
+    """The whole first example (60 rounds of the demo, about 15 s on 2 cores): it learns."""
     code = BLOCKS[0].replace("output.dir=runs/api", f"output.dir={tmp_path / 'api'}")
     monkeypatch.chdir(ROOT)
     scope: dict[str, object] = {"__name__": "__api_example__"}
     exec(compile(code, "docs/api.md block 0", "exec"), scope)
     summary = scope["summary"]
-    assert summary["rounds"] == 40 and summary["reward_first"] < 0.1  # type: ignore[index]
+    assert summary["rounds"] == 60 and summary["reward_first"] < 0.1  # type: ignore[index]
     assert summary["reward_last"] > 0.6, summary  # type: ignore[index]
 
 
@@ -36,7 +36,7 @@ def test_the_api_page_has_its_three_examples() -> None:
 def test_an_api_example_runs(index: int, tmp_path, monkeypatch, capsys) -> None:
     code = BLOCKS[index]
     code = code.replace("output.dir=runs/api", f"output.dir={tmp_path / 'api'}")
-    code = code.replace("train.rounds=40", "train.rounds=2")
+    code = code.replace("train.rounds=60", "train.rounds=2")
     code = code.replace('"train.rounds=5"', '"train.rounds=5", "output.progress=false"')
     monkeypatch.chdir(ROOT)
     threads = torch.get_num_threads()

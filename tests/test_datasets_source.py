@@ -25,12 +25,11 @@ from ppokit.data import (
     DatasetSource,
     JsonlSource,
     RowSource,
-    chat_messages,
-    format_prompts,
     make_prompt_source,
 )
 from ppokit.errors import MissingDependency, UserError
 from ppokit.spec import DataSpec, load_spec
+from ppokit.trainer.prompts import chat_messages, format_prompts
 
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
