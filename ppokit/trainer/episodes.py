@@ -32,7 +32,7 @@ from ppokit import distributed
 from ppokit.components.rollout_engine import Sampling
 from ppokit.environments import ENDS
 from ppokit.errors import UserError
-from ppokit.trainer.rollout import PromptEncoder, Rollout
+from ppokit.trainer.rollout import PromptEncoder, Rollout, decode_rows
 
 __all__ = ["Limits", "ObservationFormat", "Sampler", "Transcript", "episode_metrics"]
 
@@ -304,7 +304,7 @@ class Sampler:
             fits = torch.arange(width, device=device) < torch.tensor(room, device=device)[:, None]
             keep = out.response_mask & fits
             over = out.truncated | (keep != out.response_mask).any(1)
-            counts, was_cut, said = self._read(out.response_ids, keep, over)
+            said, counts, was_cut = decode_rows(self.tokenizer, out.response_ids, keep, keep, over)
             script.append(running, at, out.response_ids, keep, counts, model=True, logp=out.logp)
             steps = [
                 env.step(episodes[i], text, turn) for i, text in zip(running, said, strict=True)
@@ -350,17 +350,6 @@ class Sampler:
             turns=torch.tensor(turns, device=device),
             ended=ended_t,
         )
-
-    def _read(
-        self, ids: Tensor, keep: Tensor, truncated: Tensor
-    ) -> tuple[list[int], list[bool], list[str]]:
-        """(kept tokens per row, whether each turn was cut before EOS, the turns' texts): one
-        host read."""
-        tok = self.tokenizer
-        masked = ids.masked_fill(~keep, int(tok.pad_token_id or 0))
-        packed = torch.cat([masked, keep.sum(1, keepdim=True), truncated.long()[:, None]], 1).cpu()
-        texts = tok.batch_decode(packed[:, :-2], skip_special_tokens=True)
-        return packed[:, -2].tolist(), [bool(x) for x in packed[:, -1].tolist()], texts
 
     def _append_env(
         self, script: Transcript, fit: list[tuple[int, list[int]]], device: torch.device

@@ -18,7 +18,15 @@ if TYPE_CHECKING:
     from ppokit.spec import DataSpec, ModelSpec, RolloutSpec
     from ppokit.trainer.models import Models
 
-__all__ = ["PromptEncoder", "Rollout", "engine_context", "eos_ids", "fit_context", "sampling"]
+__all__ = [
+    "PromptEncoder",
+    "Rollout",
+    "decode_rows",
+    "engine_context",
+    "eos_ids",
+    "fit_context",
+    "sampling",
+]
 
 
 def eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
@@ -229,3 +237,14 @@ class Rollout:
         comes from a rollout that has it)."""
         named: dict[str, Any] = values
         return cls(**named)
+
+
+def decode_rows(
+    tokenizer: Any, ids: Tensor, shown: Tensor, counted: Tensor, flags: Tensor
+) -> tuple[list[str], list[int], list[bool]]:
+    """(the text of each row's ``shown`` tokens, the number of its ``counted`` positions, its
+    bool ``flag``) of token ids ``[B, T]``: the one host read of a batch of responses."""
+    masked = ids.masked_fill(~shown, int(tokenizer.pad_token_id or 0))
+    packed = torch.cat([masked, counted.sum(1, keepdim=True), flags.long()[:, None]], 1).cpu()
+    texts = tokenizer.batch_decode(packed[:, :-2], skip_special_tokens=True)
+    return texts, packed[:, -2].tolist(), [bool(x) for x in packed[:, -1].tolist()]

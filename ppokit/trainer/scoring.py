@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ppokit.trainer.assembly import Assembly, as_scores
 from ppokit.trainer.checks import count
-from ppokit.trainer.rollout import Rollout
+from ppokit.trainer.rollout import Rollout, decode_rows
 
 __all__ = ["Scorer"]
 
@@ -28,13 +28,9 @@ class Scorer:
         """Response texts (a multi-turn response's whole transcript, the environment's
         text included), lengths (the model's tokens) and truncation flags (one host
         read)."""
-        tok = self.tokenizer
-        ids = ro.response_ids.masked_fill(~ro.present, tok.pad_token_id)
-        packed = torch.cat(
-            [ids, ro.response_mask.sum(1, keepdim=True), ro.truncated.long()[:, None]], 1
-        ).cpu()
-        texts = tok.batch_decode(packed[:, :-2], skip_special_tokens=True)
-        return texts, packed[:, -2].tolist(), [bool(x) for x in packed[:, -1].tolist()]
+        return decode_rows(
+            self.tokenizer, ro.response_ids, ro.present, ro.response_mask, ro.truncated
+        )
 
     def score(
         self,
