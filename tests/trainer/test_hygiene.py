@@ -35,8 +35,8 @@ HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int_
 #: one ``.tolist()`` of that host copy).
 ALLOWED = Counter(
     {
-        ("cpu", "decode"): 1,
-        ("tolist", "decode"): 2,
+        ("cpu", "decode_rows"): 1,
+        ("tolist", "decode_rows"): 2,
         ("cpu", "read_once"): 1,
         ("tolist", "read_once"): 1,
     }
