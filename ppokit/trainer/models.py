@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from ppokit.errors import MissingDependency, UserError, one_line
+from ppokit.trainer.converted import load_converted
 from ppokit.trainer.report import Reporter, Silent
 
 if TYPE_CHECKING:
@@ -446,7 +447,16 @@ def load_actor(
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs)
         return tokenizer, model
 
-    tokenizer, model = _load("model.actor", actor, source, trust_remote_code, load)
+    if actor == SMOLLM2:  # dequantized once, then read from the cache (trainer.converted)
+        gguf_file = Path(source) / SMOLLM2_GGUF
+
+        def load_gguf() -> tuple[Any, nn.Module]:
+            with quiet_progress_bars():
+                return load_converted(gguf_file, load, report.status)
+
+        tokenizer, model = _load("model.actor", actor, source, trust_remote_code, load_gguf)
+    else:
+        tokenizer, model = _load("model.actor", actor, source, trust_remote_code, load)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
