@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -32,7 +32,13 @@ from ppokit import distributed
 from ppokit.components.rollout_engine import Sampling
 from ppokit.environments import ENDS
 from ppokit.errors import UserError
+from ppokit.spec import DataSpec, RolloutSpec
+from ppokit.trainer.assembly import CheckedEngine, CheckedEnvironment
+from ppokit.trainer.prompts import chat_text
 from ppokit.trainer.rollout import PromptEncoder, Rollout, decode_rows
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["Limits", "ObservationFormat", "Sampler", "Transcript", "episode_metrics"]
 
@@ -57,7 +63,7 @@ class Limits:
     budget: int
 
     @classmethod
-    def of(cls, rollout: Any, max_new_tokens: int, markup: int) -> Limits:
+    def of(cls, rollout: RolloutSpec, max_new_tokens: int, markup: int) -> Limits:
         """The limits of a spec's ``rollout`` section for turns of ``max_new_tokens`` and
         observations wrapped in ``markup`` tokens of chat template; the default budget is
         ``max_turns`` full turns and the observations between them."""
@@ -76,7 +82,9 @@ class ObservationFormat:
     cut to ``max_tokens`` tokens; the markup never is.
     """
 
-    def __init__(self, tokenizer: Any, chat: bool, role: str, max_tokens: int) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, chat: bool, role: str, max_tokens: int
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.after_eos: list[int] = []
@@ -93,12 +101,8 @@ class ObservationFormat:
         tok = self.tokenizer
         answer = [{"role": "assistant", "content": _ANSWER}]
         try:
-            base = tok.apply_chat_template(answer, tokenize=False)
-            full = tok.apply_chat_template(
-                [*answer, {"role": role, "content": _CONTENT}],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
+            base = chat_text(tok, answer, False)
+            full = chat_text(tok, [*answer, {"role": role, "content": _CONTENT}], True)
         except Exception as exc:
             raise UserError(
                 f"rollout.observation_role: the chat template cannot write a {role!r} message "
@@ -234,7 +238,12 @@ class Sampler:
     ``rollout`` section's limits."""
 
     def __init__(
-        self, engine: Any, environment: Any, encode: PromptEncoder, tokenizer: Any, rollout: Any
+        self,
+        engine: CheckedEngine,
+        environment: CheckedEnvironment | None,
+        encode: PromptEncoder,
+        tokenizer: PreTrainedTokenizerBase,
+        rollout: RolloutSpec,
     ) -> None:
         self.engine = engine
         self.environment = environment
@@ -253,11 +262,15 @@ class Sampler:
             )
         return self._formats[chat]
 
-    def limits(self, data: Any, max_new_tokens: int) -> Limits:
+    def limits(self, data: DataSpec, max_new_tokens: int) -> Limits:
         return Limits.of(self.rollout, max_new_tokens, self.format(data.chat_template).markup)
 
     def __call__(
-        self, rows: list[dict[str, Any]] | None, prompts: list[str], data: Any, sampling: Sampling
+        self,
+        rows: list[dict[str, Any]] | None,
+        prompts: list[str],
+        data: DataSpec,
+        sampling: Sampling,
     ) -> Rollout:
         """``sampling.n`` responses for each prompt (``rows``: their data rows, which an
         environment reads), each prompt's together."""
@@ -270,10 +283,11 @@ class Sampler:
         return self.episodes(rows, prompts, data, sampling)
 
     def episodes(
-        self, rows: list[dict[str, Any]], prompts: list[str], data: Any, sampling: Sampling
+        self, rows: list[dict[str, Any]], prompts: list[str], data: DataSpec, sampling: Sampling
     ) -> Rollout:
         """``sampling.n`` episodes for each prompt (module docstring)."""
         env, n = self.environment, sampling.n
+        assert env is not None  # multi-turn: an environment answers
         limits = self.limits(data, sampling.max_new_tokens)
         fmt = self.format(data.chat_template)
         episodes = [dict(row) for row in rows for _ in range(n)]

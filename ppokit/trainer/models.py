@@ -44,7 +44,7 @@ from ppokit.trainer.converted import load_converted
 from ppokit.trainer.report import Reporter, Silent
 
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
     from ppokit.spec import LoraSpec, ParallelSpec, Spec
 
@@ -192,7 +192,7 @@ class Models:
     (``lora_reference``). Either way :meth:`reference` gives the module to run.
     """
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     actor: nn.Module
     critic: ValueModel | None
     ref: nn.Module | None
@@ -284,7 +284,9 @@ def _smollm2_folder() -> Path:
     return folder
 
 
-def tiny_model(tokenizer: Any, overrides: dict[str, Any], seed: int) -> nn.Module:
+def tiny_model(
+    tokenizer: PreTrainedTokenizerBase, overrides: dict[str, Any], seed: int
+) -> nn.Module:
     """The seeded random-init Llama-style ``tiny`` model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 

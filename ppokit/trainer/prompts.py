@@ -4,12 +4,15 @@ tokenizer's chat template (``data.chat_template``, ``data.system_prompt``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ppokit.errors import UserError
 from ppokit.spec import DataSpec
 
-__all__ = ["chat_messages", "format_prompts"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["chat_messages", "chat_text", "format_prompts"]
 
 
 def chat_messages(row: Mapping[str, Any], system_prompt: str | None = None) -> list[dict[str, Any]]:
@@ -33,7 +36,9 @@ def chat_messages(row: Mapping[str, Any], system_prompt: str | None = None) -> l
     return out
 
 
-def format_prompts(rows: list[dict[str, Any]], tokenizer: Any, data_spec: DataSpec) -> list[str]:
+def format_prompts(
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, data_spec: DataSpec
+) -> list[str]:
     """The text the policy sees for each row: its prompt, or its chat messages
     (:func:`chat_messages`) in the tokenizer's chat template when ``data.chat_template``."""
     if not data_spec.chat_template:
@@ -43,11 +48,16 @@ def format_prompts(rows: list[dict[str, Any]], tokenizer: Any, data_spec: DataSp
             "data.chat_template is true but the tokenizer has no chat template; "
             "set data.chat_template: false"
         )
-    return [
-        tokenizer.apply_chat_template(
-            chat_messages(row, data_spec.system_prompt),
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for row in rows
-    ]
+    return [chat_text(tokenizer, chat_messages(row, data_spec.system_prompt), True) for row in rows]
+
+
+def chat_text(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], generation_prompt: bool
+) -> str:
+    """``messages`` in the tokenizer's chat template, as text (``generation_prompt``: the
+    assistant's turn opened after them)."""
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt
+    )
+    assert isinstance(text, str)  # tokenize=False renders text
+    return text

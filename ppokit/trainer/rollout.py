@@ -15,6 +15,8 @@ from ppokit.components.rollout_engine import EngineContext, Generation, Sampling
 from ppokit.errors import UserError
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from ppokit.spec import DataSpec, ModelSpec, RolloutSpec
     from ppokit.trainer.models import Models
 
@@ -29,7 +31,7 @@ __all__ = [
 ]
 
 
-def eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
+def eos_ids(tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> list[int]:
     """The token ids that end a response (tokenizer EOS plus the model's configured ones)."""
     ids = {tokenizer.eos_token_id}
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -117,7 +119,9 @@ class PromptEncoder:
     """Prompt texts to left-padded token ids on the device, with room for the response in
     the actor's context."""
 
-    def __init__(self, tokenizer: Any, model: nn.Module, device: torch.device) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, model: nn.Module, device: torch.device
+    ) -> None:
         self.tokenizer = tokenizer
         self.limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.device = device
@@ -240,7 +244,7 @@ class Rollout:
 
 
 def decode_rows(
-    tokenizer: Any, ids: Tensor, shown: Tensor, counted: Tensor, flags: Tensor
+    tokenizer: PreTrainedTokenizerBase, ids: Tensor, shown: Tensor, counted: Tensor, flags: Tensor
 ) -> tuple[list[str], list[int], list[bool]]:
     """(the text of each row's ``shown`` tokens, the number of its ``counted`` positions, its
     bool ``flag``) of token ids ``[B, T]``: the one host read of a batch of responses."""

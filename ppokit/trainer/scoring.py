@@ -4,7 +4,7 @@ both score through a :class:`Scorer`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -13,13 +13,18 @@ from ppokit.trainer.assembly import Assembly, as_scores
 from ppokit.trainer.checks import count
 from ppokit.trainer.rollout import Rollout, decode_rows
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 __all__ = ["Scorer"]
 
 
 class Scorer:
     """The spec's rewards (``assembly.rewards``) over texts decoded by ``tokenizer``."""
 
-    def __init__(self, assembly: Assembly, tokenizer: Any, device: torch.device) -> None:
+    def __init__(
+        self, assembly: Assembly, tokenizer: PreTrainedTokenizerBase, device: torch.device
+    ) -> None:
         self.assembly = assembly
         self.tokenizer = tokenizer
         self.device = device
