@@ -22,6 +22,7 @@ from ppokit.trainer.groups import fill
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.rollout import Rollout
+from ppokit.trainer.scoring import Scores
 from tests.helpers import Plugin
 from tests.helpers.components import make
 from tests.helpers.trainer import learner, small_spec
@@ -33,12 +34,13 @@ class _Scorer:
 
     device = torch.device("cpu")
     tokenizer = SimpleNamespace(pad_token_id=0)
+    assembly = SimpleNamespace(requires=frozenset())
 
     def rollout(self, rows: list[dict[str, Any]], ro: Rollout) -> Any:
         n = ro.response_ids.shape[0] // len(rows)
         scores = [(i % 2 if row["informative"] else 0.5) for row in rows for i in range(n)]
         texts = [f"{row['index']}:{i}" for row in rows for i in range(n)]
-        return torch.tensor(scores, dtype=torch.float32), {}, texts
+        return Scores(torch.tensor(scores, dtype=torch.float32)), texts
 
 
 class _Parts:
@@ -125,7 +127,7 @@ def test_the_stopping_rule(prompts: int, limit: int, n: int, data: st.DataObject
     assert torch.equal(ro.response_ids[:, 0], torch.tensor(expected).repeat_interleave(n))
     assert kept.texts == [f"{i}:{k}" for i in expected for k in range(n)]
     assert torch.equal(
-        kept.scores, torch.tensor([k % 2 for _ in expected for k in range(n)]).float()
+        kept.scores.total, torch.tensor([k % 2 for _ in expected for k in range(n)]).float()
     )
     assert got.generated["scores"].shape == (batches * prompts * n,)
 

@@ -1,9 +1,11 @@
 """Reward components: ``reward(prompts, responses, **fields) -> scores [B]``.
 
-A reward returns one float32 score per response (a tensor or a list of floats). ``fields``
-hold one list entry per response: every column of the prompt's data row (e.g. ``answer``)
-plus ``lengths`` (response tokens) and ``truncated``. A reward ignores the fields it does not
-use and raises a :class:`~ppokit.errors.UserError` naming a field it needs but did not get.
+A reward returns one float32 score per response (a tensor or a list of floats), or a
+:class:`Scored`: the scores with per-response flags (``unparsed``, ``failed``) that the round
+reports as ``reward/<name>/<flag>_frac``. ``fields`` hold one list entry per response: every
+column of the prompt's data row (e.g. ``answer``) plus ``lengths`` (response tokens) and
+``truncated``. A reward ignores the fields it does not use and raises a
+:class:`~ppokit.errors.UserError` naming a field it needs but did not get.
 
 This module is the torch-free catalogue; the tensor code is
 :mod:`ppokit.components.reward.impl`.
@@ -12,7 +14,8 @@ This module is the torch-free catalogue; the tensor code is
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -26,12 +29,23 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
+@dataclass(frozen=True)
+class Scored:
+    """What a reward may return instead of bare scores: the scores, and flags of the
+    responses (``{"unparsed": [False, True, ...]}``, one bool per response), each reported
+    by the round as ``reward/<name>/<flag>_frac``, the fraction of the round's generated
+    responses it was raised on (a flag's name is a lower-case identifier)."""
+
+    scores: Any
+    flags: Mapping[str, Sequence[bool] | Tensor] = field(default_factory=dict)
+
+
 class Reward(Protocol):
-    """``reward(prompts, responses, **fields) -> [B]`` scores."""
+    """``reward(prompts, responses, **fields) -> [B]`` scores (or a :class:`Scored`)."""
 
     def __call__(
         self, prompts: list[str], responses: list[str], **fields: Any
-    ) -> Tensor | Sequence[float]: ...
+    ) -> Tensor | Sequence[float] | Scored: ...
 
 
 CONTRACT = Contract("scores")
@@ -45,6 +59,7 @@ __all__ = [
     "MathVerifyParams",
     "PythonParams",
     "RegexParams",
+    "Scored",
     "register_components",
     "split_function",
 ]
