@@ -71,8 +71,10 @@ __all__ = [
     "as_scores",
     "call_with_timeout",
     "checked",
+    "create",
     "denominator",
     "optional",
+    "rewards_of",
     "scored",
 ]
 
@@ -356,15 +358,13 @@ def scored(
     prompts: list[str],
     responses: list[str],
     fields: dict[str, list[Any]],
-    lengths: list[int],
-    truncated: list[bool],
 ) -> tuple[Any, dict[str, Tensor]]:
     """A reward's scores (as it returned them) and its flags (float32 [B] each, see
-    :class:`~ppokit.components.reward.Scored`) for ``responses``; ``fn``: a reward behind
-    the boundary (:class:`Checked`) or a bare one."""
+    :class:`~ppokit.components.reward.Scored`) for ``responses`` and their ``fields``;
+    ``fn``: a reward behind the boundary (:class:`Checked`) or a bare one."""
     if isinstance(fn, Checked):
-        return fn.scored(prompts, responses, **fields, lengths=lengths, truncated=truncated)
-    out = fn(prompts, responses, **fields, lengths=lengths, truncated=truncated)
+        return fn.scored(prompts, responses, **fields)
+    out = fn(prompts, responses, **fields)
     if isinstance(out, Scored):
         return out.scores, as_flags(out.flags, len(responses), where)
     return out, {}
@@ -618,6 +618,37 @@ class CheckedEnvironment:
         return f"CheckedEnvironment({self.where}: {self.environment!r})"
 
 
+def create(spec: Spec, path: str, kind: str, comp: Any) -> tuple[Where, Any]:
+    """The component ``comp`` of slot ``path`` (of ``kind``) created through the registry
+    and wrapped behind its boundary (a reward under ``train.reward_timeout``), with where it
+    sits; a factory that raises is a :class:`ComponentError` naming the slot, the
+    component and the plugin."""
+    registry = get_registry()
+    here = Where(path, comp.name, registry.info(kind, comp.name).plugin)
+    try:
+        component = registry.create(kind, comp.name, **comp.params)
+    except (RegistryError, UserError):
+        raise  # these already name the component and say what to do
+    except Exception as exc:
+        raise ComponentError(f"{here} failed to start: {one_line(exc)}") from exc
+    if kind == "rollout_engine":
+        return here, CheckedEngine(here, component)
+    if kind == "environment":
+        return here, CheckedEnvironment(here, component, spec.rollout.environment_timeout)
+    timeout = spec.train.reward_timeout if kind == "reward" else None
+    return here, checked(kind, here, component, timeout)
+
+
+def rewards_of(spec: Spec) -> list[tuple[str, Reward, float]]:
+    """The spec's rewards alone, created and behind their boundary: (name, reward, weight)
+    each, in the spec's order (what a reward server serves)."""
+    return [
+        (comp.name, create(spec, path, kind, comp)[1], float(comp.weight))
+        for path, kind, comp in spec.slots()
+        if isinstance(comp, RewardSpec)
+    ]
+
+
 def checked(kind: str, where: Where, component: Any, timeout: float | None = None) -> Checked:
     """``component`` behind the boundary checks of its ``kind`` (see :class:`Checked`)."""
     return Checked(kind, where, component, timeout)
@@ -658,23 +689,9 @@ class Assembly:
         requires: set[str] = set()
         where: dict[str, Where] = {}
         for path, kind, comp in spec.slots():
-            info = registry.info(kind, comp.name)
-            requires.update(info.requires)
-            here = where[path] = Where(path, comp.name, info.plugin)
-            try:
-                component = registry.create(kind, comp.name, **comp.params)
-            except (RegistryError, UserError):
-                raise  # these already name the component and say what to do
-            except Exception as exc:
-                raise ComponentError(f"{here} failed to start: {one_line(exc)}") from exc
-            timeout = spec.train.reward_timeout if kind == "reward" else None
-            wrapped: Any
-            if kind == "rollout_engine":
-                wrapped = CheckedEngine(here, component)
-            elif kind == "environment":
-                wrapped = CheckedEnvironment(here, component, spec.rollout.environment_timeout)
-            else:
-                wrapped = checked(kind, here, component, timeout)
+            requires.update(registry.info(kind, comp.name).requires)
+            here, wrapped = create(spec, path, kind, comp)
+            where[path] = here
             if isinstance(comp, RewardSpec):
                 rewards.append((comp.name, wrapped, float(comp.weight)))
             else:

@@ -16,7 +16,7 @@ from ppokit.trainer.assembly import Assembly, as_scores, scored
 from ppokit.trainer.checks import count
 from ppokit.trainer.rollout import Rollout
 
-__all__ = ["ENVIRONMENT", "Scorer", "Scores"]
+__all__ = ["ENVIRONMENT", "Scorer", "Scores", "labels", "score_texts"]
 
 #: The label of a multi-turn episode's turn rewards among the parts.
 ENVIRONMENT = "environment"
@@ -72,6 +72,34 @@ def labels(names: list[str]) -> list[str]:
     return [name if seen[name] == 1 else f"{name}.{i}" for i, name in enumerate(names)]
 
 
+def score_texts(
+    rewards: list[tuple[str, Any, float]],
+    prompts: list[str],
+    responses: list[str],
+    fields: dict[str, list[Any]],
+    device: torch.device,
+) -> Scores:
+    """R = Σ_k weight_k · reward_k, float32 [B], with each reward's scores and flags, of
+    ``rewards`` ((name, reward, weight) each, behind their boundary) over ``responses`` with
+    their ``fields`` (one entry per response each: the data's columns, ``lengths``,
+    ``truncated``). Each reward counts its own scores into the round's non-finite
+    counter; R is counted here."""
+    out = Scores(torch.zeros(len(responses), device=device))
+    names = labels([name for name, _, _ in rewards])
+    for i, (label, (name, fn, weight)) in enumerate(zip(names, rewards, strict=True)):
+        slot = "reward" if len(rewards) == 1 else f"reward.{i}"
+        where = getattr(fn, "where", None) or f"{slot} ({name})"
+        got, flags = scored(fn, where, prompts, responses, fields)
+        s = as_scores(got, len(responses), where).to(device)
+        out.parts[label] = s
+        out.weights[label] = weight
+        out.flags.update({f"{label}/{k}": v.to(device) for k, v in flags.items()})
+        out.total = out.total + weight * s
+    # finite scores times their weights may still overflow
+    count("the rewards' weighted sum R", out.total, "responses")
+    return out
+
+
 class Scorer:
     """The spec's rewards (``assembly.rewards``) over texts decoded by ``tokenizer``."""
 
@@ -79,7 +107,6 @@ class Scorer:
         self.assembly = assembly
         self.tokenizer = tokenizer
         self.device = device
-        self.labels = labels([name for name, _, _ in assembly.rewards])
 
     def decode(self, ro: Rollout) -> tuple[list[str], list[int], list[bool]]:
         """Response texts (a multi-turn response's whole transcript, the environment's
@@ -105,21 +132,9 @@ class Scorer:
         non-finite counter; R is counted here)."""
         columns = sorted({k for row in rows for k in row if k != "prompt"})
         fields: dict[str, list[Any]] = {c: [row.get(c) for row in rows] for c in columns}
+        fields.update(lengths=lengths, truncated=truncated)
         prompts = [row["prompt"] for row in rows]
-        out = Scores(torch.zeros(len(responses), device=self.device))
-        rewards = self.assembly.rewards
-        for i, (label, (_name, fn, weight)) in enumerate(zip(self.labels, rewards, strict=True)):
-            slot = "reward" if len(rewards) == 1 else f"reward.{i}"
-            where = getattr(fn, "where", None) or self.assembly.name(slot)
-            got, flags = scored(fn, where, prompts, responses, fields, lengths, truncated)
-            s = as_scores(got, len(responses), where).to(self.device)
-            out.parts[label] = s
-            out.weights[label] = weight
-            out.flags.update({f"{label}/{k}": v.to(self.device) for k, v in flags.items()})
-            out.total = out.total + weight * s
-        # finite scores times their weights may still overflow
-        count("the rewards' weighted sum R", out.total, "responses")
-        return out
+        return score_texts(self.assembly.rewards, prompts, responses, fields, self.device)
 
     def rollout(self, rows: list[dict[str, Any]], ro: Rollout) -> tuple[Scores, list[str]]:
         """The scores and the texts of a rollout of ``B // len(rows)`` responses per data
