@@ -221,7 +221,7 @@ def test_the_judge_is_sent_the_rubric_and_its_scores_are_parsed(chat) -> None:
     replies = iter(["Thinking... Score: 3", "score = 10", "I cannot tell", "8.5"])
     stub.reply = lambda messages: next(replies)
     judge = make("reward", "judge", url=url, model="judge-m", system="Be strict.", **FAST)
-    judge.client.pool._max_workers = 1  # the replies in the order of the responses
+    judge.client.concurrency = 1  # the replies in the order of the responses
     out = judge(["2+2?"] * 4, ["4", "5", "x", "4"], answer=["4", "4", None, "4"])
     assert out.scores == [0.3, 1.0, 0.0, 0.85]
     assert out.flags["unparsed"] == [False, False, True, False]
@@ -374,3 +374,33 @@ def test_a_run_folders_server_is_contacted_only_with_consent(tmp_path: Path, rew
         info.value, f"names a {reward['name']} reward url", reward["url"], "--trust-remote-code"
     )
     assert read_run_spec(tmp_path, trust_remote_code=True)["reward"] == [reward]
+
+
+def test_flags_are_reported_as_fractions_of_the_rounds_responses() -> None:
+    """A reward's flags become reward/<name>/<flag>_frac over every generated response."""
+    from ppokit.trainer.groups import Filled
+    from ppokit.trainer.round import generated_metrics
+
+    got = Filled(
+        kept=None,
+        generated={
+            "scores": torch.zeros(4),
+            "lengths": torch.ones(4, dtype=torch.long),
+            "truncated": torch.zeros(4, dtype=torch.bool),
+        },
+        generated_parts={"judge": torch.zeros(4)},
+        generated_flags={"judge/unparsed": torch.tensor([1.0, 0.0, 1.0, 1.0])},
+        filtered=False,
+    )
+    metrics = generated_metrics(got, None, torch.device("cpu"))
+    assert float(metrics["reward/judge/unparsed_frac"]) == 0.75
+
+
+def test_the_judge_example_spec_validates_with_a_loopback_judge() -> None:
+    from ppokit.spec import load_spec
+
+    root = Path(__file__).resolve().parents[2]
+    spec = load_spec(root / "examples" / "specs" / "smollm2_judge_cpu.yaml")
+    judge = spec.reward[1]
+    assert judge.name == "judge" and judge.params["url"].startswith("http://127.0.0.1:")
+    assert spec.advantage.name == "gdpo"

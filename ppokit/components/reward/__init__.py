@@ -23,6 +23,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ppokit import papers
 from ppokit.catalogue import Component, Contract, NoParams, Params
+from ppokit.metrics_table import Metric
 from ppokit.papers import cite
 
 if TYPE_CHECKING:
@@ -458,6 +459,13 @@ HTTP = Component(
     params=HttpParams,
     packages=SERVE_PACKAGES,
     consent="url",
+    metrics=(
+        Metric(
+            "reward/http/failed_frac",
+            "fraction of responses scored 0 because the server failed (on_error: zero)",
+            direction="lower",
+        ),
+    ),
     summary="scores from a reward server over HTTP (ppokit reward-server, or any that speaks "
     "its JSON), in chunks",
     formula="r = the server's score of (prompt, response, fields); chunks of chunk_size "
@@ -475,6 +483,18 @@ JUDGE = Component(
     params=JudgeParams,
     packages=SERVE_PACKAGES,
     consent="url",
+    metrics=(
+        Metric(
+            "reward/judge/failed_frac",
+            "fraction of responses scored 0 because the server failed (on_error: zero)",
+            direction="lower",
+        ),
+        Metric(
+            "reward/judge/unparsed_frac",
+            "fraction of responses whose judge answer had no score",
+            direction="lower",
+        ),
+    ),
     summary="an LLM judge behind an OpenAI-compatible chat-completions endpoint, asked with a "
     "rubric; optionally ranking a whole group in one request",
     formula="r = (s − low) / (high − low) for the score s in [low, high] it answers (mode "
@@ -492,6 +512,13 @@ CODE_TESTS = Component(
     "code_tests",
     "ppokit.components.reward.sandbox",
     params=CodeTestsParams,
+    metrics=(
+        Metric(
+            "reward/code_tests/timed_out_frac",
+            "fraction of responses whose program the wall-clock timeout stopped",
+            direction="lower",
+        ),
+    ),
     summary="the fraction of the row's tests the response's Python program passes, run in a "
     "sandbox (bubblewrap: no network, nothing outside its folder, resource limits)",
     formula="r = (tests passed) / (tests), each test a statement run after the program; "

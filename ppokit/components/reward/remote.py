@@ -19,12 +19,11 @@ import json
 import math
 import os
 import re
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ppokit.bounded import in_threads
 from ppokit.components.reward import (
     HTTP,
     JUDGE,
@@ -126,8 +125,7 @@ class Client:
             follow_redirects=False,
             trust_env=False,  # the URL is the spec's, not a proxy's from the environment
         )
-        self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="ppokit-remote")
-        self.lock = threading.Lock()
+        self.concurrency = concurrency
 
     def _once(self, body: bytes) -> Any:
         start = time.monotonic()
@@ -184,22 +182,12 @@ class Client:
         """The answers to ``payloads`` in their order, ``concurrency`` at once. ``stop``: the
         first failure (in order) is raised and the requests not yet sent are cancelled;
         otherwise a failed request's place holds its :class:`RemoteError`."""
-        futures: list[Future[Any]] = [self.pool.submit(self.post, p) for p in payloads]
-        out: list[Any] = []
-        for i, future in enumerate(futures):
-            try:
-                out.append(future.result())
-            except RemoteError as exc:
-                if stop:
-                    for rest in futures[i + 1 :]:
-                        rest.cancel()
-                    raise
-                out.append(exc)
-        return out
+        return in_threads(
+            self.post, payloads, self.concurrency, "ppokit-remote", RemoteError if stop else None
+        )
 
     def close(self) -> None:
-        """Close the connections and stop the threads (what is in flight ends on its own)."""
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """Close the connections."""
         self.client.close()
 
     def __del__(self) -> None:

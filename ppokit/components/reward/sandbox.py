@@ -34,10 +34,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ppokit.bounded import in_threads
 from ppokit.components.reward import CODE_TESTS, Scored
 from ppokit.errors import UserError, one_line
 
@@ -261,9 +261,14 @@ class CodeTestsReward:
         rows = require_field(fields, self.field, "code_tests", len(responses))
         tests = [self._tests(value) for value in rows]
         programs = [extract_program(r) if self.extract else r for r in responses]
-        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="ppokit-sandbox") as pool:
-            done = list(pool.map(self.run, programs, tests))
-        return Scored([score for score, _ in done], {"timed_out": [t for _, t in done]})
+        jobs = list(zip(programs, tests, strict=True))
+        done = in_threads(lambda job: self.run(*job), jobs, self.concurrency, "ppokit-sandbox")
+        for result in done:
+            if isinstance(result, Exception):  # the sandbox itself failed: one line
+                raise UserError(f"the code_tests reward: {one_line(result)}")
+        scores = [r[0] for r in done if not isinstance(r, Exception)]
+        timed_out = [r[1] for r in done if not isinstance(r, Exception)]
+        return Scored(scores, {"timed_out": timed_out})
 
 
 def _drain(fd: int) -> bytes:
