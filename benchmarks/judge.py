@@ -128,7 +128,9 @@ def main() -> None:
                     times.append(time.perf_counter() - start)
                 assert out is not None
                 seconds[label] = statistics.median(times) / b
-                parsed = [s for s, u in zip(out.scores, out.flags["unparsed"], strict=True) if not u]
+                parsed = [
+                    s for s, u in zip(out.scores, out.flags["unparsed"], strict=True) if not u
+                ]
                 agree = [
                     (s >= 0.5) == (e == 1.0)
                     for s, u, e in zip(out.scores, out.flags["unparsed"], exact, strict=True)
