@@ -38,7 +38,7 @@ from ppokit.errors import UserError
 from ppokit.spec import RolloutSpec
 from ppokit.trainer.assembly import optional
 from ppokit.trainer.rollout import Rollout
-from ppokit.trainer.scoring import Scorer, Scores
+from ppokit.trainer.scoring import Scorer, Scores, reads_parts
 
 __all__ = ["Draw", "Filled", "GroupBatch", "Sample", "fill"]
 
@@ -127,7 +127,7 @@ def fill(
     device = scorer.device
     keeps_all = bool(optional(group_filter, "group_filter", "keeps_all"))
     # a filter sees the reward parts when a component reads them (gdpo)
-    with_parts = "reward_parts" in scorer.assembly.requires
+    with_parts = reads_parts(scorer.assembly.requires)
     batches: list[GroupBatch] = []
     passed = 0
     while True:

@@ -46,7 +46,7 @@ from ppokit.trainer.estimation import estimate_round, round_batch
 from ppokit.trainer.groups import Draw, Filled, fill
 from ppokit.trainer.metrics import Meter, peak_memory_gb
 from ppokit.trainer.rollout import Rollout
-from ppokit.trainer.scoring import Scores
+from ppokit.trainer.scoring import Scores, reads_parts
 from ppokit.trainer.setup import Setup, State
 
 __all__ = ["PHASES", "RoundResult", "run_round"]
@@ -138,7 +138,7 @@ def run_round(
             batch = round_batch(
                 kept.rollout, kept.scores.total, baseline, n=n, forwards=setup.forwards,
                 assembly=parts, recompute_logp_old=setup.recompute_logp_old,
-                parts=kept.scores.columns() if _reads_parts(parts.requires) else None,
+                parts=kept.scores.columns() if reads_parts(parts.requires) else None,
             )  # fmt: skip
 
         # 4. estimate, on the whole round
@@ -208,11 +208,6 @@ def run_round(
     with _timed(timings, "time_sync"):
         setup.engine.sync()
     return result
-
-
-def _reads_parts(requires: frozenset[str]) -> bool:
-    """Whether a component reads each reward's scores (the batch's [B, K] fields)."""
-    return bool(requires & {"reward_parts", "reward_weights"})
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from ppokit.trainer.assembly import Assembly, as_scores, scored
 from ppokit.trainer.checks import count
 from ppokit.trainer.rollout import Rollout
 
-__all__ = ["ENVIRONMENT", "Scorer", "Scores", "labels", "score_texts"]
+__all__ = ["ENVIRONMENT", "Scorer", "Scores", "labels", "reads_parts", "score_texts"]
 
 #: The label of a multi-turn episode's turn rewards among the parts.
 ENVIRONMENT = "environment"
@@ -55,14 +55,22 @@ class Scores:
 
     @staticmethod
     def cat(items: list[Scores]) -> Scores:
-        """The scores of several batches, rows in order."""
+        """The scores of several batches, rows in order (the parts and flags every batch
+        has: a batch whose scores were given from outside has none)."""
         first = items[0]
+        parts = [k for k in first.parts if all(k in s.parts for s in items)]
+        flags = [k for k in first.flags if all(k in s.flags for s in items)]
         return Scores(
             torch.cat([s.total for s in items]),
-            {k: torch.cat([s.parts[k] for s in items]) for k in first.parts},
-            dict(first.weights),
-            {k: torch.cat([s.flags[k] for s in items]) for k in first.flags},
+            {k: torch.cat([s.parts[k] for s in items]) for k in parts},
+            {k: first.weights[k] for k in parts},
+            {k: torch.cat([s.flags[k] for s in items]) for k in flags},
         )
+
+
+def reads_parts(requires: frozenset[str]) -> bool:
+    """Whether a component reads each reward's scores (the batch's [B, K] fields)."""
+    return bool(requires & {"reward_parts", "reward_weights"})
 
 
 def labels(names: list[str]) -> list[str]:

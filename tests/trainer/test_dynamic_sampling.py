@@ -374,3 +374,32 @@ def test_a_filter_reads_the_host_once_per_batch(use_registry, tmp_path, monkeypa
     )
     result = lrn.round(rows, formatted, 1)
     assert not called and "rollout/kept_groups" not in result.metrics  # nothing filtered
+
+
+class _TradeOff(_Scorer):
+    """R = 1 on every response, its two parts trading off (1, 0) against (0, 1) inside an
+    informative row's group, and a component that reads the parts."""
+
+    assembly = SimpleNamespace(requires=frozenset({"reward_parts"}))
+
+    def rollout(self, rows: list[dict[str, Any]], ro: Rollout) -> Any:
+        n = ro.response_ids.shape[0] // len(rows)
+        a = [float(row["informative"] and i % 2 == 0) for row in rows for i in range(n)]
+        b = [float(not row["informative"] or i % 2 == 1) for row in rows for i in range(n)]
+        parts = {"a": torch.tensor(a), "b": torch.tensor(b)}
+        total = parts["a"] + parts["b"]
+        texts = [f"{row['index']}:{i}" for row in rows for i in range(n)]
+        return Scores(total, parts, {"a": 1.0, "b": 1.0}), texts
+
+
+def test_the_filter_sees_the_reward_parts_when_a_component_reads_them() -> None:
+    """Every group's R is flat; only the groups whose parts vary pass informative, and the
+    kept groups carry their parts into the round's batch."""
+    parts = _Parts(2, 2, 3)
+    parts.scorer = _TradeOff()
+    stream = _Stream([False, True, False, True, True, False], 2)
+    rows, formatted = stream()
+    got = parts.fill(rows, formatted, draw=stream)
+    assert [row["index"] for row in got.kept.rows] == [1, 3]
+    columns, weights = got.kept.scores.columns()
+    assert columns.tolist() == [[1.0, 0.0], [0.0, 1.0]] * 2 and weights.tolist() == [[1, 1]] * 4
