@@ -16,6 +16,7 @@ call); the median seconds are printed per judged response and the ratio between 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -38,9 +39,18 @@ MODEL = "smollm2-judge"
 
 
 def save_judge(folder: Path) -> Path:
+    """SmolLM2 read from its GGUF file, saved as a model folder (the weights with
+    safetensors' shared-tensor saver and the config without its GGUF quantization: a
+    GGUF-loaded model refuses save_pretrained)."""
+    from safetensors.torch import save_model
+
     tokenizer, model = load_actor(SMOLLM2, {}, 0)
     path = folder / "model"
-    model.save_pretrained(path)
+    path.mkdir()
+    save_model(model, str(path / "model.safetensors"))
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # the weights saved are float32, not GGUF's
+    (path / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(path)
     return path
 
@@ -64,7 +74,8 @@ def start_server(model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     start = time.monotonic()
     while True:
         if proc.poll() is not None:
-            raise SystemExit(f"vLLM's server ended; its log: {log}")
+            tail = "\n".join(log.read_text().splitlines()[-15:])
+            raise SystemExit(f"vLLM's server ended; the end of its log:\n{tail}")
         try:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
                 break

@@ -233,6 +233,17 @@ def test_the_judge_is_sent_the_rubric_and_its_scores_are_parsed(chat) -> None:
     assert "Reference answer: (none given)" in stub.requests[2]["messages"][1]["content"]
 
 
+def test_the_verdict_rubric_names_its_words(chat) -> None:
+    url, stub = chat
+    stub.reply = lambda messages: "Right."
+    judge = make(
+        "reward", "judge", url=url, model="m", mode="verdict", positive=["right", "yes"],
+        negative=["wrong"], **FAST,
+    )  # fmt: skip
+    assert judge(["p"], ["r"]).scores == [1.0]
+    assert "Answer with one word: right or wrong." in stub.requests[0]["messages"][0]["content"]
+
+
 def test_the_unparsed_fraction_reaches_the_rounds_metrics(chat) -> None:
     url, stub = chat
     stub.reply = lambda messages: "no score here"
@@ -293,6 +304,7 @@ def test_parse_verdicts_and_groups() -> None:
         ({"url": "http://x", "model": "m", "template": "{prompt} {oops}"}, "unknown {oops}"),
         ({"url": "http://x", "model": "m", "group": True, "template": "{response}"}, "unknown"),
         ({"url": "http://x", "model": "m", "low": 5, "high": 5}, "must exceed low"),
+        ({"url": "http://x", "model": "m", "group": True, "mode": "verdict"}, "must be 'number'"),
         ({"url": "http://x", "model": "m", "positive": ["ok"], "negative": ["OK"]}, "both"),
     ],
 )

@@ -55,6 +55,7 @@ MODULE = "ppokit.components.reward.impl"
 __all__ = [
     "JUDGE_GROUP_TEMPLATE",
     "JUDGE_TEMPLATE",
+    "JUDGE_VERDICT_TEMPLATE",
     "SERVE_INSTALL",
     "CodeTestsParams",
     "DemoParams",
@@ -251,6 +252,13 @@ JUDGE_TEMPLATE = (
     "Reference answer: {answer}\n\nHow well does the reply solve the task, from {low:g} "
     "(wrong) to {high:g} (fully correct)? End your answer with one line: Score: N"
 )
+#: The judge's rubric in mode verdict: {positive} and {negative} are the first verdict word
+#: of each.
+JUDGE_VERDICT_TEMPLATE = (
+    "You are grading a reply to a task.\n\nTask:\n{prompt}\n\nReply:\n{response}\n\n"
+    "Reference answer: {answer}\n\nIs the reply correct? Answer with one word: {positive} "
+    "or {negative}."
+)
 #: The judge's rubric of a whole group (group: true): {prompt}, {responses} (numbered),
 #: {answer}, {low}, {high}, {count}.
 JUDGE_GROUP_TEMPLATE = (
@@ -259,7 +267,7 @@ JUDGE_GROUP_TEMPLATE = (
     "(worst) to {high:g} (best), relative to the others. Answer with one line per reply: "
     "Reply K: N"
 )
-_JUDGE_KEYS = frozenset({"prompt", "response", "answer", "low", "high"})
+_JUDGE_KEYS = frozenset({"prompt", "response", "answer", "low", "high", "positive", "negative"})
 _GROUP_KEYS = frozenset({"prompt", "responses", "answer", "low", "high", "count"})
 
 
@@ -279,8 +287,8 @@ class JudgeParams(RemoteParams):
     template: str | None = Field(
         None,
         description="the rubric (a str.format template of {prompt}, {response}, {answer}, "
-        "{low}, {high}; with group: {responses} and {count} instead of {response}); None: "
-        "ppokit's default",
+        "{low}, {high}, {positive}, {negative}; with group: {responses} and {count} instead "
+        "of {response}); None: ppokit's default for the mode",
     )
     system: str | None = Field(None, description="a system message before the rubric")
     field: str | None = Field(
@@ -318,6 +326,8 @@ class JudgeParams(RemoteParams):
     def _consistent(self) -> JudgeParams:
         if self.high <= self.low:
             raise ValueError(f"high ({self.high}) must exceed low ({self.low})")
+        if self.group and self.mode == "verdict":
+            raise ValueError("group: true ranks replies with numbers: mode must be 'number'")
         if self.template is not None:
             try:
                 keys = template_keys(self.template)

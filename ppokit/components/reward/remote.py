@@ -29,6 +29,7 @@ from ppokit.components.reward import (
     JUDGE,
     JUDGE_GROUP_TEMPLATE,
     JUDGE_TEMPLATE,
+    JUDGE_VERDICT_TEMPLATE,
     SERVE_INSTALL,
     Scored,
 )
@@ -361,7 +362,8 @@ class JudgeReward:
     ) -> None:
         self.endpoint = url.rstrip("/") + "/chat/completions"
         self.model, self.system, self.field = model, system, field
-        self.template = template or (JUDGE_GROUP_TEMPLATE if group else JUDGE_TEMPLATE)
+        default = JUDGE_VERDICT_TEMPLATE if mode == "verdict" else JUDGE_TEMPLATE
+        self.template = template or (JUDGE_GROUP_TEMPLATE if group else default)
         self.mode, self.low, self.high = mode, low, high
         self.positive, self.negative, self.unparsed = positive, negative, unparsed
         self.group, self.temperature, self.max_tokens = group, temperature, max_tokens
@@ -406,7 +408,8 @@ class JudgeReward:
             mine = responses[c]
             listed = "\n\n".join(f"Reply {k + 1}:\n{r}" for k, r in enumerate(mine))
             return self.template.format(**values, responses=listed, count=len(mine))
-        return self.template.format(**values, response=responses[c.start])
+        words = {"positive": self.positive[0], "negative": self.negative[0]}
+        return self.template.format(**values, **words, response=responses[c.start])
 
     @staticmethod
     def _content(answer: Any) -> str:
