@@ -1,16 +1,17 @@
 """Calls waited for at most a bound: :func:`run_bounded`, the one way ppokit runs code it
 does not control (a plugin's import, a reward, an environment, a weight push) under a
-timeout."""
+timeout; and :func:`in_threads`, the one way calls that wait on something else (a server,
+a sandbox) run several at once."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["TimedOut", "run_bounded"]
+__all__ = ["TimedOut", "in_threads", "run_bounded"]
 
 T = TypeVar("T")
 
@@ -43,3 +44,31 @@ def run_bounded(fn: Callable[[], T], timeout: float | None, name: str) -> T:
         return future.result(timeout)
     except FutureTimeout:
         raise TimedOut(f"did not finish within {timeout:g} s") from None
+
+
+def in_threads(
+    fn: Callable[[Any], T],
+    items: Sequence[Any],
+    workers: int,
+    name: str,
+    stop: type[BaseException] | None = None,
+) -> list[T | Exception]:
+    """``fn(item)`` for each item on at most ``workers`` threads called ``name``, the
+    results in the items' order whatever order they end in. An exception an item's call
+    raises takes its place in the list; one of type ``stop`` is raised instead (the first
+    in the items' order), and the calls not yet started are cancelled (those running end
+    on their own, each bounded by its own timeout)."""
+    pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix=name)
+    futures = [pool.submit(fn, item) for item in items]
+    out: list[T | Exception] = []
+    try:
+        for future in futures:
+            try:
+                out.append(future.result())
+            except Exception as exc:
+                if stop is not None and isinstance(exc, stop):
+                    raise
+                out.append(exc)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return out

@@ -36,6 +36,7 @@ from ppokit.registry import (
     plugins_off,
     reset_registry,
 )
+from ppokit.serve import reward_server_command
 from ppokit.spec import (
     DEMO_SOURCE,
     DEMO_SPEC,
@@ -468,6 +469,7 @@ def _train_args(
 app.command("compare")(compare_command)
 app.command("export")(export_command)
 app.command("eval")(eval_command)
+app.command("reward-server")(reward_server_command)
 
 
 def main(argv: list[str] | None = None) -> None:

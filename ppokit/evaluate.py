@@ -268,8 +268,8 @@ def eval_command(
         False,
         "--trust-remote-code",
         help="Run the Python code a run's spec names: its model's, when it sets "
-        "model.trust_remote_code, and a python reward's function (off: such a run is "
-        "refused; a run folder is data).",
+        "model.trust_remote_code, and a python reward's function; contact the servers its "
+        "rewards name (http, judge) (off: such a run is refused; a run folder is data).",
     ),
 ) -> None:
     """Evaluate a model or a run's latest checkpoint on the spec's held-out prompts (no

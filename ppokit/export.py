@@ -302,8 +302,8 @@ def export_command(
         False,
         "--trust-remote-code",
         help="Run the Python code the run's spec names: its model's, when it sets "
-        "model.trust_remote_code, and a python reward's function (off: such a run is "
-        "refused; a run folder is data).",
+        "model.trust_remote_code, and a python reward's function; contact the servers its "
+        "rewards name (http, judge) (off: such a run is refused; a run folder is data).",
     ),
 ) -> None:
     """Write a run's trained policy as a Hugging Face model directory (LoRA merged).

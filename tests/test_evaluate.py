@@ -24,6 +24,7 @@ from ppokit.stats import pass_at_k, wilson_half_width, wilson_interval
 from ppokit.trainer import loop
 from ppokit.trainer.evaluation import Evaluator, eval_rows, eval_seed, isolated_rng
 from ppokit.trainer.metrics import TIMING, read_metrics
+from ppokit.trainer.scoring import Scores
 from tests.helpers.trainer import learner, small_spec
 
 #: A combined reward the untrained tiny model scores on about half the time (any lowercase
@@ -137,7 +138,7 @@ def test_metrics_are_computed_from_the_combined_rewards(monkeypatch) -> None:
             assert len(responses) == 6
             values = [next(flat) for _ in responses]
             sampled_lengths.extend(lengths)
-        return torch.tensor(values), {}
+        return Scores(torch.tensor(values))
 
     monkeypatch.setattr(lrn.scorer, "score", score)
     metrics = Evaluator.of(spec, lrn).run()

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from ppokit.batch import RolloutBatch
 from ppokit.bounded import TimedOut, run_bounded
 from ppokit.catalogue import Contract
 from ppokit.components import KIND_PACKAGES
+from ppokit.components.reward import Scored
 from ppokit.errors import ComponentError, ComponentTimeout, UserError, one_line
 from ppokit.registry import RegistryError, get_registry
 from ppokit.slots import KINDS, SLOTS
@@ -65,11 +67,15 @@ __all__ = [
     "CheckedEnvironment",
     "Where",
     "aggregate",
+    "as_flags",
     "as_scores",
     "call_with_timeout",
     "checked",
+    "create",
     "denominator",
     "optional",
+    "rewards_of",
+    "scored",
 ]
 
 #: The attribute of :class:`Assembly` each slot path of ``Spec.slots()`` fills (the slot
@@ -325,6 +331,45 @@ def _reward(where: Where, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     return as_scores(out, len(_arg(args, kwargs, 1, "responses")), where)
 
 
+_FLAG = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def as_flags(value: Any, n: int, where: Where | str = "reward") -> dict[str, Tensor]:
+    """A :class:`~ppokit.components.reward.Scored`'s flags as float32 ``[n]`` tensors in
+    {0, 1}, by name: each one value per response (bools or numbers, 0 is unset); a
+    ComponentError for a name that is no lower-case identifier or a wrong count."""
+    if not isinstance(value, Mapping):
+        raise ComponentError(f"{where} returned flags as {_describe(value)}: expected a mapping")
+    flags = {}
+    for name, raw in value.items():
+        if not isinstance(name, str) or not _FLAG.fullmatch(name):
+            raise ComponentError(
+                f"{where} returned a flag named {name!r}: expected a lower-case identifier"
+            )
+        if isinstance(raw, (list, tuple)):
+            raw = [float(bool(v)) for v in raw]
+        flags[name] = (as_scores(raw, n, f"{where}'s flag {name!r}") != 0).float()
+    return flags
+
+
+def scored(
+    fn: Any,
+    where: Where | str,
+    prompts: list[str],
+    responses: list[str],
+    fields: dict[str, list[Any]],
+) -> tuple[Any, dict[str, Tensor]]:
+    """A reward's scores (as it returned them) and its flags (float32 [B] each, see
+    :class:`~ppokit.components.reward.Scored`) for ``responses`` and their ``fields``;
+    ``fn``: a reward behind the boundary (:class:`Checked`) or a bare one."""
+    if isinstance(fn, Checked):
+        return fn.scored(prompts, responses, **fields)
+    out = fn(prompts, responses, **fields)
+    if isinstance(out, Scored):
+        return out.scores, as_flags(out.flags, len(responses), where)
+    return out, {}
+
+
 Check = Callable[[Where, Any, tuple[Any, ...], dict[str, Any]], Any]
 
 #: The tensor code of each check a kind's ``CONTRACT.returns`` names.
@@ -425,13 +470,25 @@ class Checked:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.kind == "reward":
-            out = call_with_timeout(self.component, self.timeout, self.where, *args, **kwargs)
-        else:
-            out = self.component(*args, **kwargs)
+            return self.scored(*args, **kwargs)[0]
+        return self._checked(self.component(*args, **kwargs), args, kwargs)
+
+    def _checked(self, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = self._contract(self.where, out, args, kwargs)
         if self._unit is not None:  # into the round's active non-finite counter
             count(str(self.where), out, self._unit)
         return out
+
+    def scored(self, *args: Any, **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        """A reward's call under its timeout: its scores (float32 [B]) and its flags (a
+        :class:`~ppokit.components.reward.Scored`'s, float32 [B] each; none for bare
+        scores)."""
+        out = call_with_timeout(self.component, self.timeout, self.where, *args, **kwargs)
+        flags: dict[str, Tensor] = {}
+        if isinstance(out, Scored):
+            n = len(_arg(args, kwargs, 1, "responses"))
+            out, flags = out.scores, as_flags(out.flags, n, self.where)
+        return self._checked(out, args, kwargs), flags
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -561,6 +618,37 @@ class CheckedEnvironment:
         return f"CheckedEnvironment({self.where}: {self.environment!r})"
 
 
+def create(spec: Spec, path: str, kind: str, comp: Any) -> tuple[Where, Any]:
+    """The component ``comp`` of slot ``path`` (of ``kind``) created through the registry
+    and wrapped behind its boundary (a reward under ``train.reward_timeout``), with where it
+    sits; a factory that raises is a :class:`ComponentError` naming the slot, the
+    component and the plugin."""
+    registry = get_registry()
+    here = Where(path, comp.name, registry.info(kind, comp.name).plugin)
+    try:
+        component = registry.create(kind, comp.name, **comp.params)
+    except (RegistryError, UserError):
+        raise  # these already name the component and say what to do
+    except Exception as exc:
+        raise ComponentError(f"{here} failed to start: {one_line(exc)}") from exc
+    if kind == "rollout_engine":
+        return here, CheckedEngine(here, component)
+    if kind == "environment":
+        return here, CheckedEnvironment(here, component, spec.rollout.environment_timeout)
+    timeout = spec.train.reward_timeout if kind == "reward" else None
+    return here, checked(kind, here, component, timeout)
+
+
+def rewards_of(spec: Spec) -> list[tuple[str, Reward, float]]:
+    """The spec's rewards alone, created and behind their boundary: (name, reward, weight)
+    each, in the spec's order (what a reward server serves)."""
+    return [
+        (comp.name, create(spec, path, kind, comp)[1], float(comp.weight))
+        for path, kind, comp in spec.slots()
+        if isinstance(comp, RewardSpec)
+    ]
+
+
 def checked(kind: str, where: Where, component: Any, timeout: float | None = None) -> Checked:
     """``component`` behind the boundary checks of its ``kind`` (see :class:`Checked`)."""
     return Checked(kind, where, component, timeout)
@@ -601,23 +689,9 @@ class Assembly:
         requires: set[str] = set()
         where: dict[str, Where] = {}
         for path, kind, comp in spec.slots():
-            info = registry.info(kind, comp.name)
-            requires.update(info.requires)
-            here = where[path] = Where(path, comp.name, info.plugin)
-            try:
-                component = registry.create(kind, comp.name, **comp.params)
-            except (RegistryError, UserError):
-                raise  # these already name the component and say what to do
-            except Exception as exc:
-                raise ComponentError(f"{here} failed to start: {one_line(exc)}") from exc
-            timeout = spec.train.reward_timeout if kind == "reward" else None
-            wrapped: Any
-            if kind == "rollout_engine":
-                wrapped = CheckedEngine(here, component)
-            elif kind == "environment":
-                wrapped = CheckedEnvironment(here, component, spec.rollout.environment_timeout)
-            else:
-                wrapped = checked(kind, here, component, timeout)
+            requires.update(registry.info(kind, comp.name).requires)
+            here, wrapped = create(spec, path, kind, comp)
+            where[path] = here
             if isinstance(comp, RewardSpec):
                 rewards.append((comp.name, wrapped, float(comp.weight)))
             else:

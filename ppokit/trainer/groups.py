@@ -38,7 +38,7 @@ from ppokit.errors import UserError
 from ppokit.spec import RolloutSpec
 from ppokit.trainer.assembly import optional
 from ppokit.trainer.rollout import Rollout
-from ppokit.trainer.scoring import Scorer
+from ppokit.trainer.scoring import Scorer, Scores, reads_parts
 
 __all__ = ["Draw", "Filled", "GroupBatch", "Sample", "fill"]
 
@@ -53,14 +53,13 @@ Sample = Callable[..., Rollout]
 @dataclass
 class GroupBatch:
     """Groups of ``rollout.n`` responses, in order: their data ``rows`` and ``formatted``
-    prompts, the responses, their combined rewards R [B], each reward's scores (several
-    rewards) and texts, and ``keep``: the indices of the groups that passed the filter."""
+    prompts, the responses, their rewards (R [B], each reward's scores and flags) and
+    texts, and ``keep``: the indices of the groups that passed the filter."""
 
     rows: list[dict[str, Any]]
     formatted: list[str]
     rollout: Rollout
-    scores: Tensor
-    parts: dict[str, Tensor]
+    scores: Scores
     texts: list[str]
     keep: list[int]
 
@@ -71,9 +70,11 @@ class Filled:
     to find them."""
 
     kept: GroupBatch | None
-    #: every generated response of this process: R, each reward's scores, lengths, truncation
+    #: every generated response of this process: R, lengths, truncation; each reward's
+    #: scores; the rewards' flags
     generated: dict[str, Tensor] = field(default_factory=dict)
     generated_parts: dict[str, Tensor] = field(default_factory=dict)
+    generated_flags: dict[str, Tensor] = field(default_factory=dict)
     #: whole-round counts, the same on every process
     kept_groups: int = 0
     passed_groups: int = 0
@@ -111,7 +112,7 @@ def fill(
     phase: Callable[[str], None],
     draw: Draw | None = None,
     rollout: Rollout | None = None,
-    scores: Tensor | None = None,
+    scores: Tensor | Scores | None = None,
 ) -> Filled:
     """The round's groups from the first batch (``rows``, ``formatted``) and, while
     ``group_filter`` has passed too few, the batches ``draw`` gives (see the module's
@@ -125,6 +126,8 @@ def fill(
     share = settings.prompts_per_round // world.size
     device = scorer.device
     keeps_all = bool(optional(group_filter, "group_filter", "keeps_all"))
+    # a filter sees the reward parts when a component reads them (gdpo)
+    with_parts = reads_parts(scorer.assembly.requires)
     batches: list[GroupBatch] = []
     passed = 0
     while True:
@@ -142,7 +145,8 @@ def fill(
         middle = time.perf_counter()
         batch = _scored(rows, formatted, ro, scorer, scores)
         if not keeps_all:  # a filter that keeps every group is not called
-            batch.keep = group_filter(_groups(batch, settings.n)).nonzero().flatten().tolist()
+            groups = _groups(batch, settings.n, with_parts)
+            batch.keep = group_filter(groups).nonzero().flatten().tolist()
         timings["time_generate"] += middle - start
         timings["time_score"] += time.perf_counter() - middle
         batches.append(batch)
@@ -175,26 +179,33 @@ def _scored(
     formatted: list[str],
     ro: Rollout,
     scorer: Scorer,
-    scores: Tensor | None,
+    scores: Tensor | Scores | None,
 ) -> GroupBatch:
     """One batch's responses scored (unless ``scores`` are given), every group kept."""
     if scores is None:
-        scores, parts, texts = scorer.rollout(rows, ro)
+        scored, texts = scorer.rollout(rows, ro)
     else:
-        texts, parts = scorer.decode(ro)[0], {}
-        scores = scores.to(scorer.device).float()
-    return GroupBatch(rows, formatted, ro, scores, parts, texts, list(range(len(rows))))
+        texts = scorer.decode(ro)[0]
+        scored = scores if isinstance(scores, Scores) else Scores(scores.to(scorer.device).float())
+    return GroupBatch(rows, formatted, ro, scored, texts, list(range(len(rows))))
 
 
-def _groups(batch: GroupBatch, n: int) -> Groups:
-    """What a group filter sees of a batch: [G, n] rewards, lengths and truncation."""
+def _groups(batch: GroupBatch, n: int, with_parts: bool) -> Groups:
+    """What a group filter sees of a batch: [G, n] rewards, lengths and truncation; with
+    ``with_parts`` each reward's scores [G, n, K] and weights [K]."""
     g, ro = len(batch.rows), batch.rollout
+    parts = weights = None
+    if with_parts:
+        columns, row_weights = batch.scores.columns()
+        parts, weights = columns.view(g, n, -1), row_weights[0]
     return Groups(
         rows=batch.rows,
         responses=batch.texts,
-        rewards=batch.scores.view(g, n),
+        rewards=batch.scores.total.view(g, n),
         lengths=ro.response_mask.sum(1).view(g, n),
         truncated=ro.truncated.view(g, n),
+        parts=parts,
+        weights=weights,
     )
 
 
@@ -212,7 +223,7 @@ def _gather(
     formatted: list[str] = []
     texts: list[str] = []
     parts: list[Rollout] = []
-    scores: list[Tensor] = []
+    scores: list[Scores] = []
     left = take
     for b in batches:
         chosen = b.keep[:left]
@@ -225,23 +236,24 @@ def _gather(
         formatted += [b.formatted[g] for g in chosen]
         texts += [b.texts[i] for i in index]
         parts.append(b.rollout.rows(at))
-        scores.append(b.scores[at])
+        scores.append(b.scores.rows(at))
     pad = scorer.tokenizer.pad_token_id
     world = distributed.world().size
+    every = Scores.cat([b.scores for b in batches])
     generated = {
-        "scores": torch.cat([b.scores for b in batches]),
+        "scores": every.total,
         "lengths": torch.cat([b.rollout.response_mask.sum(1) for b in batches]),
         "truncated": torch.cat([b.rollout.truncated for b in batches]),
     }
-    names = batches[0].parts
     kept = None
     if parts:
         ro = Rollout.cat(parts, pad_id=int(pad or 0))
-        kept = GroupBatch(rows, formatted, ro, torch.cat(scores), {}, texts, list(range(take)))
+        kept = GroupBatch(rows, formatted, ro, Scores.cat(scores), texts, list(range(take)))
     return Filled(
         kept=kept,
         generated=generated,
-        generated_parts={name: torch.cat([b.parts[name] for b in batches]) for name in names},
+        generated_parts=every.parts,
+        generated_flags=every.flags,
         kept_groups=take * world,
         passed_groups=passed,
         generated_groups=sum(len(b.rows) for b in batches) * world,

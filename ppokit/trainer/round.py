@@ -46,6 +46,7 @@ from ppokit.trainer.estimation import estimate_round, round_batch
 from ppokit.trainer.groups import Draw, Filled, fill
 from ppokit.trainer.metrics import Meter, peak_memory_gb
 from ppokit.trainer.rollout import Rollout
+from ppokit.trainer.scoring import Scores, reads_parts
 from ppokit.trainer.setup import Setup, State
 
 __all__ = ["PHASES", "RoundResult", "run_round"]
@@ -86,14 +87,15 @@ def run_round(
     train_actor: bool = True,
     draw: Draw | None = None,
     rollout: Rollout | None = None,
-    scores: Tensor | None = None,
+    scores: Tensor | Scores | None = None,
     update: bool = True,
 ) -> RoundResult:
     """Round ``round_no`` (1-based) on the data ``rows`` and their ``formatted`` prompts,
     and the batches ``draw`` gives while ``rollout.filter`` has passed too few groups.
     ``train_actor`` False: a critic-only round (``train.critic_warmup_rounds``).
     ``rollout``, ``scores``: the first batch's responses (``rollout.n`` per prompt) and
-    their rewards R, used as if generated and scored. ``update`` False: steps 1-4 only.
+    their rewards R (or :class:`~ppokit.trainer.scoring.Scores` with each reward's),
+    used as if generated and scored. ``update`` False: steps 1-4 only.
 
     A non-finite reward or estimate raises :class:`~ppokit.errors.NonFiniteError`, or with
     ``on_nonfinite: skip`` skips the round's update and leaves β as it was; a non-finite
@@ -128,20 +130,22 @@ def run_round(
         if "baseline_rewards" in parts.requires:  # one greedy response per kept prompt
             with _timed(timings, "time_score", add=True):
                 greedy = sample(kept.formatted, 1, rows=kept.rows, greedy=True)
-                baseline = setup.scorer.rollout(kept.rows, greedy)[0].repeat_interleave(n)
+                baseline = setup.scorer.rollout(kept.rows, greedy)[0].total.repeat_interleave(n)
 
         # 3. forward passes at the weights that sampled
         setup.reporter.phase("estimating")
         with _timed(timings, "time_logprob"):
             batch = round_batch(
-                kept.rollout, kept.scores, baseline, n=n, forwards=setup.forwards,
+                kept.rollout, kept.scores.total, baseline, n=n, forwards=setup.forwards,
                 assembly=parts, recompute_logp_old=setup.recompute_logp_old,
+                parts=kept.scores.columns() if reads_parts(parts.requires) else None,
             )  # fmt: skip
 
         # 4. estimate, on the whole round
         data, estimates, beta, round_scores = estimate_round(
-            kept.rollout, batch, kept.scores, spec=spec, assembly=parts, kl_coef=state.kl_coef
-        )
+            kept.rollout, batch, kept.scores.total, spec=spec, assembly=parts,
+            kl_coef=state.kl_coef,
+        )  # fmt: skip
         problem = checks.read_problem()  # once per round
     skipped = []
     if problem is None:
@@ -155,7 +159,7 @@ def run_round(
     metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=device)
 
     prompts = [row["prompt"] for row in kept.rows for _ in range(n)]
-    result = RoundResult(metrics, timings, prompts, kept.texts, kept.scores, skipped, data)
+    result = RoundResult(metrics, timings, prompts, kept.texts, kept.scores.total, skipped, data)
     if not update:
         return result
 
@@ -217,14 +221,16 @@ def _timed(timings: dict[str, float], key: str, add: bool = False) -> Iterator[N
 def generated_metrics(got: Filled, n: int | None, device: torch.device) -> dict[str, Tensor]:
     """What the policy generated this round, every response of every generation batch
     (gathered over the processes): reward mean and std (each reward's mean when there are
-    several), response length, truncated fraction and tokens; with ``n``, the size of a
+    several; each flag a reward raised as ``reward/<name>/<flag>_frac``), response length,
+    truncated fraction and tokens; with ``n``, the size of a
     group (a prompt's responses, side by side), the fraction of groups whose rewards are
     all equal (``rollout/zero_variance_groups``: a group baseline gives them advantage 0);
     and the filter's counts (:meth:`~ppokit.trainer.groups.Filled.metrics`)."""
-    generated, parts = got.generated, got.generated_parts
+    generated, parts, flags = got.generated, got.generated_parts, got.generated_flags
     if distributed.world().distributed:
         generated = {k: distributed.gather_rows(v) for k, v in generated.items()}
         parts = {k: distributed.gather_rows(v) for k, v in parts.items()}
+        flags = {k: distributed.gather_rows(v) for k, v in flags.items()}
     scores, lengths = generated["scores"], generated["lengths"].float()
     metrics = {
         "reward_mean": scores.mean(),
@@ -239,5 +245,7 @@ def generated_metrics(got: Filled, n: int | None, device: torch.device) -> dict[
         metrics["rollout/zero_variance_groups"] = equal.float().mean()
     if len(parts) > 1:
         metrics.update({f"reward/{name}": s.mean() for name, s in parts.items()})
+    # each flag a reward raised: the fraction of the round's responses it was raised on
+    metrics.update({f"reward/{name}_frac": f.mean() for name, f in flags.items()})
     metrics.update(got.metrics(device))
     return metrics
