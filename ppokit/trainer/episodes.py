@@ -21,6 +21,7 @@ Python calls and the tokenizer, over episodes' texts.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -276,8 +277,8 @@ class Sampler:
         env, n = self.environment, sampling.n
         limits = self.limits(data, sampling.max_new_tokens)
         fmt = self.format(data.chat_template)
-        episodes = [dict(row) for row in rows for _ in range(n)]
-        openings = [env.reset(row) for row in episodes]
+        episodes = [copy.deepcopy(row) for row in rows for _ in range(n)]
+        openings = env.resets(episodes)
         texts = [prompts[i // n] + (opening or "") for i, opening in enumerate(openings)]
         prompt_ids, prompt_mask = self.encode(texts, data, limits.budget, _BUDGET_SETTINGS)
         device = prompt_ids.device
@@ -306,9 +307,7 @@ class Sampler:
             over = out.truncated | (keep != out.response_mask).any(1)
             counts, was_cut, said = self._read(out.response_ids, keep, over)
             script.append(running, at, out.response_ids, keep, counts, model=True, logp=out.logp)
-            steps = [
-                env.step(episodes[i], text, turn) for i, text in zip(running, said, strict=True)
-            ]
+            steps = env.steps([episodes[i] for i in running], said, turn)
             script.reward_last(at, torch.tensor([s.reward for s in steps], device=device))
             going: list[int] = []
             observed: list[tuple[int, str, bool]] = []

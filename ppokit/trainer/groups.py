@@ -181,7 +181,7 @@ def _scored(
     if scores is None:
         scores, parts, texts = scorer.rollout(rows, ro)
     else:
-        texts, parts = scorer.decode(ro)[0], {}
+        texts, parts = scorer.decode(ro)[3], {}
         scores = scores.to(scorer.device).float()
     return GroupBatch(rows, formatted, ro, scores, parts, texts, list(range(len(rows))))
 

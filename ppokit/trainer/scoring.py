@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ppokit.components.reward import RESERVED_FIELDS
+from ppokit.errors import UserError
 from ppokit.trainer.assembly import Assembly, as_scores
 from ppokit.trainer.checks import count
 from ppokit.trainer.rollout import Rollout
@@ -24,17 +26,28 @@ class Scorer:
         self.tokenizer = tokenizer
         self.device = device
 
-    def decode(self, ro: Rollout) -> tuple[list[str], list[int], list[bool]]:
-        """Response texts (a multi-turn response's whole transcript, the environment's
-        text included), lengths (the model's tokens) and truncation flags (one host
-        read)."""
+    def decode(self, ro: Rollout) -> tuple[list[str], list[int], list[bool], list[str]]:
+        """Response texts (the model's own tokens: with an environment its turns, without
+        the environment's text), lengths (the model's tokens), truncation flags and
+        transcripts (with an environment the whole episode; else the responses), in one
+        host read."""
         tok = self.tokenizer
-        ids = ro.response_ids.masked_fill(~ro.present, tok.pad_token_id)
-        packed = torch.cat(
-            [ids, ro.response_mask.sum(1, keepdim=True), ro.truncated.long()[:, None]], 1
-        ).cpu()
-        texts = tok.batch_decode(packed[:, :-2], skip_special_tokens=True)
-        return texts, packed[:, -2].tolist(), [bool(x) for x in packed[:, -1].tolist()]
+        pad = tok.pad_token_id
+        ids = ro.response_ids.masked_fill(~ro.response_mask, pad)
+        parts = [ids]
+        if ro.env_mask is not None:
+            parts.append(ro.response_ids.masked_fill(~ro.present, pad))
+        counts = [ro.response_mask.sum(1, keepdim=True), ro.truncated.long()[:, None]]
+        packed = torch.cat([*parts, *counts], 1).cpu()
+        width = ids.shape[1]
+        texts = tok.batch_decode(packed[:, :width], skip_special_tokens=True)
+        transcripts = (
+            tok.batch_decode(packed[:, width : 2 * width], skip_special_tokens=True)
+            if ro.env_mask is not None
+            else texts
+        )
+        lengths, truncated = packed[:, -2].tolist(), [bool(x) for x in packed[:, -1].tolist()]
+        return texts, lengths, truncated, transcripts
 
     def score(
         self,
@@ -42,20 +55,35 @@ class Scorer:
         responses: list[str],
         lengths: list[int],
         truncated: list[bool],
+        transcripts: list[str] | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """R = Σ_k weight_k · reward_k, float32 [B], and each reward's scores, for one
         response per data row (each reward counts its own scores into the round's
-        non-finite counter; R is counted here)."""
+        non-finite counter; R is counted here). A data column named as one of
+        RESERVED_FIELDS is a UserError."""
         columns = sorted({k for row in rows for k in row if k != "prompt"})
+        clash = [c for c in columns if c in RESERVED_FIELDS]
+        if clash:
+            names = self.assembly.rewards
+            raise UserError(
+                f"data column {clash[0]!r} has the name of a field ppokit passes to every reward "
+                f"({', '.join(RESERVED_FIELDS)}), so reward {names[0][0]!r} could not tell "
+                "them apart: rename the column (data.columns maps a column to another name)"
+            )
         fields: dict[str, list[Any]] = {c: [row.get(c) for row in rows] for c in columns}
         prompts = [row["prompt"] for row in rows]
         total = torch.zeros(len(responses), device=self.device)
         parts = {}
         rewards = self.assembly.rewards
+        given = {
+            "lengths": lengths,
+            "truncated": truncated,
+            "transcripts": responses if transcripts is None else transcripts,
+        }
         for i, (name, fn, weight) in enumerate(rewards):
             slot = "reward" if len(rewards) == 1 else f"reward.{i}"
             where = getattr(fn, "where", None) or self.assembly.name(slot)
-            out = fn(prompts, responses, **fields, lengths=lengths, truncated=truncated)
+            out = fn(prompts, responses, **fields, **given)
             s = as_scores(out, len(responses), where).to(self.device)
             parts[name] = s
             total = total + weight * s
@@ -66,14 +94,14 @@ class Scorer:
     def rollout(
         self, rows: list[dict[str, Any]], ro: Rollout
     ) -> tuple[Tensor, dict[str, Tensor], list[str]]:
-        """(R [B], each reward's scores, the texts) of a rollout of ``B // len(rows)``
+        """(R [B], each reward's scores, the transcripts) of a rollout of ``B // len(rows)``
         responses per data row. A multi-turn rollout's R adds the episode's turn rewards
         (its part ``environment``)."""
         n = ro.response_ids.shape[0] // max(1, len(rows))
         expanded = [row for row in rows for _ in range(n)]
-        texts, lengths, truncated = self.decode(ro)
-        scores, parts = self.score(expanded, texts, lengths, truncated)
+        texts, lengths, truncated, transcripts = self.decode(ro)
+        scores, parts = self.score(expanded, texts, lengths, truncated, transcripts)
         if ro.turn_rewards is not None:
             parts["environment"] = ro.turn_rewards.sum(1)
             scores = scores + parts["environment"]
-        return scores, parts, texts
+        return scores, parts, transcripts

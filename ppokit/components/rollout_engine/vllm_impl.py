@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor, nn
 
-from ppokit.bounded import TimedOut, run_bounded
+from ppokit.bounded import TimedOut, deadline
 from ppokit.components.rollout_engine import (
     VLLM,
     VLLM_CPU_HEAD_SIZES,
@@ -175,11 +175,11 @@ def _own_random_state() -> Iterator[None]:
 
 
 def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
-    """``fn()`` waited for at most ``timeout`` seconds (:func:`ppokit.bounded.run_bounded`):
-    a stuck call is a ``TimeoutError``, not a hang (a Python thread cannot be killed: it
-    goes on until the process ends, which is what follows the error)."""
+    """``fn()`` for at most ``timeout`` seconds (:func:`ppokit.bounded.deadline`): a stuck
+    call is a ``TimeoutError``, not a hang."""
     try:
-        return run_bounded(fn, timeout, "ppokit-vllm")
+        with deadline(timeout, what):
+            return fn()
     except TimedOut:
         raise TimeoutError(
             f"{what} did not finish within rollout.engine.sync_timeout_s ({timeout:g} s)"

@@ -1,0 +1,396 @@
+"""Worker processes for code ppokit does not control: a :class:`WorkerPool` of processes that
+each hold their own copy of one object (a reward, an environment) and answer calls of it, so
+that a call can be stopped for real, whatever it does (C code that holds the GIL included).
+
+A call that runs over its timeout has its process killed (SIGKILL): :class:`TimedOut` is
+raised, and the pool starts a fresh process, from the object as it was first sent, at its
+next call. A call that raises comes back as :class:`Raised` (the exception's type, its one
+line, where it was raised, its traceback text; the exception itself when it can cross), one
+whose process dies (``os._exit``, a signal) as :class:`WorkerDied`. ``SystemExit`` and
+``KeyboardInterrupt`` raised by the code are exceptions like any other there.
+
+**What crosses is pickled.** The object once a process start (with ``cloudpickle``: a
+function or class defined in a script or inside a function crosses by value, one of an
+importable module by reference and is imported again in the worker); each call's method name,
+arguments and result with the standard pickle. So a worker works on its own copies: what a
+call changes in its arguments stays in the worker (return what the caller needs), and what it
+keeps on ``self`` stays in that process, lost when it is killed. A pool of several processes
+spreads :meth:`WorkerPool.map`'s calls over them: the state of one process is not the others'.
+
+**Processes.** Every worker is forked from multiprocessing's ``forkserver`` (one server a
+Python process, started by the first pool with torch imported, so a worker starts in
+milliseconds and never inherits the trainer's threads or CUDA context), with the parent's
+``sys.path``. A worker ignores Ctrl-C (its caller stops it) and ends with the process that
+started it (on Linux by the parent-death signal, elsewhere at its next read).
+
+Torch-free itself; ``cloudpickle`` is imported when a pool starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import traceback
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing import connection, get_context
+from typing import Any
+
+from ppokit.bounded import TimedOut
+from ppokit.errors import one_line, raised_at
+
+__all__ = [
+    "PRELOAD",
+    "START_TIMEOUT",
+    "Call",
+    "Raised",
+    "WorkerDied",
+    "WorkerPool",
+    "describe_exit",
+    "dumps",
+]
+
+#: Modules the forkserver imports once, so that a worker forked from it has them.
+PRELOAD = ("ppokit.workers", "torch")
+#: Seconds a new worker may take to load its object (a plugin's import) before it is killed.
+START_TIMEOUT = 120.0
+#: Seconds a worker closed by :meth:`WorkerPool.close` gets to end before it is killed.
+CLOSE_GRACE = 0.5
+#: linux/prctl.h: PR_SET_PDEATHSIG.
+_PR_SET_PDEATHSIG = 1
+
+
+class Raised(Exception):
+    """What a call raised in its worker: ``kind`` (the exception's type name), ``message``
+    (the exception as one line), ``location`` (``file:line`` where it was raised, or None),
+    ``remote_traceback`` (its traceback text in the worker), ``fatal`` (a ``BaseException``
+    that is not an ``Exception``: ``SystemExit``, ``KeyboardInterrupt``, ...) and
+    :attr:`original` (the exception itself, when it can be unpickled here)."""
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        location: str | None,
+        remote_traceback: str,
+        fatal: bool,
+        pickled: bytes | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.location = location
+        self.remote_traceback = remote_traceback
+        self.fatal = fatal
+        self.pickled = pickled
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args = (self.kind, self.message, self.location, self.remote_traceback, self.fatal)
+        return (type(self), (*args, self.pickled))
+
+    @property
+    def original(self) -> BaseException | None:
+        """The exception as raised in the worker (None: it cannot be unpickled here)."""
+        if self.pickled is None:
+            return None
+        try:
+            exc = pickle.loads(self.pickled)
+        except Exception:
+            return None
+        return exc if isinstance(exc, BaseException) else None
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Raised:
+        """The description of ``exc``, caught in a worker."""
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        location = raised_at(exc)
+        try:
+            pickled: bytes | None = pickle.dumps(exc.with_traceback(None))
+        except Exception:  # an exception that cannot cross (unpicklable fields)
+            pickled = None
+        fatal = not isinstance(exc, Exception)
+        return cls(type(exc).__name__, one_line(exc), location, text, fatal, pickled)
+
+
+class WorkerDied(Exception):
+    """A worker's process ended during a call (``os._exit``, a signal, the OOM killer)."""
+
+    def __init__(self, exitcode: int | None) -> None:
+        super().__init__(f"its worker process {describe_exit(exitcode)}")
+        self.exitcode = exitcode
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """``ended with status 3`` or ``was killed by signal SIGKILL``."""
+    if exitcode is None:
+        return "ended"
+    if exitcode >= 0:
+        return f"ended with status {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"number {-exitcode}"
+    return f"was killed by signal {name}"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call: ``target.method(*args, **kwargs)`` (``method`` None: ``target(...)``)."""
+
+    method: str | None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] | None = None
+
+
+# ---------------------------------------------------------------------- the worker's side
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when its parent (the forkserver, which ends with
+    the process that started it) ends."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        parent = os.getppid()
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # it ended before the signal was asked for
+            os._exit(1)
+
+
+def _send(conn: Any, message: tuple[str, Any]) -> None:
+    """``message`` pickled (the standard pickle: a tensor crosses as bytes, never as shared
+    memory or a CUDA handle), or what made it fail to."""
+    try:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # a result that cannot be pickled
+        problem = TypeError(f"its result cannot be sent back: {one_line(exc)}")
+        data = pickle.dumps(("raised", Raised.of(problem)), protocol=pickle.HIGHEST_PROTOCOL)
+    conn.send_bytes(data)
+
+
+def serve(conn: Any, payload: bytes) -> None:
+    """A worker's life: load the object from ``payload``, then answer each call received on
+    ``conn`` with ``("ok", result)`` or ``("raised", Raised)``, until the pipe closes or
+    ``None`` arrives."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle
+    _die_with_parent()
+    try:
+        target = pickle.loads(payload)
+    except BaseException as exc:
+        _send(conn, ("raised", Raised.of(exc)))
+        return
+    _send(conn, ("ok", None))
+    while True:
+        try:
+            call = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        if call is None:
+            return
+        try:
+            fn = target if call.method is None else getattr(target, call.method)
+            result = fn(*call.args, **(call.kwargs or {}))
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: reported
+            _send(conn, ("raised", Raised.of(exc)))
+        else:
+            _send(conn, ("ok", result))
+        del call
+
+
+# ---------------------------------------------------------------------- the caller's side
+class _Worker:
+    """One process and the caller's end of its pipe."""
+
+    def __init__(self, process: Any, conn: Any) -> None:
+        self.process = process
+        self.conn = conn
+        self.ready = False  # its object loaded (the first reply read)
+        self.busy_since: float | None = None
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            self.process.kill()
+        with contextlib.suppress(Exception):
+            self.process.join(5)
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+def _kill_all(workers: list[_Worker | None]) -> None:
+    for worker in workers:
+        if worker is not None:
+            worker.kill()
+    workers[:] = [None] * len(workers)
+
+
+def dumps(target: Any) -> bytes:
+    """``target`` pickled to cross into a worker: by reference when it can be (its code keeps
+    its file names), else with cloudpickle (code defined in a script or a function crosses
+    by value, its file name shown as ``<dynamic-code>``)."""
+    try:
+        return pickle.dumps(target, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        import cloudpickle
+
+        return cloudpickle.dumps(target, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
+
+
+def _context() -> Any:
+    """multiprocessing's forkserver context, its server started (once a process)."""
+    from multiprocessing import forkserver
+
+    ctx = get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    forkserver.ensure_running()
+    return ctx
+
+
+class WorkerPool:
+    """``size`` worker processes, each holding its own copy of ``target``.
+
+    ``pool.call(Call(...), timeout)`` runs one call on a worker; ``pool.map(calls, timeout)``
+    spreads calls over the workers and returns their results in order. Every call is bounded
+    by ``timeout`` seconds from when it was sent (None: unbounded). Raises :class:`TimedOut`,
+    :class:`Raised`, :class:`WorkerDied`; after any of them the workers that were busy are
+    killed and replaced at the next call. ``close`` (or the end of a ``with`` block, or of the
+    process) ends them. ``target`` is pickled here: what cannot be pickled raises at once
+    (``pickle.PicklingError`` or the error of its ``__reduce__``)."""
+
+    def __init__(self, target: Any, size: int = 1, name: str = "ppokit-worker") -> None:
+        if size < 1:
+            raise ValueError(f"a pool needs at least one worker (size={size})")
+        self.name = name
+        self.size = size
+        self._payload = dumps(target)
+        _context()  # the server boots (imports torch) while the caller goes on
+        self._workers: list[_Worker | None] = [None] * size
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ processes
+    def start(self) -> None:
+        """Start every worker now (else each starts at its first call)."""
+        for i in range(self.size):
+            self._worker(i)
+
+    def _worker(self, i: int) -> _Worker:
+        worker = self._workers[i]
+        if worker is not None and worker.process.exitcode is None:
+            return worker
+        if worker is not None:
+            worker.kill()
+        ctx = _context()
+        mine, theirs = ctx.Pipe()
+        process = ctx.Process(
+            target=serve, args=(theirs, self._payload), name=f"{self.name}-{i}", daemon=False
+        )
+        process.start()
+        theirs.close()
+        worker = self._workers[i] = _Worker(process, mine)
+        return worker
+
+    def close(self) -> None:
+        """End every worker: ``None`` to the idle ones, a moment to end, then SIGKILL."""
+        for worker in self._workers:
+            if worker is not None and worker.busy_since is None:
+                with contextlib.suppress(Exception):
+                    worker.conn.send_bytes(pickle.dumps(None))
+        for worker in self._workers:
+            if worker is not None:
+                with contextlib.suppress(Exception):
+                    worker.process.join(CLOSE_GRACE)
+        _kill_all(self._workers)
+
+    @property
+    def pids(self) -> list[int | None]:
+        """The process id of each worker (None: not started)."""
+        return [None if w is None else w.process.pid for w in self._workers]
+
+    # ------------------------------------------------------------ calls
+    def call(self, call: Call, timeout: float | None) -> Any:
+        """The result of one call, on the first worker."""
+        return self.map([call], timeout)[0]
+
+    def map(self, calls: Sequence[Call], timeout: float | None) -> list[Any]:
+        """The results of ``calls``, in order, spread over the workers (each worker answers
+        one call at a time; a pool of one answers them in order)."""
+        import time
+
+        results: list[Any] = [None] * len(calls)
+        queue = list(enumerate(calls))[::-1]
+        running: dict[int, tuple[int, float]] = {}  # worker -> (call index, sent at)
+        try:
+            while queue or running:
+                for i in range(self.size):
+                    if queue and i not in running:
+                        worker = self._worker(i)
+                        index, call = queue.pop()
+                        self._ready(worker)
+                        worker.conn.send_bytes(pickle.dumps(call, pickle.HIGHEST_PROTOCOL))
+                        running[i] = (index, time.monotonic())
+                        worker.busy_since = running[i][1]
+                now = time.monotonic()
+                waits = [sent + timeout - now for _, sent in running.values()] if timeout else []
+                wait = max(0.0, min(waits)) if waits else None
+                handles: dict[Any, int] = {}
+                for i in running:
+                    worker = self._workers[i]
+                    assert worker is not None
+                    handles[worker.conn] = handles[worker.process.sentinel] = i
+                ready = connection.wait(list(handles), wait)
+                done = {handles[h] for h in ready}
+                for i in sorted(done):
+                    index, _ = running.pop(i)
+                    results[index] = self._reply(i)
+                if timeout is not None:
+                    now = time.monotonic()
+                    for _, sent in running.values():
+                        if now - sent >= timeout:
+                            raise TimedOut(f"did not finish within {timeout:g} s")
+        except BaseException:
+            for i in running:  # their calls are abandoned: the processes go
+                worker = self._workers[i]
+                if worker is not None:
+                    worker.kill()
+                self._workers[i] = None
+            raise
+        return results
+
+    def _ready(self, worker: _Worker) -> None:
+        """Wait for a new worker to have loaded its object (for START_TIMEOUT seconds)."""
+        if worker.ready:
+            return
+        if not connection.wait([worker.conn, worker.process.sentinel], START_TIMEOUT):
+            worker.kill()
+            raise TimedOut(f"its worker did not start within {START_TIMEOUT:g} s")
+        status, value = self._receive(worker)
+        if status != "ok":
+            raise value
+        worker.ready = True
+
+    def _receive(self, worker: _Worker) -> tuple[str, Any]:
+        try:
+            if worker.conn.poll():
+                return pickle.loads(worker.conn.recv_bytes())  # type: ignore[no-any-return]
+        except (EOFError, OSError):
+            pass
+        worker.process.join(5)
+        raise WorkerDied(worker.process.exitcode)
+
+    def _reply(self, i: int) -> Any:
+        worker = self._workers[i]
+        assert worker is not None
+        status, value = self._receive(worker)
+        worker.busy_since = None
+        if status == "raised":
+            raise value
+        return value
