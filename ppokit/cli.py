@@ -25,7 +25,15 @@ from rich.table import Table
 from ppokit import __version__, launcher
 from ppokit.compare import compare_command
 from ppokit.docgen import param_rows, params_table, write_docs
-from ppokit.errors import UserError, error_lines, fail, printable
+from ppokit.errors import (
+    TRACEBACK,
+    UserError,
+    error_lines,
+    fail,
+    full_traceback,
+    printable,
+    tracebacks_on,
+)
 from ppokit.evaluate import eval_command
 from ppokit.export import export_command
 from ppokit.registry import (
@@ -84,6 +92,8 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except (SpecError, UserError, RegistryError, FileNotFoundError) as exc:
+            if tracebacks_on():  # for authors: the whole story first, then the one line
+                err.print(_show(full_traceback(exc)), end="")
             raise fail(error_lines(exc)) from None
 
     return wrapper  # type: ignore[return-value]
@@ -121,8 +131,16 @@ def _root(
         "--no-plugins",
         help=f"Load no installed plugin, only the built-in components (as {NO_PLUGINS}=1).",
     ),
+    show_traceback: bool = typer.Option(
+        False,
+        "--traceback",
+        help=f"With an error, show its full traceback before its line, the traceback in a "
+        f"component's worker process included (as {TRACEBACK}=1): for plugin authors.",
+    ),
 ) -> None:
     """PPO-style RL for language models, assembled from small named components."""
+    if show_traceback:  # in the environment: the processes of 'train --nproc' inherit it
+        os.environ[TRACEBACK] = "1"
     if no_plugins:  # in the environment: the processes of 'train --nproc' inherit it
         os.environ[NO_PLUGINS] = "1"
         reset_registry()
