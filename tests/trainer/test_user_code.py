@@ -161,9 +161,8 @@ class ClosesBadly(HFEngine):
 def test_a_finished_run_is_a_success_when_close_fails(
     use_registry: Callable[..., Any], tmp_path: Path
 ) -> None:
-    from ppokit.trainer.loop import train
-
     from ppokit.components.rollout_engine import HFParams
+    from ppokit.trainer.loop import train
 
     engine = Plugin().add(
         "rollout_engine", "closes_badly", ClosesBadly, params=HFParams, summary="hf"
