@@ -39,6 +39,7 @@ from typing import Any, TypedDict, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ppokit.components.reward import RESERVED_FIELDS
 from ppokit.errors import MissingDependency, UserError, one_line
 from ppokit.registry import format_validation_error
 from ppokit.spec import ArithmeticOptions, DataSpec, DemoOptions
@@ -243,6 +244,13 @@ class RowMap:
         for key, value in raw.items():
             if key not in self._renamed and key not in row:
                 row[key] = value
+        clash = next((key for key in row if key in RESERVED_FIELDS), None)
+        if clash is not None:
+            raise UserError(
+                f"{where}: the column {clash!r} has the name of a field ppokit passes to every "
+                f"reward ({', '.join(RESERVED_FIELDS)}): rename it, or map it to another name "
+                f"with data.columns: {{<name>: {clash}}}"
+            )
         prompt, column = row["prompt"], self.column("prompt")
         if isinstance(prompt, list):
             row["prompt"], row["messages"] = _chat_prompt(prompt, column, where)

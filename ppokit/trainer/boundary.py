@@ -289,8 +289,8 @@ class Checked:
                 self.where, self.pool, [call], self.timeout, self.setting, code=code
             )[0]
         elif self.kind == "reward":  # its own copies: what it changes, no other reward sees
-            args, kwargs = copy.deepcopy((args, kwargs))
-            out = call_here(self.where, self.component, args, kwargs)
+            mine, theirs = copy.deepcopy((args, kwargs))
+            out = call_here(self.where, self.component, mine, theirs)
         else:
             bounded = self.kind in BOUNDED_KINDS
             timeout = self.timeout if bounded else None

@@ -24,6 +24,7 @@ are read back once per batch (which groups to keep).
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -189,9 +190,9 @@ def _scored(
 def _groups(batch: GroupBatch, n: int) -> Groups:
     """What a group filter sees of a batch: [G, n] rewards, lengths and truncation."""
     g, ro = len(batch.rows), batch.rollout
-    return Groups(
-        rows=batch.rows,
-        responses=batch.texts,
+    return Groups(  # its own copies of the rows and texts (the tensors are read-only)
+        rows=copy.deepcopy(batch.rows),
+        responses=list(batch.texts),
         rewards=batch.scores.view(g, n),
         lengths=ro.response_mask.sum(1).view(g, n),
         truncated=ro.truncated.view(g, n),

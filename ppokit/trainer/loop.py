@@ -363,7 +363,7 @@ def _rounds(
     if resume:
         display.step("restoring the checkpoint")
         with io_errors(out / "checkpoint", "cannot restore the checkpoint"):
-            start = load_checkpoint(out, models, state, source)
+            start = load_checkpoint(out, models, state, source, setup.assembly.environment)
         distributed.barrier()  # every process has read it before it is changed
         if world.main:
             redo = check_metrics(log.path, start)
@@ -425,7 +425,8 @@ def _rounds(
                     display.message(f"warning: {problem}")
                 history.append(record)
                 if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
-                    save_checkpoint(out, models, state, source, r + 1, spec_yaml)
+                    environment = setup.assembly.environment
+                    save_checkpoint(out, models, state, source, r + 1, spec_yaml, environment)
                 display.round(record, total)
         except KeyboardInterrupt:
             display.close()

@@ -438,3 +438,48 @@ def test_the_echo_game_learns_on_the_demo_model(tmp_path) -> None:
     late = [h["reward_mean"] for h in history[-10:]]
     assert sum(late) / len(late) > 0.6
     assert history[0]["reward_mean"] < 0.2
+
+
+# ------------------------------------------------------------------ state across episodes
+class Counting:
+    """Keeps the number of episodes it has seen on ``self`` (state across episodes, in its
+    worker process), and checkpoints it: each turn's reward is that count's last digit."""
+
+    def __init__(self) -> None:
+        self.episodes = 0
+
+    def reset(self, row: dict[str, Any]) -> str | None:
+        self.episodes += 1
+        row["episode"] = self.episodes
+        return None
+
+    def step(self, row: dict[str, Any], response: str, turn: int) -> Step:
+        return Step(None, float(row["episode"] % 10), True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"episodes": self.episodes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.episodes = int(state["episodes"])
+
+
+def test_the_environments_state_is_checkpointed(use_registry, tmp_path: Path) -> None:
+    from ppokit.trainer.loop import train
+    from ppokit.trainer.metrics import TIMING, read_metrics
+    from tests.helpers import Plugin
+
+    use_registry(Plugin().add("environment", "counting", Counting, summary="counts"))
+    sets = ["rollout.environment=counting", "reward=[]", "output.save_every=1"]
+
+    def rewards(out: Path) -> list[Any]:
+        return [
+            {k: v for k, v in h.items() if k not in TIMING and k != "time_round"}
+            for h in read_metrics(out)
+        ]
+
+    train(small_spec(tmp_path / "whole", *sets, "train.rounds=2"))
+    train(small_spec(tmp_path / "cut", *sets, "train.rounds=1"))
+    train(small_spec(tmp_path / "cut", *sets, "train.rounds=2"), resume=True)
+    whole, cut = rewards(tmp_path / "whole"), rewards(tmp_path / "cut")
+    assert whole[1]["reward_mean"] != whole[0]["reward_mean"]  # the state changes the reward
+    assert cut == whole
