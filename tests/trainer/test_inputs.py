@@ -6,6 +6,7 @@ the model's output); rewards score the model's own text, with the transcript as 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def test_data_columns_cannot_shadow_what_a_reward_is_passed(tmp_path: Path) -> N
 
     for column in RESERVED_FIELDS:
         data = tmp_path / f"{column}.jsonl"
-        data.write_text('{"prompt": "p", "%s": 1}\n' % column)
+        data.write_text(json.dumps({"prompt": "p", column: 1}) + "\n")
         with pytest.raises(UserError) as info:
             JsonlSource(0, data)
         assert f"the column {column!r} has the name of a field ppokit passes" in str(info.value)
