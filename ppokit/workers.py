@@ -34,10 +34,9 @@ import pickle
 import signal
 import sys
 import traceback
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing import connection, get_context
+from multiprocessing import connection, get_context, util
 from typing import Any
 
 from ppokit.bounded import TimedOut
@@ -268,7 +267,9 @@ class WorkerPool:
         self._payload = dumps(target)
         _context()  # the server boots (imports torch) while the caller goes on
         self._workers: list[_Worker | None] = [None] * size
-        self._finalizer = weakref.finalize(self, _kill_all, self._workers)
+        # killed at the pool's collection and at the process's end, before multiprocessing
+        # joins its children (a process started by mp.spawn runs no atexit hook)
+        self._finalizer = util.Finalize(self, _kill_all, args=(self._workers,), exitpriority=10)
 
     def __enter__(self) -> WorkerPool:
         return self

@@ -31,10 +31,11 @@ import copy
 import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from torch import Tensor
 
+from ppokit import distributed
 from ppokit.bounded import TimedOut, deadline, interrupts
 from ppokit.errors import ComponentError, ComponentTimeout, UserError, one_line, raised_at
 from ppokit.trainer.checks import count
@@ -61,11 +62,13 @@ __all__ = [
     "CheckedEngine",
     "CheckedEnvironment",
     "EnvironmentInWorker",
+    "InWorker",
     "RewardInWorker",
     "call_here",
     "checked",
     "code_of",
     "failure",
+    "reraise",
 ]
 
 #: The kinds called once a round on the round's tensors, bounded in the trainer's process by
@@ -135,7 +138,7 @@ def call_here(
     setting: str = "",
 ) -> Any:
     """``fn(*args, **kwargs)`` in this process, under :func:`deadline` (``timeout``, set by
-    ``setting``), with whatever it raises made the run's one line (:func:`failure`)."""
+    ``setting``), with whatever it raises made the run's one line (:func:`reraise`)."""
     before = interrupts()
     try:
         with deadline(timeout, str(where)):
@@ -146,12 +149,19 @@ def call_here(
             f"{where} did not return{doing} within {setting} ({timeout:g} s): it was "
             "interrupted and the run stops"
         ) from None
-    except KeyboardInterrupt as exc:
-        if interrupts() != before:  # Ctrl-C: the run's to handle
-            raise
-        raise failure(where, exc, what) from exc
     except BaseException as exc:
-        raise failure(where, exc, what) from exc
+        reraise(where, exc, before, what)
+
+
+def reraise(where: Where | str, exc: BaseException, before: int, what: str = "") -> NoReturn:
+    """Raise what stops the run for ``exc``, raised by a component's call in this process
+    (:func:`failure`); a ``KeyboardInterrupt`` is a Ctrl-C, raised as it is, when one
+    arrived since :func:`~ppokit.bounded.interrupts` was ``before``."""
+    if isinstance(exc, UserError) or (
+        isinstance(exc, KeyboardInterrupt) and interrupts() != before
+    ):
+        raise exc  # its own line already; or a Ctrl-C
+    raise failure(where, exc, what) from exc
 
 
 def call_in_worker(
@@ -214,11 +224,25 @@ def _unchanged(where: Where, versions: list[tuple[str, Tensor, int]]) -> None:
 
 
 # ---------------------------------------------------------------------- what runs in workers
-class RewardInWorker:
+class InWorker:
+    """A component as it crosses to its worker process, with the :class:`World` of the
+    run's process that made it (its rank and size, which the worker then reads from
+    :func:`ppokit.distributed.world`; no process group)."""
+
+    def __init__(self) -> None:
+        self.world = distributed.world()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        distributed.adopt(state["world"])
+
+
+class RewardInWorker(InWorker):
     """A reward as it runs in its worker process: a tensor result crosses back on the CPU
     (a meta tensor as it is, for the contract's message)."""
 
     def __init__(self, reward: Any) -> None:
+        super().__init__()
         self.reward = reward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -228,12 +252,13 @@ class RewardInWorker:
         return out
 
 
-class EnvironmentInWorker:
+class EnvironmentInWorker(InWorker):
     """An environment as it runs in its worker process: ``reset`` and ``step`` return the
     episode's row too (what the environment wrote into it crosses back), and the optional
     ``state_dict``/``load_state_dict`` pass through."""
 
     def __init__(self, environment: Any) -> None:
+        super().__init__()
         self.environment = environment
 
     def reset(self, row: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -291,12 +316,16 @@ class Checked:
         elif self.kind == "reward":  # its own copies: what it changes, no other reward sees
             mine, theirs = copy.deepcopy((args, kwargs))
             out = call_here(self.where, self.component, mine, theirs)
-        else:
-            bounded = self.kind in BOUNDED_KINDS
-            timeout = self.timeout if bounded else None
+        elif self.kind in BOUNDED_KINDS:
             out = call_here(
-                self.where, self.component, args, kwargs, timeout=timeout, setting=self.setting
+                self.where, self.component, args, kwargs, timeout=self.timeout, setting=self.setting
             )
+        else:  # the per-micro-batch terms: called straight, inside the update
+            before = interrupts()
+            try:
+                out = self.component(*args, **kwargs)
+            except BaseException as exc:
+                reraise(self.where, exc, before)
         _unchanged(self.where, versions)
         out = self._contract(self.where, out, args, kwargs)
         if self._unit is not None:  # into the round's active non-finite counter

@@ -33,6 +33,7 @@ from ppokit import distributed
 from ppokit.components.rollout_engine import Sampling
 from ppokit.environments import ENDS
 from ppokit.errors import UserError
+from ppokit.trainer.prompts import TextBounds, encodable
 from ppokit.trainer.rollout import PromptEncoder, Rollout
 
 __all__ = ["Limits", "ObservationFormat", "Sampler", "Transcript", "episode_metrics"]
@@ -74,12 +75,15 @@ class ObservationFormat:
     followed by that message tells what closes the model's turn (after its EOS, e.g. a
     newline; all of it when the turn was cut before EOS) and what surrounds the content
     (``<|im_start|>user\\n`` ... ``<|im_end|>\\n<|im_start|>assistant\\n``). The content is
-    cut to ``max_tokens`` tokens; the markup never is.
+    cut to ``max_tokens`` tokens (by characters first, :class:`TextBounds`: a megabyte of
+    tool output is never tokenized whole; what UTF-8 cannot encode is replaced); the markup
+    never is.
     """
 
     def __init__(self, tokenizer: Any, chat: bool, role: str, max_tokens: int) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
+        self.bounds = TextBounds(tokenizer)
         self.after_eos: list[int] = []
         self.after_cut: list[int] = []
         self.before: list[int] = []
@@ -128,6 +132,7 @@ class ObservationFormat:
     def __call__(self, texts: list[str], cut: list[bool]) -> list[list[int]]:
         """Token ids of each observation, after a turn that ended with EOS (``cut`` False)
         or was cut by a length limit."""
+        texts = [self.bounds.head(t, self.max_tokens) for t in texts]
         contents = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         return [
             [
@@ -279,7 +284,7 @@ class Sampler:
         fmt = self.format(data.chat_template)
         episodes = [copy.deepcopy(row) for row in rows for _ in range(n)]
         openings = env.resets(episodes)
-        texts = [prompts[i // n] + (opening or "") for i, opening in enumerate(openings)]
+        texts = [prompts[i // n] + encodable(opening or "") for i, opening in enumerate(openings)]
         prompt_ids, prompt_mask = self.encode(texts, data, limits.budget, _BUDGET_SETTINGS)
         device = prompt_ids.device
         b = len(episodes)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ppokit.components.rollout_engine import EngineContext, Generation, Sampling
 from ppokit.errors import UserError
+from ppokit.trainer.prompts import TextBounds
 
 if TYPE_CHECKING:
     from ppokit.spec import DataSpec, ModelSpec, RolloutSpec
@@ -113,6 +114,7 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.device = device
+        self.bounds = TextBounds(tokenizer)
 
     def __call__(
         self,
@@ -123,7 +125,12 @@ class PromptEncoder:
     ) -> tuple[Tensor, Tensor]:
         """(ids, attention mask) ``[P, L]``; ``data`` (a data section) decides the chat
         template (its special tokens are already in the text) and ``long_prompts``;
-        ``room``: what sets ``max_new``, for the message."""
+        ``room``: what sets ``max_new``, for the message. A prompt is cut by characters to
+        what the context can hold first (:class:`~ppokit.trainer.prompts.TextBounds`): a
+        longer one is never tokenized whole."""
+        if self.limit is not None:
+            space = max(0, int(self.limit) - max_new)
+            prompts = [self.bounds.tail(p, space) for p in prompts]
         enc = self.tokenizer(
             prompts,
             padding=True,
