@@ -220,7 +220,7 @@ def test_a_prompt_past_max_model_len_is_refused_not_cut() -> None:
     engine = VLLMEngine.__new__(VLLMEngine)
     engine.max_len = 64
     engine._fits(60, 4)  # fits exactly
-    with pytest.raises(UserError, match="rollout.engine.max_model_len: a prompt of 61 tokens"):
+    with pytest.raises(UserError, match=r"max_model_len: a prompt of 61 tokens"):
         engine._fits(61, 4)
 
 
