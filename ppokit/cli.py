@@ -9,6 +9,7 @@ component whose catalogue entry gives no formula).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -23,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ppokit import __version__, launcher
+from ppokit.children import tie_to_parent
 from ppokit.compare import compare_command
 from ppokit.docgen import param_rows, params_table, write_docs
 from ppokit.errors import (
@@ -489,8 +491,33 @@ app.command("eval")(eval_command)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point."""
-    app(args=argv, prog_name="ppokit")
+    """Console entry point. A process started with :data:`ppokit.children.PARENT` ends with
+    that parent; a command ends when its work is done, even if a plugin left a thread
+    running that is not a daemon (Python would wait for it forever)."""
+    tie_to_parent()
+    try:
+        app(args=argv, prog_name="ppokit")
+    except SystemExit as exc:
+        code = exc.code
+        _end_past_stray_threads(code if isinstance(code, int) else 0 if code is None else 1)
+        raise
+
+
+def _end_past_stray_threads(code: int) -> None:
+    """End the process now, with ``code``, when a thread that is not a daemon is still
+    running (output flushed, logging shut down): nothing of the command's is left to do."""
+    import logging
+    import threading
+
+    main_thread = threading.main_thread()
+    stray = [t for t in threading.enumerate() if t is not main_thread and not t.daemon]
+    if not stray:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import contextlib
 import os
 import pickle
 import signal
-import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from multiprocessing import connection, get_context, util
 from typing import Any
 
 from ppokit.bounded import TimedOut
+from ppokit.children import die_with_parent
 from ppokit.errors import one_line, raised_at
 
 __all__ = [
@@ -59,8 +59,6 @@ PRELOAD = ("ppokit.workers", "torch")
 START_TIMEOUT = 120.0
 #: Seconds a worker closed by :meth:`WorkerPool.close` gets to end before it is killed.
 CLOSE_GRACE = 0.5
-#: linux/prctl.h: PR_SET_PDEATHSIG.
-_PR_SET_PDEATHSIG = 1
 
 
 class Raised(Exception):
@@ -147,17 +145,11 @@ class Call:
 
 # ---------------------------------------------------------------------- the worker's side
 def _die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when its parent (the forkserver, which ends with
-    the process that started it) ends."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        parent = os.getppid()
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # it ended before the signal was asked for
-            os._exit(1)
+    """This process gets SIGKILL when its parent (the forkserver, which ends with the
+    process that started it) ends; it ends now if that parent is gone already."""
+    parent = os.getppid()
+    if die_with_parent(signal.SIGKILL) and os.getppid() != parent:
+        os._exit(1)
 
 
 def _send(conn: Any, message: tuple[str, Any]) -> None:
