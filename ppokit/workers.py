@@ -164,9 +164,10 @@ def _send(conn: Any, message: tuple[str, Any]) -> None:
 
 
 def serve(conn: Any, payload: bytes) -> None:
-    """A worker's life: load the object from ``payload``, then answer each call received on
-    ``conn`` with ``("ok", result)`` or ``("raised", Raised)``, until the pipe closes or
-    ``None`` arrives."""
+    """A worker's life: load the object from ``payload``, then for each list of calls
+    received on ``conn`` answer every call in turn, as soon as it is done, with
+    ``("ok", result)`` or ``("raised", Raised)``, until the pipe closes or ``None``
+    arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle
     _die_with_parent()
     try:
@@ -177,19 +178,20 @@ def serve(conn: Any, payload: bytes) -> None:
     _send(conn, ("ok", None))
     while True:
         try:
-            call = pickle.loads(conn.recv_bytes())
+            calls = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
-        if call is None:
+        if calls is None:
             return
-        try:
-            fn = target if call.method is None else getattr(target, call.method)
-            result = fn(*call.args, **(call.kwargs or {}))
-        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: reported
-            _send(conn, ("raised", Raised.of(exc)))
-        else:
-            _send(conn, ("ok", result))
-        del call
+        for call in calls:
+            try:
+                fn = target if call.method is None else getattr(target, call.method)
+                result = fn(*call.args, **(call.kwargs or {}))
+            except BaseException as exc:  # SystemExit and KeyboardInterrupt too: reported
+                _send(conn, ("raised", Raised.of(exc)))
+            else:
+                _send(conn, ("ok", result))
+        del calls
 
 
 # ---------------------------------------------------------------------- the caller's side
@@ -314,43 +316,55 @@ class WorkerPool:
         return self.map([call], timeout)[0]
 
     def map(self, calls: Sequence[Call], timeout: float | None) -> list[Any]:
-        """The results of ``calls``, in order, spread over the workers (each worker answers
-        one call at a time; a pool of one answers them in order)."""
+        """The results of ``calls``, in order: each worker gets a contiguous share of them
+        in one message and answers them in turn, each answer sent as it is ready, each call
+        bounded by ``timeout`` seconds from the answer before it (a pool of one answers them
+        all in order)."""
         import time
 
         results: list[Any] = [None] * len(calls)
-        queue = list(enumerate(calls))[::-1]
-        running: dict[int, tuple[int, float]] = {}  # worker -> (call index, sent at)
+        each = -(-len(calls) // self.size) if calls else 0
+        pending: dict[int, list[int]] = {}  # worker -> its calls not yet answered, in order
+        since: dict[int, float] = {}  # worker -> when its current call began
         try:
-            while queue or running:
-                for i in range(self.size):
-                    if queue and i not in running:
-                        worker = self._worker(i)
-                        index, call = queue.pop()
-                        self._ready(worker)
-                        worker.conn.send_bytes(pickle.dumps(call, pickle.HIGHEST_PROTOCOL))
-                        running[i] = (index, time.monotonic())
-                        worker.busy_since = running[i][1]
+            for i in range(self.size):
+                share = list(range(i * each, min(len(calls), (i + 1) * each)))
+                if not share:
+                    continue
+                worker = self._worker(i)
+                self._ready(worker)
+                batch = [calls[k] for k in share]
+                worker.conn.send_bytes(pickle.dumps(batch, pickle.HIGHEST_PROTOCOL))
+                pending[i], since[i] = share, time.monotonic()
+                worker.busy_since = since[i]
+            while pending:
                 now = time.monotonic()
-                waits = [sent + timeout - now for _, sent in running.values()] if timeout else []
-                wait = max(0.0, min(waits)) if waits else None
+                wait = None
+                if timeout is not None:
+                    wait = max(0.0, min(since[i] + timeout for i in pending) - now)
                 handles: dict[Any, int] = {}
-                for i in running:
+                for i in pending:
                     worker = self._workers[i]
                     assert worker is not None
                     handles[worker.conn] = handles[worker.process.sentinel] = i
-                ready = connection.wait(list(handles), wait)
-                done = {handles[h] for h in ready}
-                for i in sorted(done):
-                    index, _ = running.pop(i)
-                    results[index] = self._reply(i)
+                ready = {handles[h] for h in connection.wait(list(handles), wait)}
+                for i in sorted(ready):
+                    worker = self._workers[i]
+                    assert worker is not None
+                    while i in pending and (worker.conn.poll() or i in ready):
+                        ready.discard(i)  # a sentinel alone: read once, to find it dead
+                        index = pending[i].pop(0)
+                        results[index] = self._reply(i)
+                        since[i] = time.monotonic()
+                        if not pending[i]:
+                            del pending[i]
+                            worker.busy_since = None
                 if timeout is not None:
                     now = time.monotonic()
-                    for _, sent in running.values():
-                        if now - sent >= timeout:
-                            raise TimedOut(f"did not finish within {timeout:g} s")
+                    if any(now - since[i] >= timeout for i in pending):
+                        raise TimedOut(f"did not finish within {timeout:g} s")
         except BaseException:
-            for i in running:  # their calls are abandoned: the processes go
+            for i in [i for i, left in pending.items() if left]:  # abandoned: the processes go
                 worker = self._workers[i]
                 if worker is not None:
                     worker.kill()
@@ -383,7 +397,6 @@ class WorkerPool:
         worker = self._workers[i]
         assert worker is not None
         status, value = self._receive(worker)
-        worker.busy_since = None
         if status == "raised":
             raise value
         return value
