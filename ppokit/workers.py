@@ -344,30 +344,28 @@ class WorkerPool:
                     wait = max(0.0, min(since[i] + timeout for i in pending) - now)
                 handles: dict[Any, int] = {}
                 for i in pending:
-                    worker = self._workers[i]
-                    assert worker is not None
-                    handles[worker.conn] = handles[worker.process.sentinel] = i
+                    busy = self._busy(i)
+                    handles[busy.conn] = handles[busy.process.sentinel] = i
                 ready = {handles[h] for h in connection.wait(list(handles), wait)}
                 for i in sorted(ready):
-                    worker = self._workers[i]
-                    assert worker is not None
-                    while i in pending and (worker.conn.poll() or i in ready):
+                    busy = self._busy(i)
+                    while i in pending and (busy.conn.poll() or i in ready):
                         ready.discard(i)  # a sentinel alone: read once, to find it dead
                         index = pending[i].pop(0)
                         results[index] = self._reply(i)
                         since[i] = time.monotonic()
                         if not pending[i]:
                             del pending[i]
-                            worker.busy_since = None
+                            busy.busy_since = None
                 if timeout is not None:
                     now = time.monotonic()
                     if any(now - since[i] >= timeout for i in pending):
                         raise TimedOut(f"did not finish within {timeout:g} s")
         except BaseException:
             for i in [i for i, left in pending.items() if left]:  # abandoned: the processes go
-                worker = self._workers[i]
-                if worker is not None:
-                    worker.kill()
+                gone = self._workers[i]
+                if gone is not None:
+                    gone.kill()
                 self._workers[i] = None
             raise
         return results
@@ -393,10 +391,13 @@ class WorkerPool:
         worker.process.join(5)
         raise WorkerDied(worker.process.exitcode)
 
-    def _reply(self, i: int) -> Any:
+    def _busy(self, i: int) -> _Worker:
         worker = self._workers[i]
-        assert worker is not None
-        status, value = self._receive(worker)
+        assert worker is not None  # a worker with calls pending
+        return worker
+
+    def _reply(self, i: int) -> Any:
+        status, value = self._receive(self._busy(i))
         if status == "raised":
             raise value
         return value

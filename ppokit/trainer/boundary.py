@@ -477,22 +477,24 @@ class CheckedEnvironment:
     def state_dict(self) -> Any:
         """What the environment keeps across episodes (its optional ``state_dict()``), or
         None."""
-        if optional(self.environment, "environment", "state_dict") is None:
+        read = optional(self.environment, "environment", "state_dict")
+        if read is None:
             return None
         if self.pool is not None:
             call = [Call("state_dict")]
             return call_in_worker(self.where, self.pool, call, self.timeout, self.SETTING)[0]
-        return call_here(self.where, self.environment.state_dict, what="state_dict")
+        return call_here(self.where, read, what="state_dict")
 
     def load_state_dict(self, state: Any) -> None:
         """Give a checkpoint's state back to an environment that has ``load_state_dict``."""
-        if state is None or optional(self.environment, "environment", "load_state_dict") is None:
+        load = optional(self.environment, "environment", "load_state_dict")
+        if state is None or load is None:
             return
         if self.pool is not None:
             call = [Call("load_state_dict", (state,))]
             call_in_worker(self.where, self.pool, call, self.timeout, self.SETTING)
             return
-        call_here(self.where, self.environment.load_state_dict, (state,), what="load_state_dict")
+        call_here(self.where, load, (state,), what="load_state_dict")
 
     def close(self) -> None:
         if self.pool is not None:

@@ -436,7 +436,9 @@ def _check_values(
     """The values of a generation's ids, mask and log μ, read back in one host read."""
     flags = [
         (ids < 0).any(),
-        (ids >= limits.vocab).any() if limits.vocab is not None else ids.new_zeros((), bool),
+        (ids >= limits.vocab).any()
+        if limits.vocab is not None
+        else ids.new_zeros((), dtype=torch.bool),
         (mask[:, 1:] & ~mask[:, :-1]).any(),
         ~mask.any(1).all(),
     ]
