@@ -32,6 +32,7 @@ import contextlib
 import os
 import pickle
 import signal
+import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -258,7 +259,9 @@ class WorkerPool:
             raise ValueError(f"a pool needs at least one worker (size={size})")
         self.name = name
         self.size = size
+        self._target = target
         self._payload = dumps(target)
+        self._by_value_modules: set[str] = set()
         _context()  # the server boots (imports torch) while the caller goes on
         self._workers: list[_Worker | None] = [None] * size
         # killed at the pool's collection and at the process's end, before multiprocessing
@@ -331,8 +334,7 @@ class WorkerPool:
                 share = list(range(i * each, min(len(calls), (i + 1) * each)))
                 if not share:
                     continue
-                worker = self._worker(i)
-                self._ready(worker)
+                worker = self._ready(self._worker(i))
                 batch = [calls[k] for k in share]
                 worker.conn.send_bytes(pickle.dumps(batch, pickle.HIGHEST_PROTOCOL))
                 pending[i], since[i] = share, time.monotonic()
@@ -370,17 +372,40 @@ class WorkerPool:
             raise
         return results
 
-    def _ready(self, worker: _Worker) -> None:
-        """Wait for a new worker to have loaded its object (for START_TIMEOUT seconds)."""
-        if worker.ready:
-            return
-        if not connection.wait([worker.conn, worker.process.sentinel], START_TIMEOUT):
+    def _ready(self, worker: _Worker) -> _Worker:
+        """Wait for a new worker to have loaded its object (for START_TIMEOUT seconds). A
+        module the object was pickled by reference from, which the worker cannot import (one
+        made here from a file, not on ``sys.path``), is pickled by value instead, and the
+        worker started again."""
+        while not worker.ready:
+            if not connection.wait([worker.conn, worker.process.sentinel], START_TIMEOUT):
+                worker.kill()
+                raise TimedOut(f"its worker did not start within {START_TIMEOUT:g} s")
+            status, value = self._receive(worker)
+            if status == "ok":
+                worker.ready = True
+                break
+            missing = getattr(value.original, "name", None) if isinstance(value, Raised) else None
+            if value.kind != "ModuleNotFoundError" or not self._by_value(missing):
+                raise value
+            i = self._workers.index(worker)
             worker.kill()
-            raise TimedOut(f"its worker did not start within {START_TIMEOUT:g} s")
-        status, value = self._receive(worker)
-        if status != "ok":
-            raise value
-        worker.ready = True
+            self._workers[i] = None
+            worker = self._worker(i)
+        return worker
+
+    def _by_value(self, module: str | None) -> bool:
+        """Pickle ``module`` (one this process has) by value from now on; False if it
+        cannot be."""
+        import cloudpickle
+
+        found = sys.modules.get(module or "")
+        if found is None or module in self._by_value_modules:
+            return False
+        self._by_value_modules.add(module)
+        cloudpickle.register_pickle_by_value(found)
+        self._payload = cloudpickle.dumps(self._target, protocol=pickle.HIGHEST_PROTOCOL)
+        return True
 
     def _receive(self, worker: _Worker) -> tuple[str, Any]:
         try:

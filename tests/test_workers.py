@@ -170,3 +170,20 @@ def test_a_ctrl_c_is_told_from_a_keyboard_interrupt_raised_by_code() -> None:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)
         assert interrupts() == before + 1
+
+
+def test_a_module_the_worker_cannot_import_crosses_by_value(tmp_path, monkeypatch) -> None:
+    """A class from a module made here from a file (not on ``sys.path``): the worker cannot
+    import it by name, so the module is pickled by value and the worker started again."""
+    import importlib.util
+    import sys
+
+    path = tmp_path / "ppokit_made_here.py"
+    path.write_text("class Made:\n    def answer(self):\n        return 42\n")
+    spec = importlib.util.spec_from_file_location("ppokit_made_here", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "ppokit_made_here", module)
+    with WorkerPool(module.Made()) as made:
+        assert made.call(Call("answer"), timeout=30) == 42

@@ -61,7 +61,8 @@ def dies(prompts: list[str], responses: list[str], **fields: Any) -> list[float]
 
 
 def run(tmp_path: Path, reward: Path, *flags: str) -> Any:
-    """``ppokit FLAGS train`` of two small rounds with a python reward in ``reward``."""
+    """``ppokit FLAGS train`` of two small rounds with a python reward in ``reward`` (the
+    switches the flags set in the environment are the ``switches`` fixture's to undo)."""
     items = [*SMALL, "train.rounds=2", "output.save_every=1"]
     items.append(f"reward={{name: python, function: '{reward}:reward'}}")
     sets = [a for item in items for a in ("--set", item)]
@@ -69,6 +70,15 @@ def run(tmp_path: Path, reward: Path, *flags: str) -> Any:
     return CliRunner().invoke(app, argv, catch_exceptions=False)
 
 
+@pytest.fixture
+def switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-plugins and --traceback set PPOKIT_NO_PLUGINS and PPOKIT_TRACEBACK in this
+    process's environment: taken back after the test."""
+    monkeypatch.setenv("PPOKIT_NO_PLUGINS", "0")
+    monkeypatch.setenv("PPOKIT_TRACEBACK", "0")
+
+
+@pytest.mark.usefixtures("switches")
 def test_sys_exit_in_a_reward_stops_the_run_with_one_line(tmp_path: Path) -> None:
     code = tmp_path / "exits.py"
     code.write_text(EXITS)
@@ -82,6 +92,7 @@ def test_sys_exit_in_a_reward_stops_the_run_with_one_line(tmp_path: Path) -> Non
     assert checkpoint_round(tmp_path / "run") == 1  # round 1's checkpoint stays
 
 
+@pytest.mark.usefixtures("switches")
 def test_the_traceback_is_behind_a_flag(tmp_path: Path) -> None:
     code = tmp_path / "exits.py"
     code.write_text(EXITS)
@@ -89,7 +100,6 @@ def test_the_traceback_is_behind_a_flag(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "Traceback" in result.stderr and "in the worker process:" in result.stderr
     assert f'File "{code}", line 9, in reward' in result.stderr
-    os.environ.pop("PPOKIT_TRACEBACK", None)
 
 
 @pytest.mark.parametrize("timeout", ["5", "null"])  # in a worker process, and here
