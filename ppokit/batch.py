@@ -253,17 +253,6 @@ class RolloutBatch:
         num = self.group_sum(torch.where(weights != 0, x.float() * weights, 0.0))
         return torch.where(total > 0, num / total.clamp_min(1e-30), torch.zeros_like(num))
 
-    def group_std(self, x: Tensor) -> Tensor:
-        """Per-row unbiased standard deviation of ``x`` over the non-empty rows of its group,
-        float32 [B]; 0 for a group of one response.
-        """
-        live = self.nonempty
-        dev = torch.where(live, x.float() - self.group_mean(x), 0.0)
-        ss = self.group_sum(dev * dev)
-        n = self.group_sizes
-        var = torch.where(n > 1, ss / (n - 1).clamp_min(1), torch.zeros_like(ss))
-        return var.sqrt()
-
 
 def _describe(t: object) -> str:
     if isinstance(t, Tensor):

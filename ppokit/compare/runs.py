@@ -15,6 +15,7 @@ import yaml
 
 from ppokit.children import python_command
 from ppokit.errors import UserError
+from ppokit.metrics_table import ROUND
 from ppokit.runfolder import (
     CHECKPOINT,
     COMPARE_LOCK,
@@ -165,7 +166,7 @@ def read_history(run_dir: Path) -> list[dict[str, Any]]:
 
 def last_round(run_dir: Path) -> int:
     """The last round ``run_dir``'s metrics.jsonl records (0: none)."""
-    return max((r["round"] for r in read_history(run_dir)), default=0)
+    return max((r[ROUND] for r in read_history(run_dir)), default=0)
 
 
 def read_run_spec(run_dir: Path) -> dict[str, Any] | None:

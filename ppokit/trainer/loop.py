@@ -20,6 +20,7 @@ import torch
 from ppokit import distributed
 from ppokit.bounded import counting_interrupts
 from ppokit.errors import UserError
+from ppokit.metrics_table import EVAL_PREFIX, REWARD, ROUND, ROUND_TIME, THROUGHPUT
 from ppokit.runfolder import (
     CHECKPOINT,
     CURVES_PNG,
@@ -407,7 +408,7 @@ def _rounds(
                 f"evaluating {prompts} held-out prompts",
                 passes=2 * batches,  # a greedy and a sampled pass over each batch
             )
-            record: dict[str, Any] = {"round": 0, **evaluator.run(), "time_eval": evaluator.seconds}
+            record: dict[str, Any] = {ROUND: 0, **evaluator.run(), "time_eval": evaluator.seconds}
             log.append(record)
             trackers.log_metrics(0, record)
             history.append(record)
@@ -447,17 +448,17 @@ def _rounds(
         if world.main and not smoke:
             for line in where_results(out):
                 display.message(line)
-        if smoke and not any(h.get("reward_mean") for h in history):
+        if smoke and not any(h.get(REWARD) for h in history):
             display.message(
                 "ppokit: every reward of the smoke run was 0, as expected of the tiny random "
                 "model on this task, so its advantages, losses and gradients are 0 too"
             )
-        rewards = [h["reward_mean"] for h in history if h.get("reward_mean") is not None]
+        rewards = [h[REWARD] for h in history if h.get(REWARD) is not None]
         first = rewards[0] if rewards else None  # round 0 (an evaluation only) has none
-        tail = [h["reward_mean"] for h in history[-5:] if h.get("reward_mean") is not None]
+        tail = [h[REWARD] for h in history[-5:] if h.get(REWARD) is not None]
         return {
             "output_dir": None if temporary else str(out),
-            "rounds": sum(1 for h in history if h["round"] > 0),  # not round 0
+            "rounds": sum(1 for h in history if h[ROUND] > 0),  # not round 0
             "resumed_from": start if resume else None,
             "smoke": smoke,
             "threads": torch.get_num_threads(),
@@ -482,7 +483,11 @@ def eval_line(record: dict[str, Any]) -> str:
     """``round 0 (before training): accuracy 0.41 ±0.068  pass@4 0.62  reward_mean 0.4
     response_length_mean 21.5  prompts 200`` (the ``eval/`` metrics, the interval's
     half-width beside the accuracy): under 100 characters for the built-in metrics."""
-    values = {k[5:]: v for k, v in record.items() if k.startswith("eval/") and v is not None}
+    values = {
+        k.removeprefix(EVAL_PREFIX): v
+        for k, v in record.items()
+        if k.startswith(EVAL_PREFIX) and v is not None
+    }
     ci = values.pop("accuracy_ci95", None)
     parts = []
     for key, value in values.items():
@@ -531,10 +536,10 @@ def _run_round(
     )
     values = read_once(result.metrics)  # the round's one host read
     tokens = values.pop("tokens", None) or 0.0
-    record: dict[str, Any] = {"round": r + 1, **values, **result.timings}
+    record: dict[str, Any] = {ROUND: r + 1, **values, **result.timings}
     gen = result.timings.get("time_generate", 0.0)
-    record["tokens_per_s"] = tokens / gen if gen > 0 else None
-    record["time_round"] = time.perf_counter() - begin
+    record[THROUGHPUT] = tokens / gen if gen > 0 else None
+    record[ROUND_TIME] = time.perf_counter() - begin
     if evaluator is not None and _evaluates(spec, r):  # after the update, into this record
         setup.reporter.phase("evaluating")
         record.update(evaluator.run())

@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ppokit.errors import UserError
 from ppokit.spec import DataSpec
 
-__all__ = ["MAX_TOKEN_CHARS", "TextBounds", "chat_messages", "encodable", "format_prompts"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = [
+    "MAX_TOKEN_CHARS",
+    "TextBounds",
+    "chat_messages",
+    "chat_text",
+    "encodable",
+    "format_prompts",
+]
 
 #: The longest a token may count for, in characters, whatever the vocabulary says.
 MAX_TOKEN_CHARS = 256
@@ -70,7 +80,9 @@ def chat_messages(row: Mapping[str, Any], system_prompt: str | None = None) -> l
     return out
 
 
-def format_prompts(rows: list[dict[str, Any]], tokenizer: Any, data_spec: DataSpec) -> list[str]:
+def format_prompts(
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, data_spec: DataSpec
+) -> list[str]:
     """The text the policy sees for each row: its prompt, or its chat messages
     (:func:`chat_messages`) in the tokenizer's chat template when ``data.chat_template``;
     what UTF-8 cannot encode replaced (:func:`encodable`)."""
@@ -82,12 +94,18 @@ def format_prompts(rows: list[dict[str, Any]], tokenizer: Any, data_spec: DataSp
             "set data.chat_template: false"
         )
     return [
-        encodable(
-            tokenizer.apply_chat_template(
-                chat_messages(row, data_spec.system_prompt),
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-        )
+        encodable(chat_text(tokenizer, chat_messages(row, data_spec.system_prompt), True))
         for row in rows
     ]
+
+
+def chat_text(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], generation_prompt: bool
+) -> str:
+    """``messages`` in the tokenizer's chat template, as text (``generation_prompt``: the
+    assistant's turn opened after them)."""
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt
+    )
+    assert isinstance(text, str)  # tokenize=False renders text
+    return text

@@ -4,7 +4,7 @@ both score through a :class:`Scorer`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -13,7 +13,10 @@ from ppokit.components.reward import RESERVED_FIELDS
 from ppokit.errors import UserError
 from ppokit.trainer.assembly import Assembly, as_scores
 from ppokit.trainer.checks import count
-from ppokit.trainer.rollout import Rollout
+from ppokit.trainer.rollout import Rollout, decode_rows
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["Scorer"]
 
@@ -21,7 +24,9 @@ __all__ = ["Scorer"]
 class Scorer:
     """The spec's rewards (``assembly.rewards``) over texts decoded by ``tokenizer``."""
 
-    def __init__(self, assembly: Assembly, tokenizer: Any, device: torch.device) -> None:
+    def __init__(
+        self, assembly: Assembly, tokenizer: PreTrainedTokenizerBase, device: torch.device
+    ) -> None:
         self.assembly = assembly
         self.tokenizer = tokenizer
         self.device = device
@@ -31,23 +36,16 @@ class Scorer:
         the environment's text), lengths (the model's tokens), truncation flags and
         transcripts (with an environment the whole episode; else the responses), in one
         host read."""
-        tok = self.tokenizer
-        pad = tok.pad_token_id
-        ids = ro.response_ids.masked_fill(~ro.response_mask, pad)
-        parts = [ids]
-        if ro.env_mask is not None:
-            parts.append(ro.response_ids.masked_fill(~ro.present, pad))
-        counts = [ro.response_mask.sum(1, keepdim=True), ro.truncated.long()[:, None]]
-        packed = torch.cat([*parts, *counts], 1).cpu()
-        width = ids.shape[1]
-        texts = tok.batch_decode(packed[:, :width], skip_special_tokens=True)
-        transcripts = (
-            tok.batch_decode(packed[:, width : 2 * width], skip_special_tokens=True)
-            if ro.env_mask is not None
-            else texts
+        multi = ro.env_mask is not None
+        texts, lengths, truncated, transcripts = decode_rows(
+            self.tokenizer,
+            ro.response_ids,
+            ro.response_mask,
+            ro.response_mask,
+            ro.truncated,
+            also=ro.present if multi else None,
         )
-        lengths, truncated = packed[:, -2].tolist(), [bool(x) for x in packed[:, -1].tolist()]
-        return texts, lengths, truncated, transcripts
+        return texts, lengths, truncated, transcripts if transcripts is not None else texts
 
     def score(
         self,

@@ -357,8 +357,12 @@ def test_losses_are_checked(
 def test_the_differentiability_check_is_off_without_grad(assemble) -> None:
     """Under no_grad (the KL of the reward placement, metrics) a loss needs no graph."""
     asm = assemble("policy.loss.name=bad_policy_loss", "policy.loss.mode=detached")
+    args = (_logp(), torch.zeros(B, T), torch.ones(B, T), _batch().response_mask)
     with torch.no_grad():
-        asm.policy_loss(_logp(), torch.zeros(B, T), torch.ones(B, T), _batch().response_mask)
+        out = asm.policy_loss(*args)
+    assert out.shape == (B, T) and not out.requires_grad  # returned as it is
+    with pytest.raises(ComponentError, match="without grad"):  # with grad: the check is on
+        asm.policy_loss(*args)
 
 
 def test_optional_members_pass_through(assemble) -> None:

@@ -37,8 +37,8 @@ HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int_
 ALLOWED = Counter(
     {
         ("tolist", "_check_values"): 1,
-        ("cpu", "decode"): 1,
-        ("tolist", "decode"): 2,
+        ("cpu", "decode_rows"): 1,
+        ("tolist", "decode_rows"): 2,
         ("cpu", "read_once"): 1,
         ("tolist", "read_once"): 1,
     }

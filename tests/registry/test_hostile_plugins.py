@@ -290,7 +290,7 @@ def test_a_lazy_factory_is_imported_under_the_guards(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "ppokit_lazy_writes.py").write_text(
-        "import os\nfrom tests.test_hostile_plugins import LAZY_WRITES\n"
+        "import os\nfrom tests.registry.test_hostile_plugins import LAZY_WRITES\n"
         "os.write(1, b'fd 1 at import\\n')\n\n"
         "@LAZY_WRITES.implementation\ndef make():\n    return 1\n"
     )

@@ -21,8 +21,14 @@ from ppokit.compare import COMPARE_LOCK, SweepRun, last_line, run_sweep
 from ppokit.errors import UserError
 from ppokit.runfolder import LOCK, FolderLock
 from ppokit.spec import load_spec
+from tests.compare.test_compare import (
+    FAKE_TRAIN,
+    assert_user_error,
+    fake_command,
+    invoke,
+    write_spec,
+)
 from tests.helpers import ROOT
-from tests.test_compare import FAKE_TRAIN, assert_user_error, fake_command, invoke, write_spec
 
 pytestmark = [
     pytest.mark.usefixtures("clean_registry"),
@@ -34,7 +40,7 @@ SWEEP = textwrap.dedent(
     import sys
     from pathlib import Path
     from ppokit.compare import run_sweep
-    from tests.test_compare import fake_command
+    from tests.compare.test_compare import fake_command
     spec, out, script = map(Path, sys.argv[1:4])
     run_sweep([spec], [0, 1], out, jobs=2, live=False, command=fake_command(script, "sleep"),
               grace=5.0)
