@@ -399,8 +399,8 @@ class WorkerPool:
         cannot be."""
         import cloudpickle
 
-        found = sys.modules.get(module or "")
-        if found is None or module in self._by_value_modules:
+        found = sys.modules.get(module) if module else None
+        if module is None or found is None or module in self._by_value_modules:
             return False
         self._by_value_modules.add(module)
         cloudpickle.register_pickle_by_value(found)
