@@ -503,15 +503,27 @@ def main(argv: list[str] | None = None) -> None:
         raise
 
 
+#: Seconds a command waits, after its work, for threads that are not daemons to end.
+STRAY_GRACE = 5.0
+
+
 def _end_past_stray_threads(code: int) -> None:
     """End the process now, with ``code``, when a thread that is not a daemon is still
-    running (output flushed, logging shut down): nothing of the command's is left to do."""
+    running STRAY_GRACE seconds after the command's work (output flushed, logging shut
+    down): nothing of the command's is left to do."""
     import logging
     import threading
 
     main_thread = threading.main_thread()
     stray = [t for t in threading.enumerate() if t is not main_thread and not t.daemon]
     if not stray:
+        return
+    import time
+
+    until = time.monotonic() + STRAY_GRACE  # a thread finishing its work gets the time to
+    for thread in stray:
+        thread.join(max(0.0, until - time.monotonic()))
+    if not any(t.is_alive() for t in stray):
         return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
