@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -309,7 +310,7 @@ class Checked:
         versions = _versions(args, kwargs)
         if self.pool is not None:
             call = Call(None, args, kwargs)
-            code = code_of(self.component)
+            code = self.code
             out = call_in_worker(
                 self.where, self.pool, [call], self.timeout, self.setting, code=code
             )[0]
@@ -331,6 +332,11 @@ class Checked:
         if self._unit is not None:  # into the round's active non-finite counter
             count(str(self.where), out, self._unit)
         return out
+
+    @functools.cached_property
+    def code(self) -> str | None:
+        """Where the component's code is (:func:`code_of`), read once."""
+        return code_of(self.component)
 
     def close(self) -> None:
         """End its worker process, if it has one."""
@@ -428,11 +434,16 @@ class CheckedEnvironment:
     def single_turn(self) -> bool:
         return bool(optional(self.environment, "environment", "single_turn"))
 
+    @functools.cached_property
+    def code(self) -> str | None:
+        """Where the environment's code is (:func:`code_of`), read once."""
+        return code_of(self.environment)
+
     def _calls(self, what: str, rows: list[dict[str, Any]], calls: list[Call]) -> list[Any]:
         """The results of ``calls`` of ``what`` (reset or step) on ``rows``, which take in
         what the environment wrote into them."""
         if self.pool is not None:
-            code = code_of(self.environment)
+            code = self.code
             replies = call_in_worker(
                 self.where, self.pool, calls, self.timeout, self.SETTING, what, code
             )
