@@ -196,8 +196,8 @@ def evaluate(
         if report is not None:
             report.step(f"starting the rollout engine ({spec.rollout.engine.name})")
         progress = report.generation if report is not None else None
-        assembly.engine.start(engine_context(models, spec.model, progress=progress))
         try:
+            assembly.engine.start(engine_context(models, spec.model, progress=progress))
             encode = PromptEncoder(models.tokenizer, models.actor, device)
             sampler = Sampler(
                 assembly.engine, assembly.environment, encode, models.tokenizer, spec.rollout
@@ -211,7 +211,10 @@ def evaluate(
                 )
             metrics = evaluator.run()
         finally:
-            assembly.engine.close()
+            try:
+                assembly.engine.close()
+            finally:
+                assembly.close()
     return {
         "model": resolved.label,
         "kind": resolved.kind,

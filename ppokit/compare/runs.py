@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from ppokit.children import python_command
 from ppokit.errors import UserError
 from ppokit.metrics_table import ROUND
 from ppokit.runfolder import (
@@ -302,7 +302,7 @@ def plan_run(sweep: SweepSpec, seed: int, out: Path) -> SweepRun:
 
 def train_command(run: SweepRun, overrides: Sequence[str]) -> list[str]:
     """The ``ppokit train`` command line of a run."""
-    argv = [sys.executable, "-m", "ppokit.cli", "train", str(run.spec_path)]
+    argv = python_command(["train", str(run.spec_path)])
     argv += ["--seed", str(run.seed), "--out", str(run.dir)]
     for item in overrides:
         argv += ["--set", item]

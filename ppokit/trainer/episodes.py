@@ -21,6 +21,7 @@ Python calls and the tokenizer, over episodes' texts.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ from ppokit.environments import ENDS
 from ppokit.errors import UserError
 from ppokit.spec import DataSpec, RolloutSpec
 from ppokit.trainer.assembly import CheckedEngine, CheckedEnvironment
-from ppokit.trainer.prompts import chat_text
+from ppokit.trainer.prompts import TextBounds, chat_text, encodable
 from ppokit.trainer.rollout import PromptEncoder, Rollout, decode_rows
 
 if TYPE_CHECKING:
@@ -79,7 +80,9 @@ class ObservationFormat:
     followed by that message tells what closes the model's turn (after its EOS, e.g. a
     newline; all of it when the turn was cut before EOS) and what surrounds the content
     (``<|im_start|>user\\n`` ... ``<|im_end|>\\n<|im_start|>assistant\\n``). The content is
-    cut to ``max_tokens`` tokens; the markup never is.
+    cut to ``max_tokens`` tokens (by characters first, :class:`TextBounds`: a megabyte of
+    tool output is never tokenized whole; what UTF-8 cannot encode is replaced); the markup
+    never is.
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class ObservationFormat:
     ) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
+        self.bounds = TextBounds(tokenizer)
         self.after_eos: list[int] = []
         self.after_cut: list[int] = []
         self.before: list[int] = []
@@ -131,6 +135,7 @@ class ObservationFormat:
     def __call__(self, texts: list[str], cut: list[bool]) -> list[list[int]]:
         """Token ids of each observation, after a turn that ended with EOS (``cut`` False)
         or was cut by a length limit."""
+        texts = [self.bounds.head(t, self.max_tokens) for t in texts]
         contents = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         return [
             [
@@ -290,9 +295,9 @@ class Sampler:
         assert env is not None  # multi-turn: an environment answers
         limits = self.limits(data, sampling.max_new_tokens)
         fmt = self.format(data.chat_template)
-        episodes = [dict(row) for row in rows for _ in range(n)]
-        openings = [env.reset(row) for row in episodes]
-        texts = [prompts[i // n] + (opening or "") for i, opening in enumerate(openings)]
+        episodes = [copy.deepcopy(row) for row in rows for _ in range(n)]
+        openings = env.resets(episodes)
+        texts = [prompts[i // n] + encodable(opening or "") for i, opening in enumerate(openings)]
         prompt_ids, prompt_mask = self.encode(texts, data, limits.budget, _BUDGET_SETTINGS)
         device = prompt_ids.device
         b = len(episodes)
@@ -318,11 +323,11 @@ class Sampler:
             fits = torch.arange(width, device=device) < torch.tensor(room, device=device)[:, None]
             keep = out.response_mask & fits
             over = out.truncated | (keep != out.response_mask).any(1)
-            said, counts, was_cut = decode_rows(self.tokenizer, out.response_ids, keep, keep, over)
+            said, counts, was_cut, _ = decode_rows(
+                self.tokenizer, out.response_ids, keep, keep, over
+            )
             script.append(running, at, out.response_ids, keep, counts, model=True, logp=out.logp)
-            steps = [
-                env.step(episodes[i], text, turn) for i, text in zip(running, said, strict=True)
-            ]
+            steps = env.steps([episodes[i] for i in running], said, turn)
             script.reward_last(at, torch.tensor([s.reward for s in steps], device=device))
             going: list[int] = []
             observed: list[tuple[int, str, bool]] = []

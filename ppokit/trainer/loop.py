@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ppokit import distributed
+from ppokit.bounded import counting_interrupts
 from ppokit.errors import UserError
 from ppokit.metrics_table import EVAL_PREFIX, REWARD, ROUND, ROUND_TIME, THROUGHPUT
 from ppokit.runfolder import (
@@ -216,7 +217,10 @@ def train(
     model = spec.model
     device, dtype = ("auto", "auto") if smoke else (model.device, model.dtype)  # smoke_spec's
     device_type = resolve_device(device, dtype).device.type
-    with distributed.process_group(device_type, spec.parallel.timeout_s) as world:
+    with (
+        counting_interrupts(),
+        distributed.process_group(device_type, spec.parallel.timeout_s) as world,
+    ):
         temporary = smoke and smoke_out is None  # removed when the run ends
         if smoke:
             spec = smoke_spec(spec, _smoke_folder(world.main) if temporary else smoke_out)
@@ -293,20 +297,31 @@ def _train(
             if smoke:
                 display.message(SMOKE_NOTE)
             assembly = Assembly.from_spec(spec)
-            with quiet_progress_bars():
-                models = build_models(spec, assembly.head_size, report=display)
-            threads = set_threads(spec, models)
-            if world.distributed:
-                display.step(f"sharding the models over {world.size} processes")
-                models.shard(spec.parallel)
-            display.step(f"starting the rollout engine ({spec.rollout.engine.name})")
-            setup = Setup.start(spec, models, assembly, display)
             try:
-                return _rounds(
+                with quiet_progress_bars():
+                    models = build_models(spec, assembly.head_size, report=display)
+                threads = set_threads(spec, models)
+                if world.distributed:
+                    display.step(f"sharding the models over {world.size} processes")
+                    models.shard(spec.parallel)
+                display.step(f"starting the rollout engine ({spec.rollout.engine.name})")
+                setup = Setup.start(spec, models, assembly, display)
+            except BaseException:
+                assembly.close()
+                raise
+            try:
+                result = _rounds(
                     spec, out, resume, smoke, changes, setup, threads, wall, display, temporary
                 )
-            finally:
+            except BaseException:
+                with contextlib.suppress(Exception):  # the run's own error is the one to tell
+                    setup.close()
+                raise
+            try:
                 setup.close()
+            except UserError as exc:  # the run finished and saved: a success all the same
+                display.message(f"warning: after the run ended: {exc}")
+            return result
     finally:
         display.close()
 
@@ -349,7 +364,7 @@ def _rounds(
     if resume:
         display.step("restoring the checkpoint")
         with io_errors(out / "checkpoint", "cannot restore the checkpoint"):
-            start = load_checkpoint(out, models, state, source)
+            start = load_checkpoint(out, models, state, source, setup.assembly.environment)
         distributed.barrier()  # every process has read it before it is changed
         if world.main:
             redo = check_metrics(log.path, start)
@@ -411,7 +426,8 @@ def _rounds(
                     display.message(f"warning: {problem}")
                 history.append(record)
                 if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
-                    save_checkpoint(out, models, state, source, r + 1, spec_yaml)
+                    environment = setup.assembly.environment
+                    save_checkpoint(out, models, state, source, r + 1, spec_yaml, environment)
                 display.round(record, total)
         except KeyboardInterrupt:
             display.close()

@@ -220,32 +220,12 @@ def _timed(timings: dict[str, float], key: str, add: bool = False) -> Iterator[N
 
 def generated_metrics(got: Filled, n: int | None, device: torch.device) -> dict[str, Tensor]:
     """What the policy generated this round, every response of every generation batch
-    (gathered over the processes): reward mean and std (each reward's mean when there are
-    several; each flag a reward raised as ``reward/<name>/<flag>_frac``), response length,
-    truncated fraction and tokens; with ``n``, the size of a
-    group (a prompt's responses, side by side), the fraction of groups whose rewards are
-    all equal (``rollout/zero_variance_groups``: a group baseline gives them advantage 0);
-    and the filter's counts (:meth:`~ppokit.trainer.groups.Filled.metrics`)."""
-    generated, parts, flags = got.generated, got.generated_parts, got.generated_flags
-    if distributed.world().distributed:
-        generated = {k: distributed.gather_rows(v) for k, v in generated.items()}
-        parts = {k: distributed.gather_rows(v) for k, v in parts.items()}
-        flags = {k: distributed.gather_rows(v) for k, v in flags.items()}
-    scores, lengths = generated["scores"], generated["lengths"].float()
-    metrics = {
-        "reward_mean": scores.mean(),
-        "reward_std": scores.std() if scores.numel() > 1 else scores.new_zeros(()),
-        "response_length_mean": lengths.mean(),
-        "truncated_frac": generated["truncated"].float().mean(),
-        "tokens": lengths.sum(),
-    }
-    if n is not None and scores.numel():
-        groups = scores.view(-1, n)
-        equal = groups.amax(1) == groups.amin(1)
-        metrics["rollout/zero_variance_groups"] = equal.float().mean()
-    if len(parts) > 1:
-        metrics.update({f"reward/{name}": s.mean() for name, s in parts.items()})
-    # each flag a reward raised: the fraction of the round's responses it was raised on
-    metrics.update({f"reward/{name}_frac": f.mean() for name, f in flags.items()})
+    (over the processes): reward mean and std (each reward's mean when there are several;
+    each flag a reward raised as ``reward/<name>/<flag>_frac``), response length,
+    truncated fraction and tokens; with ``n``, the size of a group (a
+    prompt's responses, side by side), the fraction of groups whose rewards are all equal
+    (``rollout/zero_variance_groups``: a group baseline gives them advantage 0); and the
+    filter's counts (:meth:`~ppokit.trainer.groups.Filled.metrics`)."""
+    metrics = got.generated.metrics(groups=n is not None)
     metrics.update(got.metrics(device))
     return metrics

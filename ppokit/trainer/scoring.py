@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from ppokit.components.reward import RESERVED_FIELDS
+from ppokit.errors import UserError
 from ppokit.trainer.assembly import Assembly, as_scores, scored
 from ppokit.trainer.checks import count
 from ppokit.trainer.rollout import Rollout, decode_rows
@@ -93,8 +95,8 @@ def score_texts(
     """R = Σ_k weight_k · reward_k, float32 [B], with each reward's scores and flags, of
     ``rewards`` ((name, reward, weight) each, behind their boundary) over ``responses`` with
     their ``fields`` (one entry per response each: the data's columns, ``lengths``,
-    ``truncated``). Each reward counts its own scores into the round's non-finite
-    counter; R is counted here."""
+    ``truncated``, ``transcripts``). Each reward counts its own scores into the round's
+    non-finite counter; R is counted here."""
     out = Scores(torch.zeros(len(responses), device=device))
     names = labels([name for name, _, _ in rewards])
     for i, (label, (name, fn, weight)) in enumerate(zip(names, rewards, strict=True)):
@@ -121,13 +123,21 @@ class Scorer:
         self.tokenizer = tokenizer
         self.device = device
 
-    def decode(self, ro: Rollout) -> tuple[list[str], list[int], list[bool]]:
-        """Response texts (a multi-turn response's whole transcript, the environment's
-        text included), lengths (the model's tokens) and truncation flags (one host
-        read)."""
-        return decode_rows(
-            self.tokenizer, ro.response_ids, ro.present, ro.response_mask, ro.truncated
+    def decode(self, ro: Rollout) -> tuple[list[str], list[int], list[bool], list[str]]:
+        """Response texts (the model's own tokens: with an environment its turns, without
+        the environment's text), lengths (the model's tokens), truncation flags and
+        transcripts (with an environment the whole episode; else the responses), in one
+        host read."""
+        multi = ro.env_mask is not None
+        texts, lengths, truncated, transcripts = decode_rows(
+            self.tokenizer,
+            ro.response_ids,
+            ro.response_mask,
+            ro.response_mask,
+            ro.truncated,
+            also=ro.present if multi else None,
         )
+        return texts, lengths, truncated, transcripts if transcripts is not None else texts
 
     def score(
         self,
@@ -135,26 +145,40 @@ class Scorer:
         responses: list[str],
         lengths: list[int],
         truncated: list[bool],
+        transcripts: list[str] | None = None,
     ) -> Scores:
         """R = Σ_k weight_k · reward_k, float32 [B], with each reward's scores and flags,
         for one response per data row (each reward counts its own scores into the round's
-        non-finite counter; R is counted here)."""
+        non-finite counter; R is counted here). A data column named as one of
+        RESERVED_FIELDS is a UserError."""
         columns = sorted({k for row in rows for k in row if k != "prompt"})
+        clash = [c for c in columns if c in RESERVED_FIELDS]
+        if clash:
+            names = self.assembly.rewards
+            raise UserError(
+                f"data column {clash[0]!r} has the name of a field ppokit passes to every reward "
+                f"({', '.join(RESERVED_FIELDS)}), so reward {names[0][0]!r} could not tell "
+                "them apart: rename the column (data.columns maps a column to another name)"
+            )
         fields: dict[str, list[Any]] = {c: [row.get(c) for row in rows] for c in columns}
-        fields.update(lengths=lengths, truncated=truncated)
+        fields.update(
+            lengths=lengths,
+            truncated=truncated,
+            transcripts=responses if transcripts is None else transcripts,
+        )
         prompts = [row["prompt"] for row in rows]
         return score_texts(self.assembly.rewards, prompts, responses, fields, self.device)
 
     def rollout(self, rows: list[dict[str, Any]], ro: Rollout) -> tuple[Scores, list[str]]:
-        """The scores and the texts of a rollout of ``B // len(rows)`` responses per data
-        row. A multi-turn rollout's R adds the episode's turn rewards (its part
+        """The scores and the transcripts of a rollout of ``B // len(rows)`` responses per
+        data row. A multi-turn rollout's R adds the episode's turn rewards (its part
         ``environment``, weight 1)."""
         n = ro.response_ids.shape[0] // max(1, len(rows))
         expanded = [row for row in rows for _ in range(n)]
-        texts, lengths, truncated = self.decode(ro)
-        scores = self.score(expanded, texts, lengths, truncated)
+        texts, lengths, truncated, transcripts = self.decode(ro)
+        scores = self.score(expanded, texts, lengths, truncated, transcripts)
         if ro.turn_rewards is not None:
             scores.parts[ENVIRONMENT] = ro.turn_rewards.sum(1)
             scores.weights[ENVIRONMENT] = 1.0
             scores.total = scores.total + scores.parts[ENVIRONMENT]
-        return scores, texts
+        return scores, transcripts

@@ -99,8 +99,11 @@ class Setup:
         return self.sampler(rows, prompts, self.spec.data, asked)
 
     def close(self) -> None:
-        """The end of the run: the engine closes."""
-        self.engine.close()
+        """The end of the run: the engine closes, the components' worker processes end."""
+        try:
+            self.engine.close()
+        finally:
+            self.assembly.close()
 
 
 @dataclass

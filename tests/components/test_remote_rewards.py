@@ -390,20 +390,17 @@ def test_a_run_folders_server_is_contacted_only_with_consent(tmp_path: Path, rew
 
 def test_flags_are_reported_as_fractions_of_the_rounds_responses() -> None:
     """A reward's flags become reward/<name>/<flag>_frac over every generated response."""
-    from ppokit.trainer.groups import Filled
+    from ppokit.trainer.groups import Filled, Generated
     from ppokit.trainer.round import generated_metrics
+    from ppokit.trainer.scoring import Scores
 
-    got = Filled(
-        kept=None,
-        generated={
-            "scores": torch.zeros(4),
-            "lengths": torch.ones(4, dtype=torch.long),
-            "truncated": torch.zeros(4, dtype=torch.bool),
-        },
-        generated_parts={"judge": torch.zeros(4)},
-        generated_flags={"judge/unparsed": torch.tensor([1.0, 0.0, 1.0, 1.0])},
-        filtered=False,
-    )
+    flags = {"judge/unparsed": torch.tensor([1.0, 0.0])}
+    generated = Generated(2, ["judge"], list(flags), torch.device("cpu"))
+    for flagged in ([1.0, 0.0], [1.0, 1.0]):  # two generation batches
+        flags = {"judge/unparsed": torch.tensor(flagged)}
+        scores = Scores(torch.zeros(2), {"judge": torch.zeros(2)}, {"judge": 1.0}, flags)
+        generated.add(scores, torch.ones(2, dtype=torch.long), torch.zeros(2, dtype=torch.bool))
+    got = Filled(kept=None, generated=generated, filtered=False)
     metrics = generated_metrics(got, None, torch.device("cpu"))
     assert float(metrics["reward/judge/unparsed_frac"]) == 0.75
 

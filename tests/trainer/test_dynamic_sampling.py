@@ -129,7 +129,7 @@ def test_the_stopping_rule(prompts: int, limit: int, n: int, data: st.DataObject
     assert torch.equal(
         kept.scores.total, torch.tensor([k % 2 for _ in expected for k in range(n)]).float()
     )
-    assert got.generated["scores"].shape == (batches * prompts * n,)
+    assert got.generated.sums[0].item() == batches * prompts * n  # every response counted
 
 
 def test_an_exhausted_round_is_an_error_when_asked() -> None:
@@ -403,3 +403,37 @@ def test_the_filter_sees_the_reward_parts_when_a_component_reads_them() -> None:
     assert [row["index"] for row in got.kept.rows] == [1, 3]
     columns, weights = got.kept.scores.columns()
     assert columns.tolist() == [[1.0, 0.0], [0.0, 1.0]] * 2 and weights.tolist() == [[1, 1]] * 4
+
+
+def test_a_filter_that_rejects_every_group_keeps_no_batch() -> None:
+    """Memory stays flat over any number of generation batches: a rejected batch's
+    responses are gone before the next one is generated, and the live line says which batch
+    it is and that nothing passed yet."""
+    import gc
+    import weakref
+
+    limit = 6
+    parts = _Parts(2, 4, limit)
+    made: list[weakref.ref[Rollout]] = []
+    alive: list[int] = []
+    sample = parts.sample
+
+    def tracked(formatted: list[str], n: int, batch: int = 0, rows: Any = None) -> Rollout:
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in made))
+        out = sample(formatted, n, batch, rows)
+        made.append(weakref.ref(out))
+        return out
+
+    parts.sample = tracked  # type: ignore[method-assign]
+    phases: list[str] = []
+    stream = _Stream([False] * (4 * limit), 4)
+    rows, formatted = stream()
+    got = fill(
+        rows, formatted, sample=parts.sample, scorer=parts.scorer,  # type: ignore[arg-type]
+        group_filter=parts.filter, settings=parts.settings,  # type: ignore[arg-type]
+        timings={}, phase=phases.append, draw=stream,
+    )  # fmt: skip
+    assert got.kept is None and got.batches == limit
+    assert alive == [0] * limit  # no earlier batch's responses live on
+    assert f"generating batch {limit} of at most {limit} (0 of 4 groups passed so far)" in phases

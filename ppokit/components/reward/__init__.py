@@ -2,10 +2,14 @@
 
 A reward returns one float32 score per response (a tensor or a list of floats), or a
 :class:`Scored`: the scores with per-response flags (``unparsed``, ``failed``) that the round
-reports as ``reward/<name>/<flag>_frac``. ``fields`` hold one list entry per response: every
-column of the prompt's data row (e.g. ``answer``) plus ``lengths`` (response tokens) and
-``truncated``. A reward ignores the fields it does not use and raises a
-:class:`~ppokit.errors.UserError` naming a field it needs but did not get.
+reports as ``reward/<name>/<flag>_frac``. ``responses`` are the model's own text (with an
+environment: the model's turns, without the environment's text). ``fields`` hold one list
+entry per response: every column of the prompt's data row (e.g. ``answer``) plus ``lengths``
+(the model's tokens), ``truncated`` and ``transcripts`` (with an environment the whole
+episode, the environment's text included; else the response). A data column cannot take the
+name of what the trainer passes (:data:`RESERVED_FIELDS`). A reward ignores the fields it does
+not use and raises a :class:`~ppokit.errors.UserError` naming a field it needs but did not
+get. Each reward gets its own copies of its inputs.
 
 This module is the torch-free catalogue; the tensor code is
 :mod:`ppokit.components.reward.impl`.
@@ -50,12 +54,26 @@ class Reward(Protocol):
 
 
 CONTRACT = Contract("scores")
+
+#: What the trainer passes to every reward beside the data columns (``completions``:
+#: TRL's name for the responses; ``self``: a reward object's own parameter). A data column of
+#: one of these names is refused: it would shadow them.
+RESERVED_FIELDS: tuple[str, ...] = (
+    "prompts",
+    "responses",
+    "completions",
+    "lengths",
+    "truncated",
+    "transcripts",
+    "self",
+)
 MODULE = "ppokit.components.reward.impl"
 
 __all__ = [
     "JUDGE_GROUP_TEMPLATE",
     "JUDGE_TEMPLATE",
     "JUDGE_VERDICT_TEMPLATE",
+    "RESERVED_FIELDS",
     "SERVE_INSTALL",
     "CodeTestsParams",
     "DemoParams",
@@ -88,26 +106,39 @@ class ExactMatchParams(Params):
 
 
 class RegexParams(Params):
-    pattern: str = Field(description="a Python regular expression")
+    pattern: str = Field(
+        description="a regular expression (the 'regex' package's syntax, a superset of Python's re)"
+    )
     field: str | None = Field(
         None, description="data column the first capture group must equal (None: any match)"
     )
     mode: Literal["search", "fullmatch"] = Field(
         "search", description="'search' anywhere in the response or 'fullmatch' all of it"
     )
+    timeout: float = Field(
+        1.0,
+        gt=0,
+        le=3600,
+        description="seconds one response's match may take; one that runs over (a pattern "
+        "that backtracks exponentially) scores 0",
+    )
 
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
+        import regex
+
         try:
-            re.compile(value)
-        except re.error as exc:
+            regex.compile(value)
+        except regex.error as exc:
             raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
         return value
 
     @model_validator(mode="after")
     def _group_for_field(self) -> RegexParams:
-        if self.field is not None and re.compile(self.pattern).groups < 1:
+        import regex
+
+        if self.field is not None and regex.compile(self.pattern).groups < 1:
             raise ValueError(
                 f"pattern {self.pattern!r} needs a capture group when 'field' is set "
                 f"(the first group is compared with {self.field!r})"
@@ -409,7 +440,8 @@ REGEX = Component(
     MODULE,
     params=RegexParams,
     summary="1 when a regular expression matches (optionally capturing the answer)",
-    formula="r = 1[pattern matches response] (and group(1) == field when field is set)",
+    formula="r = 1[pattern matches response within timeout] (and group(1) == field when field "
+    "is set)",
     source=str(papers.R1),
 )
 
@@ -505,8 +537,7 @@ JUDGE = Component(
             direction="lower",
         ),
     ),
-    summary="an LLM judge behind an OpenAI-compatible chat-completions endpoint, asked with a "
-    "rubric; optionally ranking a whole group in one request",
+    summary="an LLM judge (an OpenAI-compatible chat endpoint) scores each response by a rubric",
     formula="r = (s − low) / (high − low) for the score s in [low, high] it answers (mode "
     "number), or 1 / 0 for a positive / negative verdict word; unparsed answers score "
     "`unparsed` (reward/judge/unparsed_frac)",
@@ -529,8 +560,7 @@ CODE_TESTS = Component(
             direction="lower",
         ),
     ),
-    summary="the fraction of the row's tests the response's Python program passes, run in a "
-    "sandbox (bubblewrap: no network, nothing outside its folder, resource limits)",
+    summary="the fraction of the row's tests the response's program passes, in a sandbox",
     formula="r = (tests passed) / (tests), each test a statement run after the program; "
     "0 for a program that fails, times out or breaks a limit",
     source=cite(("functional correctness by unit tests", papers.HUMANEVAL)),

@@ -104,12 +104,6 @@ class Client:
         max_response_mb: float,
         api_key_env: str | None,
     ) -> None:
-        try:
-            import httpx
-            import tenacity
-        except ImportError as exc:
-            raise MissingDependency(exc.name or "httpx", what, SERVE_INSTALL) from None
-        self.httpx, self.tenacity = httpx, tenacity
         self.url, self.what = url, what
         self.timeout = timeout
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
@@ -120,13 +114,34 @@ class Client:
             if not key:
                 raise UserError(f"{what}: the environment variable {api_key_env} is not set")
             self.headers["authorization"] = f"Bearer {key}"
+        self.concurrency = concurrency
+        self._connect()
+
+    def _connect(self) -> None:
+        """The HTTP client (its connections, which no pickle carries: a worker process
+        that receives this client makes its own)."""
+        try:
+            import httpx
+            import tenacity
+        except ImportError as exc:
+            raise MissingDependency(exc.name or "httpx", self.what, SERVE_INSTALL) from None
+        self.httpx, self.tenacity = httpx, tenacity
         self.client = httpx.Client(
-            timeout=timeout,
-            limits=httpx.Limits(max_connections=concurrency),
+            timeout=self.timeout,
+            limits=httpx.Limits(max_connections=self.concurrency),
             follow_redirects=False,
             trust_env=False,  # the URL is the spec's, not a proxy's from the environment
         )
-        self.concurrency = concurrency
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for unpicklable in ("client", "httpx", "tenacity"):
+            state.pop(unpicklable, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._connect()
 
     def _once(self, body: bytes) -> Any:
         start = time.monotonic()

@@ -102,10 +102,18 @@ def checkpoint_round(out: Path) -> int | None:
 
 
 def save_checkpoint(
-    out: Path, models: Models, state: State, source: Any, round_done: int, spec_yaml: str
+    out: Path,
+    models: Models,
+    state: State,
+    source: Any,
+    round_done: int,
+    spec_yaml: str,
+    environment: Any = None,
 ) -> Path:
     """Write ``out/checkpoint`` atomically; returns its path. On several processes every
-    process calls it: each writes its own shards and RNG states, the first one the rest.
+    process calls it: each writes its own shards, RNG states, source position and the
+    ``environment``'s state (its ``state_dict()``, when it keeps one), the first one the
+    rest.
 
     Refused (:class:`NonFiniteCheckpointError`) when a model or optimizer tensor is not
     finite on any process. On any error the partly written temporary folder is removed and
@@ -139,7 +147,8 @@ def save_checkpoint(
     error = distributed.first_text(error)
     if error is None:
         try:
-            _write_tmp(tmp, models, state, source, round_done, spec_yaml)
+            env_state = None if environment is None else environment.state_dict()
+            _write_tmp(tmp, models, state, source, round_done, spec_yaml, env_state)
         except BaseException as exc:
             if not is_os_error(exc):
                 if world.main:
@@ -157,7 +166,13 @@ def save_checkpoint(
 
 
 def _write_tmp(
-    tmp: Path, models: Models, state: State, source: Any, round_done: int, spec_yaml: str
+    tmp: Path,
+    models: Models,
+    state: State,
+    source: Any,
+    round_done: int,
+    spec_yaml: str,
+    env_state: Any = None,
 ) -> None:
     """This process's part of a checkpoint in ``tmp`` (made by the first process): its
     shards of the weights and optimizer states (collectives), its RNG states; the first
@@ -169,7 +184,7 @@ def _write_tmp(
     tensors: dict[str, torch.Tensor] = {}
     optim = encode(optimizer_states(models, state.optimizers), tensors, "optim", keep=True)
     dcp_save(tensors, tmp / "optim")
-    rng_data, rng_tensors = rng_files(capture_rng(), source.state_dict())
+    rng_data, rng_tensors = rng_files(capture_rng(), source.state_dict(), env_state)
     rng = tmp / rng_stem(world.rank)
     save_file(rng_tensors, f"{rng}.safetensors")
     Path(f"{rng}.json").write_text(json.dumps(rng_data) + "\n")
