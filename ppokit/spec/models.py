@@ -459,6 +459,24 @@ class TrainSpec(_Strict):
     micro_batch_size: int | None = Field(
         None, ge=1, description="responses per forward/backward (gradient accumulation)"
     )
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=16,
+        le=1 << 24,
+        description="a token budget per forward/backward instead of micro_batch_size: a "
+        "minibatch's rows sorted by length (prompt + response tokens) and grouped so that "
+        "a micro-batch's rows x its longest row stay within it (a longer row goes alone), "
+        "each padded only to its own longest row; every forward pass of the round uses them "
+        "(log π_old, values, reference, update), as many on every process; the loss is the "
+        "same whatever the grouping",
+    )
+    pack_sequences: bool = Field(
+        False,
+        description="with micro_batch_tokens: a micro-batch's sequences packed into one row "
+        "(the sum of their tokens within the budget; positions restart at each sequence, no "
+        "attention mask, no KV cache), so no padding at all; refused for a model whose "
+        "attention does not keep packed sequences apart",
+    )
     actor_lr: float = Field(1e-5, gt=0, le=1, description="actor learning rate (AdamW)")
     critic_lr: float = Field(1e-5, gt=0, le=1, description="critic learning rate (AdamW)")
     weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay")
