@@ -8,19 +8,9 @@ from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
-from ppokit.registry import (
-    Registry,
-    get_registry,
-)
+from ppokit.registry import Registry, get_registry
 from ppokit.slots import SLOTS, slot
 from ppokit.tasks.demo import SYMBOLS as DEMO_SYMBOLS
 
@@ -460,22 +450,17 @@ class TrainSpec(_Strict):
         None, ge=1, description="responses per forward/backward (gradient accumulation)"
     )
     micro_batch_tokens: int | None = Field(
-        None,
-        ge=16,
-        le=1 << 24,
-        description="a token budget per forward/backward instead of micro_batch_size: a "
-        "minibatch's rows sorted by length (prompt + response tokens) and grouped so that "
-        "a micro-batch's rows x its longest row stay within it (a longer row goes alone), "
-        "each padded only to its own longest row; every forward pass of the round uses them "
-        "(log π_old, values, reference, update), as many on every process; the loss is the "
-        "same whatever the grouping",
-    )
+        None, ge=16, le=1 << 24,
+        description="a token budget per forward/backward instead of micro_batch_size: rows "
+        "sorted by length (prompt + response), a micro-batch's rows x its longest row within "
+        "it (a longer row alone), padded to its own longest; every forward pass of the round "
+        "uses them, as many on every process; the loss is the same whatever the grouping",
+    )  # fmt: skip
     pack_sequences: bool = Field(
         False,
         description="with micro_batch_tokens: a micro-batch's sequences packed into one row "
-        "(the sum of their tokens within the budget; positions restart at each sequence, no "
-        "attention mask, no KV cache), so no padding at all; refused for a model whose "
-        "attention does not keep packed sequences apart",
+        "(their sum within the budget; positions restart, no attention mask, no KV cache): "
+        "no padding; refused for a model whose attention mixes packed sequences",
     )
     actor_lr: float = Field(1e-5, gt=0, le=1, description="actor learning rate (AdamW)")
     critic_lr: float = Field(1e-5, gt=0, le=1, description="critic learning rate (AdamW)")
