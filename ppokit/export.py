@@ -53,6 +53,7 @@ __all__ = [
     "VALUE_HEAD_JSON",
     "export_command",
     "export_run",
+    "without_gguf_marker",
 ]
 
 CRITIC_DIR = "critic"
@@ -162,7 +163,7 @@ def _generation_config(policy: Any, tokenizer: Any, spec: Spec) -> Any:
     return config
 
 
-def _without_gguf_marker(model: Any) -> None:
+def without_gguf_marker(model: Any) -> None:
     """A model read from a GGUF file holds dequantized float tensors but keeps transformers'
     GGUF "quantizer" (and ``config.quantization_config``), which refuses ``save_pretrained``
     and would make a reader look for a GGUF file: drop the marker, keep the weights."""
@@ -181,7 +182,7 @@ def _without_gguf_marker(model: Any) -> None:
 
 
 def _save_pretrained(model: Any, folder: Path) -> None:
-    _without_gguf_marker(model)
+    without_gguf_marker(model)
     kwargs = {}
     if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
         kwargs["safe_serialization"] = True  # transformers 4; v5 always writes safetensors

@@ -134,6 +134,10 @@ class LoraSpec(_Strict):
     )
 
 
+#: model.dtype auto on a CPU with AMX: bfloat16 from this many actor parameters (it pays).
+CPU_BF16_MIN_PARAMETERS = 5_000_000
+
+
 class ModelSpec(_Strict):
     actor: str = Field(
         "tiny",
@@ -156,7 +160,11 @@ class ModelSpec(_Strict):
         description="'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="'auto': bf16 autocast on CUDA, float32 on CPU"
+        "auto",
+        description="autocast of the trainer's passes (weights, optimizer state, log-probs "
+        "and losses stay float32); 'auto': bfloat16 on CUDA, and on a CPU with AMX bf16 "
+        f"units for an actor of {CPU_BF16_MIN_PARAMETERS / 1e6:g}M parameters or more "
+        "(where it pays: docs/results.md), else float32",
     )
     gradient_checkpointing: bool = Field(
         False, description="recompute activations in the backward pass to save memory"

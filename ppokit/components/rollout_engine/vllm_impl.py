@@ -241,13 +241,16 @@ class VLLMEngine:
         return self.context
 
     # ------------------------------------------------------------------ start
-    def _resolved_dtype(self, context: EngineContext, gpu: bool) -> str:
+    def _resolved_dtype(self, context: EngineContext) -> str:
         if self.dtype != "auto":
             return self.dtype
         wanted = getattr(context.model_spec, "dtype", "auto")
         if wanted in ("float32", "bfloat16", "float16"):
             return str(wanted)
-        return "bfloat16" if gpu else "float32"
+        cast = context.autocast()  # the run's: model.dtype auto decided it for this device
+        if isinstance(cast, torch.autocast):
+            return str(cast.fast_dtype).removeprefix("torch.")
+        return "float32"
 
     def _check_model(self, model: nn.Module, gpu: bool) -> None:
         config = _config(model)
@@ -280,14 +283,14 @@ class VLLMEngine:
                 f"divide the run's {context.processes} processes"
             )
         self.folder = Path(tempfile.mkdtemp(prefix="ppokit-vllm-"))
-        self.torch_dtype = getattr(torch, self._resolved_dtype(context, gpu))
+        self.torch_dtype = getattr(torch, self._resolved_dtype(context))
         _write_model(model, self.folder / "model", self.torch_dtype)
         config = _config(model)
         max_len = self.max_model_len or getattr(config, "max_position_embeddings", None)
         kwargs: dict[str, Any] = dict(
             model=str(self.folder / "model"),
             skip_tokenizer_init=True,
-            dtype=self._resolved_dtype(context, gpu),
+            dtype=self._resolved_dtype(context),
             enforce_eager=self.enforce_eager,
             max_model_len=max_len,
             logprobs_mode="processed_logprobs",  # after temperature (and top-k/top-p)
