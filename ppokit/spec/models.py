@@ -135,7 +135,7 @@ class LoraSpec(_Strict):
 
 
 #: model.dtype auto on a CPU with AMX: bfloat16 from this many actor parameters (it pays).
-CPU_BF16_MIN_PARAMETERS = 5_000_000
+CPU_BF16_MIN_PARAMETERS = 1_000_000
 
 
 class ModelSpec(_Strict):
