@@ -13,7 +13,7 @@ AMX tiles, ``AVX512_CORE_BF16`` bfloat16 vector instructions without AMX,
 measures all three kinds of CPU.
 
     python benchmarks/autocast.py [--threads 1] [--repeats 3] [--isa AVX512_CORE_AMX,...]
-                                  [--shapes tiny,w256,w576l8,smollm2] [--tokens BxL]
+                                  [--shapes tiny,w128,w256,w576l8,smollm2] [--tokens BxL]
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ import torch
 from ppokit.trainer.logprobs import output_head, token_logprobs, trunk_hidden
 from ppokit.trainer.models import Runtime, autocast
 
-#: Model shapes (LlamaConfig fields): the demo's tiny model, two between, SmolLM2-135M's.
+#: Model shapes (LlamaConfig fields): the demo's tiny model, three between, SmolLM2-135M's.
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=2, num_key_value_heads=2, vocab_size=101),
+    "w128": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                 num_attention_heads=2, num_key_value_heads=2, vocab_size=4096),
     "w256": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                  num_attention_heads=4, num_key_value_heads=4, vocab_size=8192),
     "w576l8": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=8,

@@ -63,10 +63,11 @@ LONG = [
     "data.system_prompt=You are a careful calculator. Think step by step, then give the "
     "result as \\boxed{N}.",
 ]
-#: ppokit's learners: an engine, the trainer's dtype, its micro-batches.
+#: ppokit's learners: an engine, the trainer's dtype, its micro-batches (2048 tokens: the
+#: fastest of benchmarks/microbatch.py's on the 256-token round, docs/results.md).
 PRESETS: dict[str, list[str]] = {
     "hf": ["rollout.engine=hf", "model.dtype=float32", "train.micro_batch_size=4"],
-    "hf-bf16": ["rollout.engine=hf", "model.dtype=bfloat16", "train.micro_batch_tokens=1024"],
+    "hf-bf16": ["rollout.engine=hf", "model.dtype=bfloat16", "train.micro_batch_tokens=2048"],
     "hf-bf16-packed": [
         "rollout.engine=hf",
         "model.dtype=bfloat16",
@@ -76,7 +77,7 @@ PRESETS: dict[str, list[str]] = {
     "vllm-bf16": [
         "rollout.engine={name: vllm, dtype: bfloat16}",
         "model.dtype=bfloat16",
-        "train.micro_batch_tokens=1024",
+        "train.micro_batch_tokens=2048",
     ],
     "vllm-bf16-f32": [
         "rollout.engine={name: vllm, dtype: bfloat16}",
