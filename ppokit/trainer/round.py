@@ -13,8 +13,10 @@
 4. **estimate** on the whole round (gathered on several processes): truncation rule, KL in
    the reward, advantages, critic targets, position mask, prompt weights;
 5. **update**: ``ppo_epochs`` passes of shuffled minibatches, each the sum of its
-   micro-batches' losses (:mod:`~ppokit.trainer.objective`) and one clipped optimizer step
-   per model (:mod:`~ppokit.trainer.optim`); none when step 4 found a NaN;
+   micro-batches' losses (:mod:`~ppokit.trainer.objective`; micro-batches of rows or of a
+   token budget, :mod:`~ppokit.trainer.microbatches`, which step 3's passes use too) and one
+   clipped optimizer step per model (:mod:`~ppokit.trainer.optim`); none when step 4 found
+   a NaN;
 6. **sync**: the engine follows the updated policy.
 
 It works on the run's two objects (:mod:`~ppokit.trainer.setup`): the :class:`Setup` a spec
