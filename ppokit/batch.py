@@ -65,6 +65,8 @@ class RolloutBatch:
         baseline_rewards [B] float | None: score of a baseline response (ReMax).
         env_mask [B,T] bool | None: the environment's tokens inside a multi-turn response
             (observations between the model's turns: never in response_mask).
+        weight_version [B] long | None: the version of the weights that generated the row
+            (the number of updates before them; docs/async.md).
     """
 
     response_mask: Tensor
@@ -78,6 +80,7 @@ class RolloutBatch:
     bootstrap_values: Tensor | None = None
     baseline_rewards: Tensor | None = None
     env_mask: Tensor | None = None
+    weight_version: Tensor | None = None
 
     def __post_init__(self) -> None:
         mask = self.response_mask

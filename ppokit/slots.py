@@ -318,6 +318,13 @@ FIELDS: tuple[BatchField, ...] = (
         lambda spec: spec.rollout.environment.name != "none",
         "{who} reads the environment's tokens: set rollout.environment",
     ),
+    BatchField(
+        "weight_version",
+        "B",
+        "integer",
+        "nothing: the rollout records the version of the weights that generated each row "
+        "(the updates before them; `rollout.max_staleness` at most behind the update's)",
+    ),
 )
 
 _FIELD_BY_NAME = {f.name: f for f in FIELDS}

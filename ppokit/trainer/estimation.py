@@ -161,6 +161,7 @@ def round_batch(
         truncated=ro.truncated,
         baseline_rewards=baseline,
         env_mask=ro.env_mask,
+        weight_version=ro.version,
     )
     if ro.turn_rewards is None:
         rewards = torch.where(batch.last_mask, scores[:, None], 0.0)
