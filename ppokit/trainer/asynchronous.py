@@ -27,7 +27,7 @@ from ppokit.trainer.groups import Draw
 from ppokit.trainer.report import Reporter
 from ppokit.trainer.rollout import PromptEncoder, Rollout
 from ppokit.trainer.round import RoundResult, run_round
-from ppokit.trainer.schedule import Job, Ready, Schedule
+from ppokit.trainer.schedule import THREAD, Job, Ready, Schedule
 from ppokit.trainer.setup import Setup, State
 
 __all__ = ["AsyncRollouts", "Cancelled", "Generated"]
@@ -35,8 +35,6 @@ __all__ = ["AsyncRollouts", "Cancelled", "Generated"]
 #: torch's own thread setting, kept before vLLM replaces it with a no-op once it binds its
 #: threads: the generation thread sets its threads with it.
 _SET_THREADS = torch.set_num_threads
-#: The schedule's thread (its name's prefix).
-THREAD = "ppokit-generation"
 
 
 class Cancelled(Exception):
@@ -98,7 +96,8 @@ class _Background:
 class AsyncRollouts:
     """The asynchronous rounds of a run on ``setup`` from round ``start`` (its rounds done)
     on: batches drawn by ``draw``, generated with ``threads`` torch threads (None: as
-    they are), ``ahead`` those a checkpoint saved. :meth:`close` ends it."""
+    they are; the rounds keep the threads set when this is made), ``ahead`` those a
+    checkpoint saved. :meth:`close` ends it."""
 
     def __init__(
         self,
@@ -121,10 +120,8 @@ class AsyncRollouts:
         self.outer = setup.reporter
         setup.reporter = self.reporter
 
-        def initializer() -> None:
-            if threads is not None:
-                _SET_THREADS(threads)
-
+        self.threads = threads
+        self.trainer_threads = torch.get_num_threads()  # the run's, set before
         ready = [
             Ready(Job(a.round, a.version, a.rows, a.formatted), Generated(a.rollout, a.greedy))
             for a in ahead
@@ -136,12 +133,15 @@ class AsyncRollouts:
             draw=draw,
             generate=self.generate,
             push=setup.engine.sync,
-            initializer=initializer,
             ready=ready,
         )
 
     def generate(self, job: Job) -> Generated:
-        """The job's batch (and greedy baseline), in the schedule's thread."""
+        """The job's batch (and greedy baseline), in the schedule's thread (with its own
+        torch threads, set again for each job: OpenMP's setting may be shared between threads
+        once both have computed)."""
+        if self.threads is not None:
+            _SET_THREADS(self.threads)
         sample, n = self.setup.sample, self.setup.spec.rollout.n
         common: dict[str, Any] = dict(rows=job.rows, version=job.version, sampler=self.sampler)
         ro = sample(job.round, job.formatted, n, **common)
@@ -153,6 +153,8 @@ class AsyncRollouts:
         the weights of version ``round_no - 1``; its timings gain the generation's seconds
         (``time_generate``), the waits and pushes, and its metrics the rows' staleness."""
         version = round_no - 1
+        if self.threads is not None:
+            _SET_THREADS(self.trainer_threads)
         ready = self.schedule.take(round_no, version)
         job, out = ready.job, ready.out
         result = run_round(

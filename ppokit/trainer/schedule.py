@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Job", "Ready", "Schedule", "version_of"]
+__all__ = ["THREAD", "Job", "Ready", "Schedule", "version_of"]
 
 T = TypeVar("T")
 
@@ -57,6 +57,8 @@ class Ready(Generic[T]):
     ended: float = 0.0
 
 
+#: The name of the schedule's thread (its prefix).
+THREAD = "ppokit-generation"
 #: The waits and pushes a schedule measures, as round metrics.
 WAITS = ("time_wait_engine", "time_wait_trainer", "time_sync")
 
@@ -66,7 +68,7 @@ class Schedule(Generic[T]):
 
     ``draw()`` gives the next batch's rows and formatted prompts (called in order, in the
     caller's thread, as batches are admitted); ``generate(job)`` runs in the schedule's
-    thread (``initializer`` runs there first); ``push()`` gives the engine the trainer's
+    thread; ``push()`` gives the engine the trainer's
     current weights (in the caller's thread, while no job runs). ``ready``: batches already
     generated for the rounds after ``start`` (a checkpoint's), in order. The engine holds
     the weights of version ``start`` when the schedule starts.
@@ -81,7 +83,6 @@ class Schedule(Generic[T]):
         draw: Callable[[], tuple[list[dict[str, Any]], list[str]]],
         generate: Callable[[Job], T],
         push: Callable[[], None],
-        initializer: Callable[[], None] | None = None,
         ready: Sequence[Ready[T]] = (),
     ) -> None:
         self.max_staleness = max_staleness
@@ -91,9 +92,7 @@ class Schedule(Generic[T]):
         self.generate = generate
         self.push = push
         self.engine_version = start
-        self._pool = ThreadPoolExecutor(
-            1, thread_name_prefix="ppokit-generation", initializer=initializer
-        )
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=THREAD)
         self._queue: deque[tuple[Job, Future[Ready[T]]]] = deque()
         for r in ready:
             done: Future[Ready[T]] = Future()

@@ -78,6 +78,11 @@ CONFIGS: dict[str, list[str]] = {
         "rollout.logp_old=forward",
         "train.micro_batch_size=4",
     ],
+    "token_mean, staleness 1: decoupled token_tis, micro-batches": [
+        "rollout.max_staleness=1",
+        "policy.correction={name: token_tis, cap: 1.03}",
+        "train.micro_batch_size=2",
+    ],
     "seq_mean_token_mean, geo_mask rejects rows": [
         "policy.aggregation=seq_mean_token_mean",
         "policy.correction={name: geo_mask, low: 0.99, high: 1.01}",
@@ -233,7 +238,7 @@ def test_two_processes_update_like_one(two_processes: Path, index: int) -> None:
     assert metrics["grad_norm_actor"] is not None and metrics["policy_loss"] is not None
     different = {k: (metrics[k], other[k]) for k in metrics if not _close(metrics[k], other[k])}
     assert not different
-    if spec.rollout.logp_old == "forward":  # π_old from the trainer, μ off it by noise
+    if spec.rollout.logp_old == "forward" or spec.rollout.max_staleness:  # π_old recomputed
         assert metrics["rollout/mismatch_max"] > 0.01
     if spec.policy.correction.name != "none":  # the correction acts on this round
         assert metrics["rollout/correction_weight_mean"] != 1.0

@@ -231,7 +231,6 @@ class HFEngine:
         self.dtype = dtype
         self.context: EngineContext | None = None
         self.model: nn.Module | None = None  # what samples: the actor or its copy
-        self.pairs: list[tuple[Tensor, Tensor]] = []  # (the copy's, the actor's) trained
 
     @property
     def samples_from_policy(self) -> bool:
@@ -248,10 +247,6 @@ class HFEngine:
         self.model = context.model
         if context.asynchronous:
             self.model = frozen_copy(context.model)
-            mine = dict(self.model.named_parameters())
-            self.pairs = [
-                (mine[name], p) for name, p in context.model.named_parameters() if p.requires_grad
-            ]
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling) -> Generation:
         context, model = self.context, self.model
@@ -275,11 +270,14 @@ class HFEngine:
         sharded actor: a collective)."""
         from ppokit.distributed import full_tensor
 
-        with torch.no_grad():
-            for mine, theirs in self.pairs:
-                mine.copy_(full_tensor(theirs.detach()))
+        if self.context is None or self.model is None or self.model is self.context.model:
+            return
+        mine = dict(self.model.named_parameters())
+        with torch.no_grad():  # by name: sharding the actor replaces its parameters
+            for name, theirs in self.context.model.named_parameters():
+                if theirs.requires_grad:
+                    mine[name].copy_(full_tensor(theirs.detach()))
 
     def close(self) -> None:
         self.context = None
         self.model = None
-        self.pairs = []
