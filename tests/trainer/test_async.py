@@ -113,6 +113,25 @@ def test_an_asynchronous_run_with_evaluation_and_remax(tmp_path) -> None:
     assert not (out / "checkpoint" / "ahead").exists()  # nothing after the last round
 
 
+def test_multi_turn_episodes_are_generated_ahead(tmp_path) -> None:
+    """The echo game's episodes, played in the generation thread (the environment's calls
+    there): a run of three rounds one step off the policy."""
+    out = tmp_path / "run"
+    spec = small_spec(
+        out,
+        "rollout.max_staleness=1",
+        "rollout.environment=echo",
+        "data.options={turns: 3}",
+        "reward=[]",
+        "train.rounds=3",
+        "policy.correction=token_tis",
+    )
+    train(spec)
+    records = read_metrics(out)
+    assert [r["rollout/staleness_max"] for r in records] == [0.0, 1.0, 1.0]
+    assert all(r["rollout/turns_mean"] > 1 for r in records)
+
+
 def test_the_spec_refuses_dynamic_sampling_and_warns_without_a_correction(tmp_path) -> None:
     with pytest.raises(SpecError) as err:
         small_spec(tmp_path, "rollout.max_staleness=1", "rollout.filter=informative")

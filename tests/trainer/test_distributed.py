@@ -351,6 +351,23 @@ def test_demo_on_two_processes_resumes_on_two_and_on_one(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+def test_asynchronous_rollouts_on_two_processes(tmp_path: Path) -> None:
+    """``rollout.max_staleness: 1`` on 2 processes: each process's hf engine samples from a
+    whole copy gathered from the sharded actor, pushed (gathered again) between its
+    generations; every round's staleness is the whole round's."""
+    run = tmp_path / "run"
+    done = _ppokit(
+        "train", "--nproc", "2", "--out", str(run), "--set", "train.rounds=3",
+        "--set", "rollout.max_staleness=1", "--set", "policy.correction=token_tis", *SMALL_RUN,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/staleness_max"] for r in records] == [0.0, 1.0, 1.0]
+    assert records[0]["rollout/mismatch_max"] < 1e-4  # round 1: the initial weights on both
+    assert all(r["rollout/mismatch_max"] > 1e-3 for r in records[1:])  # one update behind
+
+
+@pytest.mark.slow
 def test_one_failing_process_ends_every_process(tmp_path: Path) -> None:
     """One process raises (its prompt does not fit the model's context): the run ends on
     every process with that error shown once and a non-zero exit, in bounded time."""
