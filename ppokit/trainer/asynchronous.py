@@ -121,6 +121,7 @@ class AsyncRollouts:
         setup.reporter = self.reporter
 
         self.threads = threads
+        self.stream: Any = None  # the generation's CUDA stream, on a GPU
         self.trainer_threads = torch.get_num_threads()  # the run's, set before
         ready = [
             Ready(Job(a.round, a.version, a.rows, a.formatted), Generated(a.rollout, a.greedy))
@@ -132,16 +133,40 @@ class AsyncRollouts:
             start=start,
             draw=draw,
             generate=self.generate,
-            push=setup.engine.sync,
+            push=self.push,
             ready=ready,
         )
 
+    def push(self) -> None:
+        """The trainer's weights into the engine (no generation runs); on a GPU they are
+        written before the next generation reads them on its own stream."""
+        self.setup.engine.sync()
+        if self.setup.device.type == "cuda":
+            torch.cuda.synchronize(self.setup.device)
+
     def generate(self, job: Job) -> Generated:
-        """The job's batch (and greedy baseline), in the schedule's thread (with its own
-        torch threads, set again for each job: OpenMP's setting may be shared between threads
-        once both have computed)."""
+        """The job's batch (and greedy baseline), in the schedule's thread: with its own
+        torch threads on a CPU (set again for each job: OpenMP's setting may be shared between
+        threads once both have computed), on a CUDA stream of its own on a GPU (so its
+        kernels run beside the update's, not queued behind them)."""
         if self.threads is not None:
             _SET_THREADS(self.threads)
+        device = self.setup.device
+        if device.type != "cuda":
+            return self._generate(job)
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(self.stream):
+            out = self._generate(job)
+        self.stream.synchronize()
+        main = torch.cuda.default_stream(device)  # where the trainer uses (and frees) them
+        for ro in (out.rollout, out.greedy):
+            for value in vars(ro).values() if ro is not None else ():
+                if isinstance(value, torch.Tensor) and value.is_cuda:
+                    value.record_stream(main)
+        return out
+
+    def _generate(self, job: Job) -> Generated:
         sample, n = self.setup.sample, self.setup.spec.rollout.n
         common: dict[str, Any] = dict(rows=job.rows, version=job.version, sampler=self.sampler)
         ro = sample(job.round, job.formatted, n, **common)

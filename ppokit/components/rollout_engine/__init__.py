@@ -212,8 +212,7 @@ HF = Component(
     "token; asynchronous: with a copy of the actor (of its adapters under LoRA)",
     formula=(
         "a_t ~ softmax(filter(z_t / temperature)), log μ(a_t) = log_softmax(z_t / temperature)[a_t];"
-        " μ = π_old: the actor itself samples (asynchronous: its copy, up to max_staleness "
-        "updates old)"
+        " μ = π_old: the actor itself samples"
     ),
     source=papers.cite(
         "Hugging Face transformers generation (GenerationMixin.generate)", papers.PPO
