@@ -437,7 +437,8 @@ def _read_ahead(out: Path, spec: Spec, setup: Setup, start: int) -> list[Ahead]:
     """The batches the checkpoint of round ``start`` holds for the rounds after it; a
     one-line error when the spec's ``rollout.max_staleness`` cannot take them."""
     world = distributed.world()
-    vocab = int(setup.models.actor.get_input_embeddings().weight.shape[0])
+    embeddings: Any = setup.models.actor.get_input_embeddings()  # type: ignore[operator]
+    vocab = int(embeddings.weight.shape[0])
     path = out / CHECKPOINT
     ahead = read_ahead(path, world.rank, world.size, start, spec.rollout.n, vocab, setup.device)
     if len(ahead) > spec.rollout.max_staleness:

@@ -214,7 +214,8 @@ def _gathered_copy(model: nn.Module) -> nn.Module:
     if peft:
         from peft import get_peft_model
 
-        plain = get_peft_model(plain, model.peft_config["default"])  # type: ignore[index]
+        adapters: Any = model.peft_config["default"]  # type: ignore[index]
+        plain = get_peft_model(plain, adapters)
     plain.load_state_dict(state)
     return plain
 

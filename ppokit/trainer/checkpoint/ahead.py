@@ -151,9 +151,9 @@ def read_ahead(
             raise bad(f"batch {i} is not an object")
         rows, formatted = record.get("rows"), record.get("formatted")
         version, round_no = record.get("version"), record.get("round")
-        if round_no != start + 1 + i or not _whole(round_no):
+        if not isinstance(round_no, int) or round_no != start + 1 + i or not _whole(round_no):
             raise bad(f"batch {i} is for round {round_no!r}, not {start + 1 + i}")
-        if not _whole(version) or not 0 <= version < start:
+        if not isinstance(version, int) or not _whole(version) or not 0 <= version < start:
             raise bad(f"batch {i}: version {version!r} is not older than the weights ({start})")
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise bad(f"batch {i}: rows are not a list of objects")
@@ -192,7 +192,7 @@ def _rollout(
     """The Rollout of the tensors named ``prefix.{field}`` (or what is wrong with them) and
     the names it used."""
     values: dict[str, torch.Tensor | None] = {}
-    names = set()
+    names: set[str] = set()
     for name, (dtype, shape) in _FIELDS.items():
         key = f"{prefix}.{name}"
         t = tensors.get(key)
