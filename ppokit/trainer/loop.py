@@ -11,7 +11,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -418,67 +418,16 @@ def _rounds(
         rows = rows[distributed.world().share(len(rows))]
         return rows, format_prompts(rows, models.tokenizer, spec.data)
 
-    rollouts = None
+    generation_threads = None
     if spec.rollout.max_staleness:
         generation_threads, generation = engine_threads(spec, models)
         threads += f"; generation beside the update, {generation}"
-        rollouts = AsyncRollouts(setup, draw, start=start, threads=generation_threads, ahead=ahead)
-    try:
-        return _run_rounds(
-            spec, out, resume, smoke, changes, setup, state, source, draw, rollouts, log,
-            start, redo, history, evaluator, threads, wall, display, temporary,
-        )  # fmt: skip
-    finally:
-        if rollouts is not None:
-            rollouts.close()
-
-
-def _read_ahead(out: Path, spec: Spec, setup: Setup, start: int) -> list[Ahead]:
-    """The batches the checkpoint of round ``start`` holds for the rounds after it; a
-    one-line error when the spec's ``rollout.max_staleness`` cannot take them."""
-    world = distributed.world()
-    embeddings: Any = setup.models.actor.get_input_embeddings()  # type: ignore[operator]
-    vocab = int(embeddings.weight.shape[0])
-    path = out / CHECKPOINT
-    ahead = read_ahead(path, world.rank, world.size, start, spec.rollout.n, vocab, setup.device)
-    if len(ahead) > spec.rollout.max_staleness:
-        raise UserError(
-            f"checkpoint {path} holds {len(ahead)} batch(es) generated ahead of round {start} "
-            f"(asynchronous rollouts) but rollout.max_staleness is "
-            f"{spec.rollout.max_staleness}: resume with the run's rollout.max_staleness"
-        )
-    return ahead
-
-
-def _run_rounds(
-    spec: Spec,
-    out: Path,
-    resume: bool,
-    smoke: bool,
-    changes: list[tuple[str, Any, Any]],
-    setup: Setup,
-    state: State,
-    source: Any,
-    draw: Any,
-    rollouts: AsyncRollouts | None,
-    log: MetricsLog,
-    start: int,
-    redo: list[int],
-    history: list[dict[str, Any]],
-    evaluator: Evaluator | None,
-    threads: str,
-    wall: float,
-    display: Reporter,
-    temporary: bool,
-) -> dict[str, Any]:
-    """The rounds from ``start`` on, and the run's summary (:func:`_rounds` prepared them)."""
-    world = distributed.world()
-    models = setup.models
+    asynchronous = _asynchronous(setup, draw, start, generation_threads, ahead)
     spec_yaml = spec.to_yaml()
     tracked = spec if world.main else spec.model_copy(update={"output": _no_trackers(spec)})
     if spec.output.report_to:
         display.step(f"starting the trackers ({', '.join(spec.output.report_to)})")
-    with Trackers(tracked, out, start_round=start) as trackers:
+    with Trackers(tracked, out, start_round=start) as trackers, asynchronous as rollouts:
         total = spec.train.rounds
         processes = f", {world.size} processes" if world.distributed else ""
         display.message(
@@ -571,6 +520,39 @@ def _run_rounds(
             "processes": world.size,
             "main": world.main,
         }
+
+
+def _read_ahead(out: Path, spec: Spec, setup: Setup, start: int) -> list[Ahead]:
+    """The batches the checkpoint of round ``start`` holds for the rounds after it; a
+    one-line error when the spec's ``rollout.max_staleness`` cannot take them."""
+    world = distributed.world()
+    embeddings: Any = setup.models.actor.get_input_embeddings()  # type: ignore[operator]
+    vocab = int(embeddings.weight.shape[0])
+    path = out / CHECKPOINT
+    ahead = read_ahead(path, world.rank, world.size, start, spec.rollout.n, vocab, setup.device)
+    if len(ahead) > spec.rollout.max_staleness:
+        raise UserError(
+            f"checkpoint {path} holds {len(ahead)} batch(es) generated ahead of round {start} "
+            f"(asynchronous rollouts) but rollout.max_staleness is "
+            f"{spec.rollout.max_staleness}: resume with the run's rollout.max_staleness"
+        )
+    return ahead
+
+
+@contextlib.contextmanager
+def _asynchronous(
+    setup: Setup, draw: Any, start: int, threads: int | None, ahead: list[Ahead]
+) -> Iterator[AsyncRollouts | None]:
+    """The run's asynchronous rounds (``rollout.max_staleness`` > 0; else None), closed
+    when the rounds end."""
+    if not setup.spec.rollout.max_staleness:
+        yield None
+        return
+    rollouts = AsyncRollouts(setup, draw, start=start, threads=threads, ahead=ahead)
+    try:
+        yield rollouts
+    finally:
+        rollouts.close()
 
 
 def _no_trackers(spec: Spec) -> Any:
