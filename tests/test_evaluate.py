@@ -92,9 +92,11 @@ def _hook_evaluation(monkeypatch: pytest.MonkeyPatch, spec: Spec) -> _Results:
             results.actor = setup.models.actor
         return run_round(setup, *rest)
 
-    def save_hooked(out: Path, models: Any, state: Any, source: Any, done: int, yaml: str) -> Any:
+    def save_hooked(
+        out: Path, models: Any, state: Any, source: Any, done: int, yaml: str, *ahead: Any
+    ) -> Any:
         results[done] = evaluators[0].run()
-        return save(out, models, state, source, done, yaml)
+        return save(out, models, state, source, done, yaml, *ahead)
 
     monkeypatch.setattr(loop, "_run_round", round_hooked)
     monkeypatch.setattr(loop, "save_checkpoint", save_hooked)

@@ -413,15 +413,11 @@ def _rounds(
     history = read_metrics(out)
     evaluator = Evaluator.of(spec, setup) if spec.eval is not None else None
 
-    def draw() -> tuple[list[dict[str, Any]], list[str]]:  # a batch: this process's prompts
-        rows = source.next_rows(spec.rollout.prompts_per_round)
-        rows = rows[distributed.world().share(len(rows))]
-        return rows, format_prompts(rows, models.tokenizer, spec.data)
-
     generation_threads = None
     if spec.rollout.max_staleness:
         generation_threads, generation = engine_threads(spec, models)
         threads += f"; generation beside the update, {generation}"
+    draw = _drawer(setup, source, format_prompts)
     asynchronous = _asynchronous(setup, draw, start, generation_threads, ahead)
     spec_yaml = spec.to_yaml()
     tracked = spec if world.main else spec.model_copy(update={"output": _no_trackers(spec)})
@@ -467,8 +463,9 @@ def _rounds(
                     _seed_all(distributed.round_seed(spec.seed, world.rank, r + 1))
                 display.start_round(r + 1)
                 record = _run_round(
-                    setup, state, draw, r, log, evaluator, trackers, history, rollouts
-                )
+                    setup, state, source, format_prompts, r, log, evaluator, trackers, history,
+                    rollouts,
+                )  # fmt: skip
                 for problem in [*record.pop("_skipped", ()), *record.pop("_health", ())]:
                     display.message(f"warning: {problem}")
                 history.append(record)
@@ -582,10 +579,24 @@ def _evaluates(spec: Spec, r: int) -> bool:
     return (r + 1) % spec.eval.every == 0 or r + 1 == spec.train.rounds
 
 
+def _drawer(setup: Setup, source: Any, format_prompts: Any) -> Any:
+    """The next batch of prompts from ``source``: this process's data rows and their
+    formatted prompts."""
+    spec = setup.spec
+
+    def draw() -> tuple[list[dict[str, Any]], list[str]]:
+        rows = source.next_rows(spec.rollout.prompts_per_round)
+        rows = rows[distributed.world().share(len(rows))]
+        return rows, format_prompts(rows, setup.models.tokenizer, spec.data)
+
+    return draw
+
+
 def _run_round(
     setup: Setup,
     state: State,
-    draw: Any,
+    source: Any,
+    format_prompts: Any,
     r: int,
     log: MetricsLog,
     evaluator: Evaluator | None = None,
@@ -593,7 +604,7 @@ def _run_round(
     history: Sequence[dict[str, Any]] = (),
     rollouts: AsyncRollouts | None = None,
 ) -> dict[str, Any]:
-    """Round ``r`` (0-based) on the batches ``draw`` gives (or, asynchronous, on the batch
+    """Round ``r`` (0-based) on prompts of ``source`` (or, asynchronous, on the batch
     ``rollouts`` generated ahead) with its evaluation when due: its record, written to the
     log and the trackers, with the signs of docs/health.md that fire on it given the
     ``history`` of records before it (evaluated once, on the first process; ``_health``: the
@@ -604,6 +615,7 @@ def _run_round(
     if rollouts is not None:
         result = rollouts.round(state, r + 1, train_actor)
     else:
+        draw = _drawer(setup, source, format_prompts)
         rows, formatted = draw()
         result = run_round(
             setup, state, rows, formatted, round_no=r + 1, train_actor=train_actor, draw=draw
