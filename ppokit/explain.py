@@ -212,14 +212,19 @@ def _actor(w: _Writer, spec: Spec, kl_placement: str | None) -> None:
         )
         terms = [f"{agg}({p.loss.name}(logp, logp_old, A, mask') · ω[:, None] · c, mask')"]
     if spec.rollout.max_staleness:
-        w.line(
-            f"c = {p.correction.name}(π_old/μ): the weight of the gap between the stale "
-            "sampling weights and π_old"
-            if p.correction.name != slot("policy.correction").default
-            else "c = 1: the gap π_old/μ between the stale sampling weights and π_old is not "
-            "weighted (ppokit validate warns)",
-            1,
-        )
+        if spec.rollout.logp_old == "rollout":
+            gap = "c = 1: π_old is μ itself (bypass), the ratio carries the staleness"
+        elif p.correction.name != slot("policy.correction").default:
+            gap = (
+                f"c = {p.correction.name}(π_old/μ): the weight of the gap between the stale "
+                "sampling weights and π_old"
+            )
+        else:
+            gap = (
+                "c = 1: the gap π_old/μ between the stale sampling weights and π_old is not "
+                "weighted (ppokit validate warns)"
+            )
+        w.line(gap, 1)
     if kl_placement == "loss" and spec.kl is not None:
         terms.append(f"+ {spec.kl.coef:g}·{agg}({spec.kl.estimator.name}(logp, logp_ref), mask')")
     if p.entropy_coef:
