@@ -88,9 +88,10 @@ def test_lora_copies_the_adapters_and_shares_the_base(tmp_path) -> None:
     lrn.close()
 
 
-def test_an_asynchronous_run_with_evaluation_and_remax(tmp_path) -> None:
-    """ReMax's greedy baseline comes from the batch's weights; the evaluation after a round
-    samples from the updated ones; the staleness and the waits are in every record."""
+def test_an_asynchronous_run_with_episodes_remax_and_evaluation(tmp_path) -> None:
+    """The echo game's episodes are played in the generation thread (the environment's calls
+    there), ReMax's greedy baseline comes from the batch's weights, the evaluation after a
+    round samples from the updated ones; the staleness and the waits are in every record."""
     out = tmp_path / "run"
     spec = small_spec(
         out,
@@ -101,35 +102,20 @@ def test_an_asynchronous_run_with_evaluation_and_remax(tmp_path) -> None:
         "advantage=remax",
         "policy.loss=reinforce",
         "policy.correction=token_tis",
+        "rollout.environment=echo",
+        "data.options={turns: 3}",
+        "reward=[]",
         "eval={prompts: 4, k: 1, every: 2, at_start: false}",
     )
     summary = train(spec)
     assert summary["rounds"] == 3
     records = read_metrics(out)
     assert [r["rollout/staleness_max"] for r in records] == [0.0, 1.0, 1.0]
+    assert all(r["rollout/turns_mean"] > 1 for r in records)
     assert all(r["time_wait_engine"] >= 0 and r["time_wait_trainer"] >= 0 for r in records)
     assert "eval/accuracy" in records[1] and "eval/accuracy" in records[2]
     assert json.loads((out / "checkpoint" / "state.json").read_text())["round"] == 3
     assert not (out / "checkpoint" / "ahead").exists()  # nothing after the last round
-
-
-def test_multi_turn_episodes_are_generated_ahead(tmp_path) -> None:
-    """The echo game's episodes, played in the generation thread (the environment's calls
-    there): a run of three rounds one step off the policy."""
-    out = tmp_path / "run"
-    spec = small_spec(
-        out,
-        "rollout.max_staleness=1",
-        "rollout.environment=echo",
-        "data.options={turns: 3}",
-        "reward=[]",
-        "train.rounds=3",
-        "policy.correction=token_tis",
-    )
-    train(spec)
-    records = read_metrics(out)
-    assert [r["rollout/staleness_max"] for r in records] == [0.0, 1.0, 1.0]
-    assert all(r["rollout/turns_mean"] > 1 for r in records)
 
 
 def test_the_spec_refuses_dynamic_sampling_and_warns_without_a_correction(tmp_path) -> None:

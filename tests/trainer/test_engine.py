@@ -68,7 +68,6 @@ def _close(a: Any, b: Any) -> bool:
         ("grpo_kl_loss", []),
         ("remax_kl_reward", []),
         ("eval_shared", []),
-        ("demo", ["rollout.max_staleness=0"]),
         ("remax_kl_reward", ["rollout.max_staleness=0"]),
     ],
 )
