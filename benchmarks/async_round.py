@@ -101,7 +101,7 @@ def main() -> None:
     base = [
         "eval=null",
         "output.progress=false",
-        f"train.rounds={args.rounds + 1}",
+        f"train.rounds={args.rounds + 2}",  # the last round measured generates the next
         ENGINES[args.engine],
         *(LONG if args.long else []),
         *args.set,
