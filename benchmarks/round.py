@@ -46,12 +46,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ppokit.data import format_prompts, make_prompt_source
+from ppokit.data import make_prompt_source
 from ppokit.spec import Spec, SpecError, load_spec
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.logprobs import position_ids
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.models import Models, autocast, build_models, trunk_of
+from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.rollout import eos_ids
 from ppokit.trainer.round import run_round
 from ppokit.trainer.setup import Setup, State

@@ -28,6 +28,8 @@ __all__ = ["BatchError", "RolloutBatch"]
 TOKEN_FIELDS = {f.name: f.dtype for f in OPTIONAL_FIELDS if f.shape == "BT"}
 #: Optional [B] fields with their expected dtype family.
 ROW_FIELDS = {f.name: f.dtype for f in OPTIONAL_FIELDS if f.shape == "B"}
+#: Optional [B, K] fields (one column per reward part) with their expected dtype family.
+PART_FIELDS = {f.name: f.dtype for f in OPTIONAL_FIELDS if f.shape == "BK"}
 #: Every field of a batch.
 FIELDS = ("response_mask", "token_rewards", *(f.name for f in OPTIONAL_FIELDS))
 
@@ -65,6 +67,9 @@ class RolloutBatch:
         baseline_rewards [B] float | None: score of a baseline response (ReMax).
         env_mask [B,T] bool | None: the environment's tokens inside a multi-turn response
             (observations between the model's turns: never in response_mask).
+        reward_parts [B,K] float | None: each reward's own score r_k, one column per reward
+            of the spec in its order (an environment's turn rewards last).
+        reward_weights [B,K] float | None: each column's weight w_k in R = Σ_k w_k r_k.
         weight_version [B] long | None: the version of the weights that generated the row
             (the number of updates before them; docs/async.md).
     """
@@ -80,6 +85,8 @@ class RolloutBatch:
     bootstrap_values: Tensor | None = None
     baseline_rewards: Tensor | None = None
     env_mask: Tensor | None = None
+    reward_parts: Tensor | None = None
+    reward_weights: Tensor | None = None
     weight_version: Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -99,6 +106,17 @@ class RolloutBatch:
             value = getattr(self, name)
             if value is not None:
                 self._check(name, value, shape[:1], kind, device)
+        width: int | None = None  # K: the same in every [B, K] field
+        for name, kind in PART_FIELDS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, Tensor) and value.dim() == 2 and value.shape[1] >= 1:
+                width = int(value.shape[1]) if width is None else width
+                self._check(name, value, (shape[0], width), kind, device)
+            else:
+                got = _describe(value)
+                raise BatchError(f"{name} must be a [B, K] tensor with K >= 1, got {got}")
 
     @staticmethod
     def _check(
@@ -107,7 +125,7 @@ class RolloutBatch:
         if not isinstance(t, Tensor):
             raise BatchError(f"{name} must be a tensor, got {type(t).__name__}")
         if tuple(t.shape) != shape:
-            dims = "[B, T]" if len(shape) == 2 else "[B]"
+            dims = "[B]" if len(shape) == 1 else "[B, T]" if name not in PART_FIELDS else "[B, K]"
             raise BatchError(f"{name} must have shape {dims} = {list(shape)}, got {list(t.shape)}")
         if _kind(t) != kind:
             raise BatchError(f"{name} must be a {kind} tensor, got {t.dtype}")
@@ -255,17 +273,6 @@ class RolloutBatch:
         total = self.group_sum(weights)
         num = self.group_sum(torch.where(weights != 0, x.float() * weights, 0.0))
         return torch.where(total > 0, num / total.clamp_min(1e-30), torch.zeros_like(num))
-
-    def group_std(self, x: Tensor) -> Tensor:
-        """Per-row unbiased standard deviation of ``x`` over the non-empty rows of its group,
-        float32 [B]; 0 for a group of one response.
-        """
-        live = self.nonempty
-        dev = torch.where(live, x.float() - self.group_mean(x), 0.0)
-        ss = self.group_sum(dev * dev)
-        n = self.group_sizes
-        var = torch.where(n > 1, ss / (n - 1).clamp_min(1), torch.zeros_like(ss))
-        return var.sqrt()
 
 
 def _describe(t: object) -> str:

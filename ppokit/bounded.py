@@ -1,45 +1,176 @@
-"""Calls waited for at most a bound: :func:`run_bounded`, the one way ppokit runs code it
-does not control (a plugin's import, a reward, an environment, a weight push) under a
-timeout."""
+"""Bounded calls: the one place where ppokit runs code it does not control under a time limit.
+
+Two ways, for two kinds of code:
+
+- **In a worker process** (:class:`ppokit.workers.WorkerPool`): rewards and environments,
+  whose inputs and outputs are text and numbers. A call that runs over is stopped for real:
+  its process is killed and replaced. This is the bound that holds whatever the code does.
+- **In this process** (:func:`deadline`): code that works on the trainer's own objects (a
+  rollout engine's ``generate`` and ``sync`` on the actor, a group filter or a correction on
+  tensors of the device, a plugin's import) cannot move to another process. On the main
+  thread, ``SIGALRM`` raises :class:`TimedOut` inside the block at the bound (Python code,
+  ``time.sleep``, any C code that lets signal handlers run); and in case the block holds the
+  interpreter in C code and never lets the handler run, :mod:`faulthandler`'s watchdog (a C
+  thread that needs no GIL) writes every thread's stack to standard error and ends the
+  process with status 1 :data:`GRACE` seconds later. Off the main thread a deadline bounds
+  nothing (ppokit's commands run their bounded calls on the main thread).
+
+:func:`counting_interrupts` tells a Ctrl-C from a ``KeyboardInterrupt`` that code raised
+itself (:func:`interrupts` counts the former). :func:`in_threads` is the one way calls that
+wait on something else (a server, a sandbox) run several at once, each bounded by its own
+timeout.
+
+This module is torch-free and imports nothing of ppokit.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import signal
+import sys
 import threading
-from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TypeVar
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-__all__ = ["TimedOut", "run_bounded"]
+__all__ = ["GRACE", "TimedOut", "counting_interrupts", "deadline", "in_threads", "interrupts"]
 
 T = TypeVar("T")
 
+#: Seconds after a deadline's bound before the process is ended, when the block never let
+#: the signal handler run.
+GRACE = 10.0
+
 
 class TimedOut(Exception):
-    """A call run by :func:`run_bounded` did not finish in time (it goes on in the
-    background, on a daemon thread)."""
+    """A bounded call did not finish in time (its worker was killed, or :func:`deadline`
+    interrupted it)."""
 
 
-def run_bounded(fn: Callable[[], T], timeout: float | None, name: str) -> T:
-    """``fn()`` on a daemon thread called ``name``, waited for at most ``timeout`` seconds
-    (``None``: called here, unbounded); :class:`TimedOut` when it runs over. Whatever ``fn``
-    raises (``SystemExit`` included) is raised here. A Python thread cannot be killed: an
-    overrunning call goes on in the background, and being a daemon thread it does not keep
-    the process from exiting."""
-    if timeout is None:
-        return fn()
-    future: Future[T] = Future()
+@dataclass
+class _Open:
+    end: float  # time.monotonic() at the bound
+    seconds: float
+    what: str
+    grace: float
 
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn())
-        except BaseException as exc:  # handed to the waiting thread
-            future.set_exception(exc)
 
-    threading.Thread(target=run, name=name, daemon=True).start()
+#: The deadlines open on the main thread, outermost first.
+_OPEN: list[_Open] = []
+_PREVIOUS: list[Any] = []  # the SIGALRM handler before the first deadline opened
+
+
+def _expired(signum: int, frame: Any) -> None:
+    now = time.monotonic()
+    due = [d for d in _OPEN if d.end <= now + 1e-3]
+    if not due:  # early (a timer's rounding): wait for the rest
+        _arm()
+        return
+    first = min(due, key=lambda d: d.end)
+    raise TimedOut(f"{first.what} did not finish within {first.seconds:g} s")
+
+
+def _arm() -> None:
+    """Set the timer and the watchdog for the earliest open deadline, or clear both."""
+    if not _OPEN:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.cancel_dump_traceback_later()
+        if _PREVIOUS:
+            signal.signal(signal.SIGALRM, _PREVIOUS.pop())
+        return
+    if not _PREVIOUS:
+        _PREVIOUS.append(signal.signal(signal.SIGALRM, _expired))
+    first = min(_OPEN, key=lambda d: d.end)
+    left = max(first.end - time.monotonic(), 1e-3)
+    signal.setitimer(signal.ITIMER_REAL, left)
+    with contextlib.suppress(Exception):  # no usable standard error: the signal alone
+        faulthandler.dump_traceback_later(left + first.grace, exit=True, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float | None, what: str, grace: float = GRACE) -> Iterator[None]:
+    """The block, bounded to ``seconds`` (None: unbounded): :class:`TimedOut` ("``what`` did
+    not finish within N s") is raised inside it at the bound; if the block does not let that
+    happen, the process ends ``grace`` seconds later (module docstring). Deadlines nest: the
+    earliest bound holds. Main thread only; elsewhere the block runs unbounded."""
+    usable = (
+        seconds is not None
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+    )
+    if not usable:
+        yield
+        return
+    assert seconds is not None
+    entry = _Open(time.monotonic() + seconds, seconds, what, grace)
+    _OPEN.append(entry)
     try:
-        return future.result(timeout)
-    except FutureTimeout:
-        raise TimedOut(f"did not finish within {timeout:g} s") from None
+        _arm()
+        yield
+    finally:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # first: no signal lands in the cleanup
+        finally:
+            _OPEN.remove(entry)
+            _arm()
+
+
+_SIGINTS = [0]
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _SIGINTS[0] += 1
+    raise KeyboardInterrupt
+
+
+def interrupts() -> int:
+    """How many Ctrl-C (SIGINT) arrived inside :func:`counting_interrupts` blocks so far: a
+    ``KeyboardInterrupt`` caught while this did not change was raised by code itself."""
+    return _SIGINTS[0]
+
+
+@contextlib.contextmanager
+def counting_interrupts() -> Iterator[None]:
+    """For the block, SIGINT raises ``KeyboardInterrupt`` as Python's own handler does and
+    is counted (:func:`interrupts`); main thread only, and not where SIGINT is ignored
+    (elsewhere nothing changes)."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def in_threads(
+    fn: Callable[[Any], T],
+    items: Sequence[Any],
+    workers: int,
+    name: str,
+    stop: type[BaseException] | None = None,
+) -> list[T | Exception]:
+    """``fn(item)`` for each item on at most ``workers`` threads called ``name``, the
+    results in the items' order whatever order they end in. An exception an item's call
+    raises takes its place in the list; one of type ``stop`` is raised instead (the first
+    in the items' order), and the calls not yet started are cancelled (those running end
+    on their own, each bounded by its own timeout)."""
+    pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix=name)
+    futures = [pool.submit(fn, item) for item in items]
+    out: list[T | Exception] = []
+    try:
+        for future in futures:
+            try:
+                out.append(future.result())
+            except Exception as exc:
+                if stop is not None and isinstance(exc, stop):
+                    raise
+                out.append(exc)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return out

@@ -130,6 +130,11 @@ class Component:
     #: validation, without heavy imports; called once its parameters and packages pass
     #: (``spec`` is a :class:`ppokit.spec.Spec`: the catalogue sits below the spec's models)
     check: Callable[[Any, Any], Iterable[str]] | None = None
+    #: the parameter whose value makes ppokit run code or contact a server the spec names (a
+    #: python reward's ``function``, an http reward's ``url``): a run folder's spec that
+    #: names such a component is refused by ``eval`` and ``export`` without
+    #: ``--trust-remote-code`` ("" for none)
+    consent: str = ""
 
     def implementation(self, obj: T) -> T:
         """Decorator of the implementation: records ``obj`` as this entry's implementation

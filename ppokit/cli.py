@@ -9,6 +9,7 @@ component whose catalogue entry gives no formula).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -23,9 +24,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from ppokit import __version__, launcher
+from ppokit.children import tie_to_parent
 from ppokit.compare import compare_command
 from ppokit.docgen import param_rows, params_table, write_docs
-from ppokit.errors import UserError, error_lines, fail, printable
+from ppokit.errors import (
+    TRACEBACK,
+    UserError,
+    error_lines,
+    fail,
+    full_traceback,
+    printable,
+    tracebacks_on,
+)
 from ppokit.evaluate import eval_command
 from ppokit.export import export_command
 from ppokit.registry import (
@@ -36,6 +46,7 @@ from ppokit.registry import (
     plugins_off,
     reset_registry,
 )
+from ppokit.serve import reward_server_command
 from ppokit.spec import (
     DEMO_SOURCE,
     DEMO_SPEC,
@@ -85,6 +96,8 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except (SpecError, UserError, RegistryError, FileNotFoundError) as exc:
+            if tracebacks_on():  # for authors: the whole story first, then the one line
+                err.print(_show(full_traceback(exc)), end="")
             raise fail(error_lines(exc)) from None
 
     return wrapper  # type: ignore[return-value]
@@ -122,8 +135,16 @@ def _root(
         "--no-plugins",
         help=f"Load no installed plugin, only the built-in components (as {NO_PLUGINS}=1).",
     ),
+    show_traceback: bool = typer.Option(
+        False,
+        "--traceback",
+        help=f"With an error, show its full traceback before its line, the traceback in a "
+        f"component's worker process included (as {TRACEBACK}=1): for plugin authors.",
+    ),
 ) -> None:
     """PPO-style RL for language models, assembled from small named components."""
+    if show_traceback:  # in the environment: the processes of 'train --nproc' inherit it
+        os.environ[TRACEBACK] = "1"
     if no_plugins:  # in the environment: the processes of 'train --nproc' inherit it
         os.environ[NO_PLUGINS] = "1"
         reset_registry()
@@ -472,11 +493,49 @@ def _train_args(
 app.command("compare")(compare_command)
 app.command("export")(export_command)
 app.command("eval")(eval_command)
+app.command("reward-server")(reward_server_command)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point."""
-    app(args=argv, prog_name="ppokit")
+    """Console entry point. A process started with :data:`ppokit.children.PARENT` ends with
+    that parent; a command ends when its work is done, even if a plugin left a thread
+    running that is not a daemon (Python would wait for it forever)."""
+    tie_to_parent()
+    try:
+        app(args=argv, prog_name="ppokit")
+    except SystemExit as exc:
+        code = exc.code
+        _end_past_stray_threads(code if isinstance(code, int) else 0 if code is None else 1)
+        raise
+
+
+#: Seconds a command waits, after its work, for threads that are not daemons to end.
+STRAY_GRACE = 5.0
+
+
+def _end_past_stray_threads(code: int) -> None:
+    """End the process now, with ``code``, when a thread that is not a daemon is still
+    running STRAY_GRACE seconds after the command's work (output flushed, logging shut
+    down): nothing of the command's is left to do."""
+    import logging
+    import threading
+
+    main_thread = threading.main_thread()
+    stray = [t for t in threading.enumerate() if t is not main_thread and not t.daemon]
+    if not stray:
+        return
+    import time
+
+    until = time.monotonic() + STRAY_GRACE  # a thread finishing its work gets the time to
+    for thread in stray:
+        thread.join(max(0.0, until - time.monotonic()))
+    if not any(t.is_alive() for t in stray):
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

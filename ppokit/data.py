@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
@@ -39,6 +41,7 @@ from typing import Any, TypedDict, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ppokit.components.reward import RESERVED_FIELDS
 from ppokit.errors import MissingDependency, UserError, one_line
 from ppokit.registry import format_validation_error
 from ppokit.spec import ArithmeticOptions, DataSpec, DemoOptions
@@ -243,6 +246,13 @@ class RowMap:
         for key, value in raw.items():
             if key not in self._renamed and key not in row:
                 row[key] = value
+        clash = next((key for key in row if key in RESERVED_FIELDS), None)
+        if clash is not None:
+            raise UserError(
+                f"{where}: the column {clash!r} has the name of a field ppokit passes to every "
+                f"reward ({', '.join(RESERVED_FIELDS)}): rename it, or map it to another name "
+                f"with data.columns: {{<name>: {clash}}}"
+            )
         prompt, column = row["prompt"], self.column("prompt")
         if isinstance(prompt, list):
             row["prompt"], row["messages"] = _chat_prompt(prompt, column, where)
@@ -337,6 +347,36 @@ class RowSource(PromptSource):
 _NOT_FOUND = "data.source is 'demo', 'arithmetic', a data file or folder, or hf:owner/name"
 
 
+#: The largest JSONL file read (it is read whole; larger data: a format ``datasets`` reads,
+#: as parquet, which it maps from disk).
+MAX_JSONL_BYTES = 2 << 30
+
+
+def read_data_file(path: Path, limit: int = MAX_JSONL_BYTES) -> bytes:
+    """The bytes of the regular file at ``path`` (a link is followed), at most ``limit`` of
+    them: a FIFO, a device (a link to ``/dev/zero``) or a socket is refused without waiting
+    for it, and a larger file is a UserError, never read whole."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise UserError(f"data file not found: {path} ({_NOT_FOUND})") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(f"{path}: not a regular file (a device, a FIFO or a socket)")
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise UserError(
+            f"{path}: larger than {limit >> 20} MiB, the most a JSONL file may hold (it is "
+            "read whole): write the data as parquet, which is read from disk as needed"
+        )
+    return data
+
+
 def _parse_jsonl(text: str, path: Path) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) of each non-blank line of a JSONL file."""
     rows = []
@@ -347,6 +387,8 @@ def _parse_jsonl(text: str, path: Path) -> list[tuple[int, dict[str, Any]]]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from None
+        except RecursionError:
+            raise UserError(f"{path}:{lineno}: the JSON nests too deeply") from None
         if not isinstance(row, dict):
             raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
         rows.append((lineno, row))
@@ -370,14 +412,9 @@ class JsonlSource(RowSource):
         answer_pattern: str | None = None,
     ) -> None:
         self.path = Path(path)
+        data = read_data_file(self.path)
         try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            raise UserError(f"data file not found: {self.path} ({_NOT_FOUND})") from None
-        except OSError as exc:
-            raise UserError(f"{self.path}: cannot read: {exc}") from None
-        try:
-            text = data.decode("utf-8")
+            text = data.decode("utf-8-sig")  # a byte order mark is no part of the first line
         except UnicodeDecodeError as exc:
             raise UserError(f"{self.path}: cannot read: {exc}") from None
         parsed = _parse_jsonl(text, self.path)
@@ -626,6 +663,8 @@ def make_prompt_source(data_spec: DataSpec, seed: int) -> PromptSource:
                 f"(got {split!r})"
             )
         return JsonlSource(seed, path, **rows)
+    if path.exists() and not (path.is_dir() or stat.S_ISREG(path.stat().st_mode)):
+        raise UserError(f"{path}: not a regular file (a device, a FIFO or a socket)")
     if not path.exists():
         hint = ""
         if re.fullmatch(r"[\w.-]+/[\w.-]+", source) and not path.suffix:

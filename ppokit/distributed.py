@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PeerFailure",
     "World",
+    "adopt",
     "all_sum",
     "as_forward",
     "first_text",
@@ -91,6 +92,14 @@ _WORLD = World()
 def world() -> World:
     """The current process's :class:`World`."""
     return _WORLD
+
+
+def adopt(other: World) -> None:
+    """Take ``other`` as this process's :class:`World` without a process group: a worker
+    process (:mod:`ppokit.workers`) running a component for a run's process reads that
+    process's rank and size, and joins no collective."""
+    global _WORLD
+    _WORLD = other
 
 
 def launched() -> bool:

@@ -50,6 +50,7 @@ EXAMPLES = frozenset(
         "smollm2_gsm8k_style",
         "echo_multiturn",
         "smollm2_calculator_cpu",
+        "smollm2_judge_cpu",
     }
 )
 #: The paper methods of examples/specs (by file stem), in the order of variants.md: the one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import unicodedata
 from typing import TYPE_CHECKING
 
@@ -80,3 +81,62 @@ def fail(lines: str | list[str], code: int = 1) -> typer.Exit:
     for line in [lines] if isinstance(lines, str) else lines:
         err.print(f"[red]{escape(printable(line))}[/red]")
     return typer.Exit(code)
+
+
+def raised_at(exc: BaseException) -> str | None:
+    """``file:line`` where ``exc`` was raised: the innermost frame of its traceback outside
+    Python's standard library (the code that raised it, or called the library function that
+    did), relative to the working directory when under it; None without a traceback."""
+    import os
+    import sysconfig
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return None
+    stdlib = tuple(
+        os.path.join(os.path.realpath(sysconfig.get_paths()[k]), "")
+        for k in ("stdlib", "platstdlib")
+    )
+
+    def library(filename: str) -> bool:
+        return filename.startswith("<frozen") or (
+            not filename.startswith("<") and os.path.realpath(filename).startswith(stdlib)
+        )
+
+    frame = next((f for f in reversed(frames) if not library(f.filename)), frames[-1])
+    path = frame.filename
+    with contextlib.suppress(ValueError):
+        relative = os.path.relpath(path)
+        if not relative.startswith(".."):
+            path = relative
+    return f"{path}:{frame.lineno}"
+
+
+#: The environment switch (``ppokit --traceback`` sets it) that shows the full traceback of
+#: an error, behind its one line: for the authors of plugins and of ppokit.
+TRACEBACK = "PPOKIT_TRACEBACK"
+
+
+def tracebacks_on() -> bool:
+    """Whether PPOKIT_TRACEBACK asks for full tracebacks (1/true/yes/on)."""
+    import os
+
+    return os.environ.get(TRACEBACK, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def full_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback with its causes, and the traceback of each cause that was raised
+    in a worker process (its ``remote_traceback``)."""
+    import traceback
+
+    parts = ["".join(traceback.format_exception(type(exc), exc, exc.__traceback__))]
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        remote = getattr(cause, "remote_traceback", None)
+        if isinstance(remote, str) and remote:
+            parts.append(f"in the worker process:\n{remote}")
+        cause = cause.__cause__ or cause.__context__
+    return "\n".join(parts)

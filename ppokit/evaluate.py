@@ -196,8 +196,8 @@ def evaluate(
         if report is not None:
             report.step(f"starting the rollout engine ({spec.rollout.engine.name})")
         progress = report.generation if report is not None else None
-        assembly.engine.start(engine_context(models, spec.model, progress=progress))
         try:
+            assembly.engine.start(engine_context(models, spec.model, progress=progress))
             encode = PromptEncoder(models.tokenizer, models.actor, device)
             sampler = Sampler(
                 assembly.engine, assembly.environment, encode, models.tokenizer, spec.rollout
@@ -211,7 +211,10 @@ def evaluate(
                 )
             metrics = evaluator.run()
         finally:
-            assembly.engine.close()
+            try:
+                assembly.engine.close()
+            finally:
+                assembly.close()
     return {
         "model": resolved.label,
         "kind": resolved.kind,
@@ -268,8 +271,8 @@ def eval_command(
         False,
         "--trust-remote-code",
         help="Run the Python code a run's spec names: its model's, when it sets "
-        "model.trust_remote_code, and a python reward's function (off: such a run is "
-        "refused; a run folder is data).",
+        "model.trust_remote_code, and a python reward's function; contact the servers its "
+        "rewards name (http, judge) (off: such a run is refused; a run folder is data).",
     ),
 ) -> None:
     """Evaluate a model or a run's latest checkpoint on the spec's held-out prompts (no

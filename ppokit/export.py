@@ -162,26 +162,10 @@ def _generation_config(policy: Any, tokenizer: Any, spec: Spec) -> Any:
     return config
 
 
-def _without_gguf_marker(model: Any) -> None:
-    """A model read from a GGUF file holds dequantized float tensors but keeps transformers'
-    GGUF "quantizer" (and ``config.quantization_config``), which refuses ``save_pretrained``
-    and would make a reader look for a GGUF file: drop the marker, keep the weights."""
-    config = getattr(model, "config", None)
-    quantization = getattr(config, "quantization_config", None)
-    quantizer = getattr(model, "hf_quantizer", None)
-    for marker in (quantization, getattr(quantizer, "quantization_config", None)):
-        method = getattr(marker, "quant_method", None)
-        if marker is not None and str(getattr(method, "value", method)) != "gguf":
-            return  # another quantization: save_pretrained decides
-    if quantizer is not None:
-        model.hf_quantizer = None
-    if config is not None and quantization is not None:
-        config.quantization_config = None
-        del config.quantization_config
-
-
 def _save_pretrained(model: Any, folder: Path) -> None:
-    _without_gguf_marker(model)
+    from ppokit.trainer.converted import without_gguf_marker
+
+    without_gguf_marker(model)
     kwargs = {}
     if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
         kwargs["safe_serialization"] = True  # transformers 4; v5 always writes safetensors
@@ -318,8 +302,8 @@ def export_command(
         False,
         "--trust-remote-code",
         help="Run the Python code the run's spec names: its model's, when it sets "
-        "model.trust_remote_code, and a python reward's function (off: such a run is "
-        "refused; a run folder is data).",
+        "model.trust_remote_code, and a python reward's function; contact the servers its "
+        "rewards name (http, judge) (off: such a run is refused; a run folder is data).",
     ),
 ) -> None:
     """Write a run's trained policy as a Hugging Face model directory (LoRA merged).

@@ -12,8 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ppokit import runfolder
+from ppokit.children import child_env, python_command
 
-__all__ = ["SIGNAL_CAUSES", "ended_lines", "how_to_continue", "launch", "smoke_temp"]
+__all__ = [
+    "SIGNAL_CAUSES",
+    "ended_lines",
+    "how_to_continue",
+    "launch",
+    "launch_args",
+    "smoke_temp",
+]
 
 
 @contextlib.contextmanager
@@ -40,8 +48,15 @@ def smoke_temp(on: bool) -> Iterator[None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def launch_args(nproc: int, argv: list[str]) -> list[str]:
+    """torch's launcher's arguments for ``ppokit ARGV`` on ``nproc`` local processes, each
+    started by :func:`ppokit.children.python_command` (not ``python -m``: nothing is imported
+    from the working directory)."""
+    return ["--standalone", "--nproc-per-node", str(nproc), "--no-python", *python_command(argv)]
+
+
 def launch(nproc: int, argv: list[str]) -> tuple[int, list[str]]:
-    """Run ``python -m ppokit ARGV`` on ``nproc`` local processes through torch's launcher
+    """Run ``ppokit ARGV`` on ``nproc`` local processes through torch's launcher
     (``torch.distributed.run``, the code behind ``torchrun``). Returns the exit status of
     the run and, when processes failed, one line for each saying how it ended
     (:func:`ended_lines`; a process that raised has printed its error itself, one killed by
@@ -49,6 +64,7 @@ def launch(nproc: int, argv: list[str]) -> tuple[int, list[str]]:
     import logging
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # ppokit sets torch's threads itself
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")  # as torch's own python -u would
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d's warnings on Ctrl-C
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -58,9 +74,8 @@ def launch(nproc: int, argv: list[str]) -> tuple[int, list[str]]:
         if name.startswith("torch.distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
-    args = get_args_parser().parse_args(
-        ["--standalone", "--nproc-per-node", str(nproc), "-m", "ppokit", *argv]
-    )
+    args = get_args_parser().parse_args(launch_args(nproc, argv))
+    os.environ.update(child_env(os.environ))  # the processes import ppokit as this one did
     try:
         run(args)
     except (KeyboardInterrupt, SignalException):  # the processes got it too; the first one

@@ -25,13 +25,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "ACCURACY",
     "COMPONENT_PREFIXES",
     "CURVES",
     "EVAL_CURVES",
+    "EVAL_PREFIX",
+    "EVAL_PROMPTS",
     "METRICS",
     "REQUIRED",
+    "REWARD",
+    "ROUND",
+    "ROUND_TIME",
     "SHOWN",
     "SUMMARY",
+    "THROUGHPUT",
     "TIMING",
     "Metric",
     "best_direction",
@@ -73,11 +80,23 @@ def _m(name: str, label: str, **facts: object) -> Metric:
     return Metric(name, label, **facts)  # type: ignore[arg-type]
 
 
+#: The metrics the views name by their role (each the name of its row below): the round a
+#: line is of, the reward a run optimises, the held-out accuracy and the number of prompts it
+#: rests on, the generation throughput and a round's seconds; and the held-out evaluation's
+#: prefix.
+ROUND = "round"
+REWARD = "reward_mean"
+ACCURACY = "eval/accuracy"
+EVAL_PROMPTS = "eval/prompts"
+THROUGHPUT = "tokens_per_s"
+ROUND_TIME = "time_round"
+EVAL_PREFIX = "eval/"
+
 #: Every metric of a run, in the order the views list them.
 METRICS: tuple[Metric, ...] = (
-    _m("round", "round", required=True),
+    _m(ROUND, "round", required=True),
     _m(
-        "reward_mean",
+        REWARD,
         "mean reward",
         short="reward",
         direction="higher",
@@ -88,7 +107,7 @@ METRICS: tuple[Metric, ...] = (
     ),
     _m("reward_std", "reward standard deviation", required=True),
     _m(
-        "eval/accuracy",
+        ACCURACY,
         "greedy accuracy (95% CI)",
         short="eval acc",
         direction="higher",
@@ -99,7 +118,7 @@ METRICS: tuple[Metric, ...] = (
     _m("eval/pass@", "fraction of prompts", direction="higher", curve=True),
     _m("eval/reward_mean", "mean reward (sampled)", direction="higher", curve=True),
     _m("eval/response_length_mean", "tokens"),
-    _m("eval/prompts", "prompts evaluated"),
+    _m(EVAL_PROMPTS, "prompts evaluated"),
     _m(
         "response_length_mean",
         "tokens",
@@ -177,6 +196,7 @@ METRICS: tuple[Metric, ...] = (
     _m("rollout/ended_max_turns", "fraction of episodes ended by rollout.max_turns"),
     _m("rollout/ended_budget", "fraction of episodes ended by the token budget"),
     _m("rollout/passed_groups", "groups that passed rollout.filter"),
+    _m("rollout/kept_reward_mean", "mean reward of the kept groups", direction="higher"),
     _m(
         "rollout/zero_variance_groups",
         "fraction of groups with rewards all equal",
@@ -189,7 +209,7 @@ METRICS: tuple[Metric, ...] = (
     _m("rollout/staleness_mean", "updates between the sampling weights and the update's"),
     _m("rollout/staleness_max", "most updates between the sampling weights and the update's"),
     _m("health/", "a sign of docs/health.md fired (1; absent: it did not)", direction="lower"),
-    _m("tokens_per_s", "tokens per second", required=True, summary=True, timing=True),
+    _m(THROUGHPUT, "tokens per second", required=True, summary=True, timing=True),
     _m("peak_memory_gb", "GiB", timing=True),
     _m("time_generate", "seconds", required=True, timing=True),
     _m("time_score", "seconds", required=True, timing=True),
@@ -198,7 +218,7 @@ METRICS: tuple[Metric, ...] = (
     _m("time_sync", "seconds", timing=True),
     _m("time_wait_engine", "seconds the trainer waited for the engine", timing=True),
     _m("time_wait_trainer", "seconds the engine waited for the trainer", timing=True),
-    _m("time_round", "seconds", required=True, summary=True, timing=True),
+    _m(ROUND_TIME, "seconds", required=True, summary=True, timing=True),
     _m("time_eval", "seconds", timing=True),
 )
 
@@ -243,8 +263,8 @@ REQUIRED = _names("required")
 TIMING = _names("timing")
 #: Panels of curves.png (training), then the held-out evaluation's (``eval/pass@``: every
 #: ``eval/pass@k``), drawn where the history has values.
-CURVES = tuple(n for n in _names("curve") if not n.startswith("eval/"))
-EVAL_CURVES = tuple(n for n in _names("curve") if n.startswith("eval/"))
+CURVES = tuple(n for n in _names("curve") if not n.startswith(EVAL_PREFIX))
+EVAL_CURVES = tuple(n for n in _names("curve") if n.startswith(EVAL_PREFIX))
 #: (key, short name, priority) of the live progress line, in order.
 SHOWN = tuple((m.name, m.short, m.shown) for m in METRICS if m.shown is not None)
 #: Rows of the summary table, in order (the evaluation's follow the reward).

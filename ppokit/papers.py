@@ -68,6 +68,28 @@ GRPO = Paper(
     2024,
     "arXiv:2402.03300",
 )
+GDPO = Paper(
+    "GDPO: Group reward-Decoupled Normalization Policy Optimization for Multi-reward RL "
+    "Optimization",
+    "Liu et al.",
+    2026,
+    "arXiv:2601.05242",
+)
+LLM_JUDGE = Paper(
+    "Judging LLM-as-a-Judge with MT-Bench and Chatbot Arena",
+    "Zheng et al.",
+    2023,
+    "arXiv:2306.05685",
+)
+HUMANEVAL = Paper(
+    "Evaluating Large Language Models Trained on Code", "Chen et al.", 2021, "arXiv:2107.03374"
+)
+OPENRLHF = Paper(
+    "OpenRLHF: An Easy-to-use, Scalable and High-performance RLHF Framework",
+    "Hu et al.",
+    2024,
+    "arXiv:2405.11143",
+)
 DR_GRPO = Paper(
     "Understanding R1-Zero-Like Training: A Critical Perspective",
     "Liu et al.",

@@ -235,8 +235,9 @@ class BatchField:
     """An optional RolloutBatch field a component may require, and what the spec needs for it."""
 
     name: str
-    #: ``BT``: [B, T]; ``B``: one value per row
-    shape: Literal["BT", "B"]
+    #: ``BT``: [B, T]; ``B``: one value per row; ``BK``: one value per row and reward part
+    #: (K: the spec's rewards, and an environment's turn rewards)
+    shape: Literal["BT", "B", "BK"]
     #: dtype family: float, bool or integer
     dtype: Literal["float", "bool", "integer"]
     #: what fills it, for the docs (``a `critic` section``)
@@ -317,6 +318,20 @@ FIELDS: tuple[BatchField, ...] = (
         "rollout.environment",
         lambda spec: spec.rollout.environment.name != "none",
         "{who} reads the environment's tokens: set rollout.environment",
+    ),
+    BatchField(
+        "reward_parts",
+        "BK",
+        "float",
+        "the spec's rewards: each one's score r_k, a column each in the order of `reward` (with "
+        "a `rollout.environment`, a last column of its turn rewards)",
+    ),
+    BatchField(
+        "reward_weights",
+        "BK",
+        "float",
+        "the spec's rewards: each column's `weight` w_k (1 for the environment's), the same "
+        "on every row; R = Σ_k w_k r_k",
     ),
     BatchField(
         "weight_version",

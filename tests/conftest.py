@@ -20,6 +20,17 @@ from tests.helpers import (
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def conversion_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The tests' own cache of converted models (``PPOKIT_CACHE``, for every process they
+    start): a run of the suite converts SmolLM2's GGUF file once, and never reads a cache
+    of the machine's."""
+    folder = tmp_path_factory.mktemp("ppokit-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PPOKIT_CACHE", str(folder))
+        yield folder
+
+
 @pytest.fixture
 def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No PPOKIT_* switches from the caller's environment; the cached registry is rebuilt."""

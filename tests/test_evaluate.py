@@ -24,6 +24,7 @@ from ppokit.stats import pass_at_k, wilson_half_width, wilson_interval
 from ppokit.trainer import loop
 from ppokit.trainer.evaluation import Evaluator, eval_rows, eval_seed, isolated_rng
 from ppokit.trainer.metrics import TIMING, read_metrics
+from ppokit.trainer.scoring import Scores
 from tests.helpers.trainer import learner, small_spec
 
 #: A combined reward the untrained tiny model scores on about half the time (any lowercase
@@ -93,10 +94,10 @@ def _hook_evaluation(monkeypatch: pytest.MonkeyPatch, spec: Spec) -> _Results:
         return run_round(setup, *rest)
 
     def save_hooked(
-        out: Path, models: Any, state: Any, source: Any, done: int, yaml: str, *ahead: Any
+        out: Path, models: Any, state: Any, source: Any, done: int, yaml: str, *more: Any
     ) -> Any:
         results[done] = evaluators[0].run()
-        return save(out, models, state, source, done, yaml, *ahead)
+        return save(out, models, state, source, done, yaml, *more)
 
     monkeypatch.setattr(loop, "_run_round", round_hooked)
     monkeypatch.setattr(loop, "save_checkpoint", save_hooked)
@@ -139,7 +140,7 @@ def test_metrics_are_computed_from_the_combined_rewards(monkeypatch) -> None:
             assert len(responses) == 6
             values = [next(flat) for _ in responses]
             sampled_lengths.extend(lengths)
-        return torch.tensor(values), {}
+        return Scores(torch.tensor(values))
 
     monkeypatch.setattr(lrn.scorer, "score", score)
     metrics = Evaluator.of(spec, lrn).run()

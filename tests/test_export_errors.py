@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from ppokit.cli import app
 from ppokit.runfolder import CHECKPOINT
 from tests.helpers.trainer import reseal_manifest, run_fixtures
-from tests.trainer.test_checkpoint_safety import (  # the crafted headers resume refuses
+from tests.trainer.checkpoint.test_safety import (  # the crafted headers resume refuses
     _dtype,
     _edit_header,
     _offsets,

@@ -219,29 +219,54 @@ def test_an_exception_is_made_one_line_in_one_place() -> None:
     assert _one_line_copies(probe) == [1]  # the pattern finds a copy
 
 
-#: The modules that wait on futures of their own: the timeouts, and the asynchronous
-#: schedule's generation thread (which waits for a batch without a timeout).
-FUTURES = {"ppokit/bounded.py", "ppokit/trainer/schedule.py"}
+#: The modules of bounded calls (ppokit.bounded's docstring): the worker processes and the
+#: deadline in this process.
+BOUNDS = ("ppokit/bounded.py", "ppokit/workers.py")
+#: What only they may use: futures waited for, process pools, the interval timer, the
+#: watchdog that ends a process.
+BOUND_MODULES = ("concurrent", "multiprocessing")
+BOUND_CALLS = ("setitimer", "alarm", "dump_traceback_later")
+#: The asynchronous schedule's generation thread: it waits on futures of its own, never
+#: under a timeout (the one module besides BOUNDS that may import concurrent.futures).
+SCHEDULE = "ppokit/trainer/schedule.py"
+
+
+def _bounds(tree: ast.AST, *, futures: bool = False) -> list[int]:
+    """Lines that wait on a future or a process pool, or set a timer, outside BOUNDS
+    (``futures``: the module may wait on futures, never under a timeout)."""
+    found = []
+    for node in ast.walk(tree):
+        modules = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules = [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        allowed = ("concurrent.futures",) if futures else ()
+        if any(m.split(".")[0] in BOUND_MODULES and m not in allowed for m in modules):
+            found.append(node.lineno)
+        if isinstance(node, ast.Attribute) and node.attr in BOUND_CALLS:
+            found.append(node.lineno)
+        if futures and isinstance(node, ast.keyword) and node.arg == "timeout":
+            found.append(node.value.lineno)
+    return found
 
 
 def test_a_call_is_bounded_in_one_place() -> None:
-    """``ppokit.bounded.run_bounded`` is the one way a call is waited for under a timeout:
-    no other module waits on a future of its own, but the schedule, without a timeout."""
+    """``ppokit.bounded`` (with ``ppokit.workers``, its worker processes) is the one place a
+    call is bounded: no other module waits on a future or a process of its own, or sets a
+    timer; the asynchronous schedule waits on its generation thread's futures, without a
+    timeout."""
     waiting = []
     for path in PACKAGE.rglob("*.py"):
         where = path.relative_to(ROOT).as_posix()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            modules = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                modules = [node.module]
-            elif isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            if any(m.startswith("concurrent") for m in modules) and where not in FUTURES:
-                waiting.append(f"{where}:{node.lineno}")
-            timed = isinstance(node, ast.keyword) and node.arg == "timeout"
-            if where == "ppokit/trainer/schedule.py" and timed:
-                waiting.append(f"{where}:{node.value.lineno}")
+        if where not in BOUNDS:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            waiting += [f"{where}:{line}" for line in _bounds(tree, futures=where == SCHEDULE)]
     assert not waiting
+    probe = ast.parse("import concurrent.futures\nsignal.setitimer(0, 1)")
+    assert _bounds(probe) == [1, 2]
+    waited = ast.parse("from concurrent.futures import Future\nf.result(timeout=1)")
+    assert _bounds(waited, futures=True) == [2] and _bounds(waited) == [1]
 
 
 def _private_imports(tree: ast.AST, package: str) -> list[tuple[int, str]]:

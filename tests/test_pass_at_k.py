@@ -12,6 +12,7 @@ from ppokit.spec import SpecError, validate_spec
 from ppokit.stats import pass_at_k
 from ppokit.trainer.evaluation import Evaluator
 from ppokit.trainer.loop import smoke_spec
+from ppokit.trainer.scoring import Scores
 from tests.helpers.trainer import learner, small_spec
 
 
@@ -62,9 +63,9 @@ def test_pass_at_k_over_n_samples_hand_computed(monkeypatch) -> None:
 
     def score(rows, responses, lengths, truncated, checks=None):
         if len(responses) == 3:  # the greedy responses
-            return torch.tensor([1.0, 0.0, 0.0]), {}
+            return Scores(torch.tensor([1.0, 0.0, 0.0]))
         assert len(responses) == 12  # 3 prompts x n = 4
-        return torch.tensor([next(flat) for _ in responses]), {}
+        return Scores(torch.tensor([next(flat) for _ in responses]))
 
     monkeypatch.setattr(lrn.scorer, "score", score)
     evaluator = Evaluator.of(spec, lrn)

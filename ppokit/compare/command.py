@@ -37,6 +37,7 @@ from ppokit.compare.runs import (
 from ppokit.compare.scheduler import execute, last_line
 from ppokit.compare.summary import RunRecord
 from ppokit.errors import UserError, error_lines, fail
+from ppokit.metrics_table import ROUND
 from ppokit.runfolder import (
     CHECKPOINT,
     METRICS,
@@ -51,7 +52,7 @@ def _record_of(run_dir: Path, group: str, seed: int | None) -> RunRecord:
     spec = read_run_spec(run_dir)
     rounds = spec_rounds(spec)
     history = read_history(run_dir)
-    last = max((h["round"] for h in history), default=0)
+    last = max((h[ROUND] for h in history), default=0)
     error_file = run_dir / ERROR_FILE
     if spec is not None and isinstance(spec.get("seed"), int):
         seed = spec["seed"]

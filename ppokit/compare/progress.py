@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ppokit.compare.runs import SweepRun, last_round, read_history
+from ppokit.metrics_table import ROUND_TIME
 from ppokit.runfolder import (
     METRICS,
 )
@@ -25,7 +26,7 @@ class Progress:
         self.jobs = jobs
         # a run finished before this sweep: its training time, a lower bound of a run's wall
         self.prior = [
-            sum(h.get("time_round") or 0.0 for h in read_history(r.dir))
+            sum(h.get(ROUND_TIME) or 0.0 for h in read_history(r.dir))
             for r in runs
             if r.action == "skip"
         ]

@@ -10,7 +10,7 @@ from typing import Any
 
 from ppokit.compare.runs import PLOT, SUMMARY_JSON, SUMMARY_MD
 from ppokit.compare.summary import RunRecord, is_number, summarize, trim
-from ppokit.metrics_table import metric
+from ppokit.metrics_table import REWARD, ROUND, THROUGHPUT, metric
 from ppokit.runfolder import (
     write_atomic,
 )
@@ -65,7 +65,7 @@ def render_markdown(summary: Mapping[str, Any], title: str = "ppokit compare") -
             *(fmt_stat(g["eval"][k]) for k in evals),
             f"{fmt(rt['mean'])} ({rt['reached']}/{rt['of']})",
             fmt_stat(g["wall_time_s"]),
-            fmt_stat(g["tokens_per_s"]),
+            fmt_stat(g[THROUGHPUT]),
         ]
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     lines += [
@@ -113,7 +113,7 @@ def _curve(
     for r in runs:
         for h in trim(r.history, r.rounds):
             if is_number(h.get(key)):
-                by_round.setdefault(h["round"], []).append(float(h[key]))
+                by_round.setdefault(h[ROUND], []).append(float(h[key]))
     xs = sorted(by_round)
     means, lows, highs, counts = [], [], [], []
     for x in xs:
@@ -148,7 +148,7 @@ def figure(records: Sequence[RunRecord], summary: Mapping[str, Any], title: str 
     if not finished:
         return None
     evals = summary["eval_metrics"]
-    keys = ["reward_mean", *evals[:1]]
+    keys = [REWARD, *evals[:1]]
     n_specs = len(summary["specs"])
     fig = Figure(figsize=(7 * len(keys), 4.5 + 0.22 * n_specs))
     FigureCanvasAgg(fig)
@@ -174,7 +174,7 @@ def figure(records: Sequence[RunRecord], summary: Mapping[str, Any], title: str 
             )
             ax.fill_between(xs, lows, highs, color=colour, alpha=0.2, linewidth=0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("round")
+        ax.set_xlabel(metric(ROUND).label)
         ax.set_ylabel(metric(key).label)
         ax.set_title(f"{key}: mean over seeds, shaded 95% CI within the seeds' range", fontsize=10)
         ax.grid(alpha=0.3)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,9 @@ from typing import Any
 
 import yaml
 
+from ppokit.children import python_command
 from ppokit.errors import UserError
+from ppokit.metrics_table import ROUND
 from ppokit.runfolder import (
     CHECKPOINT,
     COMPARE_LOCK,
@@ -165,7 +166,7 @@ def read_history(run_dir: Path) -> list[dict[str, Any]]:
 
 def last_round(run_dir: Path) -> int:
     """The last round ``run_dir``'s metrics.jsonl records (0: none)."""
-    return max((r["round"] for r in read_history(run_dir)), default=0)
+    return max((r[ROUND] for r in read_history(run_dir)), default=0)
 
 
 def read_run_spec(run_dir: Path) -> dict[str, Any] | None:
@@ -301,7 +302,7 @@ def plan_run(sweep: SweepSpec, seed: int, out: Path) -> SweepRun:
 
 def train_command(run: SweepRun, overrides: Sequence[str]) -> list[str]:
     """The ``ppokit train`` command line of a run."""
-    argv = [sys.executable, "-m", "ppokit.cli", "train", str(run.spec_path)]
+    argv = python_command(["train", str(run.spec_path)])
     argv += ["--seed", str(run.seed), "--out", str(run.dir)]
     for item in overrides:
         argv += ["--set", item]

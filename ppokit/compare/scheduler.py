@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ppokit.children import child_env
 from ppokit.compare.progress import PlainView, Progress
 from ppokit.compare.runs import (
     ANSI,
@@ -213,7 +214,10 @@ def execute(
     progress = view.progress if view is not None else Progress(runs, jobs)
     view = view or PlainView(progress)
     threads = str(threads_per_job(jobs))
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    # each run imports ppokit as this process did, and ends when this process ends
+    env = child_env(
+        {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}, os.getpid()
+    )
     pending = deque(r for r in runs if r.status == "pending")
     running: dict[SweepRun, _Child] = {}
     waiting: dict[SweepRun, float] = {}

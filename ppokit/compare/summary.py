@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ppokit.compare.runs import FINAL_WINDOW, SECTION_NAME_SLOT
+from ppokit.metrics_table import ACCURACY, EVAL_PREFIX, REWARD, ROUND, ROUND_TIME, THROUGHPUT
 from ppokit.slots import SLOTS
 from ppokit.stats import mean_ci95
 
@@ -134,8 +135,8 @@ def _final(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
     (an evaluation every k > FINAL_WINDOW rounds) takes its last logged value."""
     if not history:
         return None
-    last = history[-1]["round"]
-    window = [h[key] for h in history if h["round"] > last - FINAL_WINDOW and is_number(h.get(key))]
+    last = history[-1][ROUND]
+    window = [h[key] for h in history if h[ROUND] > last - FINAL_WINDOW and is_number(h.get(key))]
     if window:
         return math.fsum(window) / len(window)
     logged = [h[key] for h in history if is_number(h.get(key))]
@@ -157,9 +158,9 @@ def _eval_keys(records: Sequence[RunRecord]) -> list[str]:
         for r in records
         for h in r.history
         for k, v in h.items()
-        if k.startswith("eval/") and is_number(v)
+        if k.startswith(EVAL_PREFIX) and is_number(v)
     }
-    return sorted(keys, key=lambda k: (k != "eval/accuracy", k))
+    return sorted(keys, key=lambda k: (k != ACCURACY, k))
 
 
 def _stat(values: Sequence[float]) -> dict[str, Any]:
@@ -177,32 +178,28 @@ def _stat(values: Sequence[float]) -> dict[str, Any]:
 def run_metrics(history: Sequence[Mapping[str, Any]], threshold: float) -> dict[str, Any]:
     """One run's numbers: final reward and eval metrics, rounds to the threshold, wall time
     (Σ time_round), mean tokens/s."""
-    hist = sorted(history, key=lambda h: h["round"])
+    hist = sorted(history, key=lambda h: h[ROUND])
     reached = next(
-        (
-            h["round"]
-            for h in hist
-            if is_number(h.get("reward_mean")) and h["reward_mean"] >= threshold
-        ),
+        (h[ROUND] for h in hist if is_number(h.get(REWARD)) and h[REWARD] >= threshold),
         None,
     )
-    tps = [h["tokens_per_s"] for h in hist if is_number(h.get("tokens_per_s"))]
+    tps = [h[THROUGHPUT] for h in hist if is_number(h.get(THROUGHPUT))]
     evals = sorted(
-        {k for h in hist for k, v in h.items() if k.startswith("eval/") and is_number(v)}
+        {k for h in hist for k, v in h.items() if k.startswith(EVAL_PREFIX) and is_number(v)}
     )
     return {
-        "rounds": hist[-1]["round"] if hist else 0,
-        "final_reward": _final(hist, "reward_mean"),
+        "rounds": hist[-1][ROUND] if hist else 0,
+        "final_reward": _final(hist, REWARD),
         "eval": {k: _final(hist, k) for k in evals},
         "rounds_to_threshold": reached,
-        "wall_time_s": math.fsum(h["time_round"] for h in hist if is_number(h.get("time_round"))),
-        "tokens_per_s": math.fsum(tps) / len(tps) if tps else None,
+        "wall_time_s": math.fsum(h[ROUND_TIME] for h in hist if is_number(h.get(ROUND_TIME))),
+        THROUGHPUT: math.fsum(tps) / len(tps) if tps else None,
     }
 
 
 def trim(history: Sequence[dict[str, Any]], rounds: int | None) -> list[dict[str, Any]]:
     """The records of ``history`` up to round ``rounds`` (None: all)."""
-    return [h for h in history if rounds is None or h["round"] <= rounds]
+    return [h for h in history if rounds is None or h[ROUND] <= rounds]
 
 
 def summarize(
@@ -274,9 +271,7 @@ def summarize(
                     "values": reached,
                 },
                 "wall_time_s": _stat([p["wall_time_s"] for p in done]),
-                "tokens_per_s": _stat(
-                    [p["tokens_per_s"] for p in done if p["tokens_per_s"] is not None]
-                ),
+                THROUGHPUT: _stat([p[THROUGHPUT] for p in done if p[THROUGHPUT] is not None]),
                 "runs": per_run,
             }
         )

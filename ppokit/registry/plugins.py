@@ -11,7 +11,7 @@ import pluggy
 from pydantic import BaseModel, ValidationError
 
 from ppokit import hookspecs
-from ppokit.bounded import TimedOut, run_bounded
+from ppokit.bounded import TimedOut, deadline
 from ppokit.catalogue import Component
 from ppokit.errors import one_line, printable
 from ppokit.metrics_table import declare
@@ -93,17 +93,15 @@ class Registry:
         timeout: float | None = None,
     ) -> PluginRecord:
         """Register one plugin object (module) and run its ``ppokit_register`` hook (under
-        :func:`guarded`, on a worker thread for at most ``timeout`` seconds when given).
+        :func:`guarded`, for at most ``timeout`` seconds when given: :func:`deadline`).
 
         Its registrations are committed only if the whole hook succeeds.
         """
         record = PluginRecord(name, distribution, version)
         self.plugins[name] = record
         try:
-            with guarded():
-                pending = run_bounded(
-                    lambda: self._run_hook(name, plugin, version), timeout, f"ppokit-{name}"
-                )
+            with guarded(), deadline(timeout, f"plugin {name}'s ppokit_register hook"):
+                pending = self._run_hook(name, plugin, version)
         except PLUGIN_ERRORS as exc:  # one broken plugin never breaks the others
             record.error = (
                 f"its ppokit_register hook did not return within {timeout:g} s "
@@ -184,9 +182,10 @@ class Registry:
     def load_entry_points(self, only: set[str] | None = None) -> None:
         """Load installed plugins of the ``ppokit`` entry-point group (``only``: by name).
 
-        Each plugin is imported and its hook run on a worker thread, for at most
-        :func:`plugin_import_timeout` seconds, under :func:`guarded`: a plugin that hangs,
-        exits or prints is recorded as failed and the others load. A name in ``only`` that
+        Each plugin is imported and its hook run for at most :func:`plugin_import_timeout`
+        seconds (:func:`ppokit.bounded.deadline`: interrupted at the bound; one that holds
+        the interpreter in C code past it ends the process), under :func:`guarded`: a plugin
+        that hangs, exits or prints is recorded as failed and the others load. A name in ``only`` that
         matches no installed plugin is recorded as a failed plugin.
         """
         timeout = plugin_import_timeout()
@@ -225,8 +224,8 @@ class Registry:
     ) -> None:
         """Import one installed plugin (bounded and guarded), then run its hook."""
         try:
-            with guarded():
-                module = run_bounded(ep.load, timeout, f"ppokit-import-{name}")
+            with guarded(), deadline(timeout, f"plugin {name}'s import"):
+                module = ep.load()
         except PLUGIN_ERRORS as exc:
             error = (
                 f"its import did not finish within {timeout:g} s (PPOKIT_PLUGIN_IMPORT_TIMEOUT)"

@@ -83,11 +83,12 @@ def read_run_spec(path: Path, *, trust_remote_code: bool = False) -> dict[str, A
     for a command that reads the folder (``ppokit eval``, ``ppokit export``).
 
     Nothing a folder names runs unless the user says so: a spec with
-    ``model.trust_remote_code: true`` or a ``python`` reward (a function of a file or module
-    it would import) is refused (one line naming the flag) unless
-    ``trust_remote_code`` (the command line's ``--trust-remote-code``). The other names a
-    spec gives are components of installed plugins (by name) and data or model folders read
-    as data."""
+    ``model.trust_remote_code: true``, a ``python`` reward (a function of a file or module
+    it would import) or a reward that contacts a server it names (``http``, ``judge``: any
+    component whose catalogue entry declares a ``consent`` parameter) is refused (one line
+    naming the flag) unless ``trust_remote_code`` (the command line's
+    ``--trust-remote-code``). The other names a spec gives are components of installed
+    plugins (by name) and data or model folders read as data."""
     file = path / SPEC if path.is_dir() else path
     data = read_spec_data(file)
     model = data.get("model")
@@ -99,24 +100,37 @@ def read_run_spec(path: Path, *, trust_remote_code: bool = False) -> dict[str, A
             f"code of its model ({actor!r}); ppokit runs no code a run folder names: pass "
             "--trust-remote-code if you trust this folder"
         )
-    functions = _python_rewards(data.get("reward"))
-    if functions and not trust_remote_code:
+    named = _consented(data.get("reward"))
+    if named and not trust_remote_code:
+        what, key, value = named[0]
         raise UserError(
-            f"{file}: the run's spec names a python reward function ({functions[0]!r}), which "
-            "would run its code; ppokit runs no code a run folder names: pass "
-            "--trust-remote-code if you trust this folder"
+            f"{file}: the run's spec names a {what} reward {key} ({value!r}), which would "
+            f"{_WOULD.get(key, 'run code or contact a server')}; ppokit runs no code and "
+            "contacts no server a run folder names: pass --trust-remote-code if you trust "
+            "this folder"
         )
     return data
 
 
-def _python_rewards(reward: Any) -> list[str]:
-    """The ``function`` of each ``python`` reward of a spec's ``reward`` value (a name, a
-    mapping or a list of them); a bare ``python`` without one counts too."""
+#: What a component that needs consent would do, by its consent parameter (the message's).
+_WOULD = {"function": "run its code", "url": "contact that server"}
+
+
+def _consented(reward: Any) -> list[tuple[str, str, str]]:
+    """(name, consent parameter, value) of each reward of a spec's ``reward`` value (a name, a mapping or a
+    list of them) whose catalogue entry names a ``consent`` parameter (a python reward's
+    function, an http reward's URL), in every plugin installed; one named bare counts too."""
+    from ppokit.registry import get_registry
+
+    registry = get_registry()
     items = reward if isinstance(reward, list) else [reward]
     found = []
     for item in items:
         name = item.get("name") if isinstance(item, dict) else item
-        if name == "python":
-            function = item.get("function") if isinstance(item, dict) else None
-            found.append(str(function) if function is not None else "python")
+        if not isinstance(name, str) or not registry.has("reward", name):
+            continue
+        key = registry.info("reward", name).entry.consent
+        if key:
+            value = item.get(key) if isinstance(item, dict) else None
+            found.append((name, key, str(value) if value is not None else name))
     return found

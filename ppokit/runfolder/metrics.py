@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ppokit.errors import UserError
+from ppokit.metrics_table import ROUND
 from ppokit.runfolder.documents import load_json
 from ppokit.runfolder.files import read_bytes, write_atomic
 from ppokit.runfolder.names import METRICS
@@ -28,7 +29,7 @@ def _records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             record = load_json(line)
         except ValueError:
             continue
-        round_no = record.get("round") if isinstance(record, dict) else None
+        round_no = record.get(ROUND) if isinstance(record, dict) else None
         if isinstance(round_no, int) and not isinstance(round_no, bool) and round_no >= 0:
             yield line, record
 
@@ -43,14 +44,14 @@ def logged_rounds(path: Path) -> list[int] | None:
     """The round numbers of ``metrics.jsonl``'s readable lines (None: no such file)."""
     if not path.exists():
         return None
-    return [record["round"] for _, record in _records(path)]
+    return [record[ROUND] for _, record in _records(path)]
 
 
 def truncate_jsonl(path: Path, rounds: int) -> None:
     """Keep only the lines of ``path`` with ``round <= rounds`` (atomically)."""
     if not path.exists():
         return
-    kept = [line for line, record in _records(path) if record["round"] <= rounds]
+    kept = [line for line, record in _records(path) if record[ROUND] <= rounds]
     write_atomic(path, "".join(k + "\n" for k in kept))
 
 

@@ -29,7 +29,16 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from ppokit.errors import UserError, printable
-from ppokit.metrics_table import SHOWN, SUMMARY, best_direction
+from ppokit.metrics_table import (
+    EVAL_PREFIX,
+    REWARD,
+    ROUND,
+    ROUND_TIME,
+    SHOWN,
+    SUMMARY,
+    THROUGHPUT,
+    best_direction,
+)
 from ppokit.trainer.health import fired_signs
 from ppokit.trainer.report import Reporter
 
@@ -81,9 +90,9 @@ def _metric_parts(record: dict[str, Any]) -> list[tuple[int, str]]:
     parts = []
     for key, short, priority in SHOWN:
         value = _number(record.get(key))
-        if value is not None or key == "reward_mean":
+        if value is not None or key == REWARD:
             parts.append((priority, f"{short} {fmt(value, 3)}"))
-    tps = _number(record.get("tokens_per_s"))
+    tps = _number(record.get(THROUGHPUT))
     if tps is not None:
         parts.append((TOKENS_PRIORITY, f"{tps:.0f} tok/s"))
     return parts
@@ -93,7 +102,7 @@ def plain_line(record: dict[str, Any], total: int, seconds: float | None, eta: f
     """``round 3/200  reward 0.41  len 7.5  kl 0.012 ...  2.1s  eta 6m58s`` in at most
     PLAIN_WIDTH characters: the round, the time and the time left always, metrics as many as
     fit (the least important dropped first)."""
-    head = f"round {record.get('round', '?')}/{total}"
+    head = f"round {record.get(ROUND, '?')}/{total}"
     took = f"{seconds:.1f}s" if seconds is not None and 0 <= seconds < 60 else duration(seconds)
     tail = f"{took}  eta {duration(eta)}"
     parts = _metric_parts(record)
@@ -396,15 +405,15 @@ class Display:
         """A round ended (after its checkpoint, if any)."""
         now = time.perf_counter()
         began = self.round_began if self.round_began is not None else self.last_end
-        seconds = now - began if began is not None else _number(record.get("time_round"))
+        seconds = now - began if began is not None else _number(record.get(ROUND_TIME))
         if seconds is not None:
             self.times.append(seconds)
         self.last_end = now
         self.total = total
-        self.current = int(record.get("round", self.current + 1))
+        self.current = int(record.get(ROUND, self.current + 1))
         if self.progress is not None:
-            tps = _number(record.get("tokens_per_s"))
-            info = f"reward {fmt(record.get('reward_mean'), 3)}" + (
+            tps = _number(record.get(THROUGHPUT))
+            info = f"reward {fmt(record.get(REWARD), 3)}" + (
                 f"  {tps:.0f} tok/s" if tps is not None else ""
             )
             self.progress.update(self.task, completed=self.current, info=info, phase="", detail="")
@@ -505,9 +514,9 @@ def health_line(history: Sequence[dict[str, Any]]) -> str:
 
 def _rows(history: Sequence[dict[str, Any]]) -> list[str]:
     present = {k for h in history for k, v in h.items() if _number(v) is not None}
-    evals = sorted(k for k in present if k.startswith("eval"))
-    keys = ["reward_mean", *evals, *SUMMARY[1:]]
-    return [k for k in keys if k in present or k == "reward_mean"]
+    evals = sorted(k for k in present if k.startswith(EVAL_PREFIX))
+    keys = [REWARD, *evals, *SUMMARY[1:]]
+    return [k for k in keys if k in present or k == REWARD]
 
 
 def summary_row(history: Sequence[dict[str, Any]], key: str) -> tuple[str, str, str]:
@@ -519,11 +528,11 @@ def summary_row(history: Sequence[dict[str, Any]], key: str) -> tuple[str, str, 
     best = MISSING
     if direction is not None and values:
         best = fmt(max(values) if direction == "max" else min(values))
-    if key.startswith("eval/"):  # logged every eval.every rounds: first and last logged
+    if key.startswith(EVAL_PREFIX):  # logged every eval.every rounds: first and last logged
         first = fmt(values[0]) if values else MISSING
         last = fmt(values[-1]) if values else MISSING
         return first, last, best
-    rounds = [h for h in history if h.get("round") != 0]  # round 0: an evaluation only
+    rounds = [h for h in history if h.get(ROUND) != 0]  # round 0: an evaluation only
     first = fmt(rounds[0].get(key)) if rounds else MISSING
     last = fmt(rounds[-1].get(key)) if rounds else MISSING
     return first, last, best

@@ -21,9 +21,10 @@ Python calls and the tokenizer, over episodes' texts.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -32,7 +33,13 @@ from ppokit import distributed
 from ppokit.components.rollout_engine import Sampling
 from ppokit.environments import ENDS
 from ppokit.errors import UserError
-from ppokit.trainer.rollout import PromptEncoder, Rollout
+from ppokit.spec import DataSpec, RolloutSpec
+from ppokit.trainer.assembly import CheckedEngine, CheckedEnvironment
+from ppokit.trainer.prompts import TextBounds, chat_text, encodable
+from ppokit.trainer.rollout import PromptEncoder, Rollout, decode_rows
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["Limits", "ObservationFormat", "Sampler", "Transcript", "episode_metrics"]
 
@@ -57,7 +64,7 @@ class Limits:
     budget: int
 
     @classmethod
-    def of(cls, rollout: Any, max_new_tokens: int, markup: int) -> Limits:
+    def of(cls, rollout: RolloutSpec, max_new_tokens: int, markup: int) -> Limits:
         """The limits of a spec's ``rollout`` section for turns of ``max_new_tokens`` and
         observations wrapped in ``markup`` tokens of chat template; the default budget is
         ``max_turns`` full turns and the observations between them."""
@@ -73,12 +80,17 @@ class ObservationFormat:
     followed by that message tells what closes the model's turn (after its EOS, e.g. a
     newline; all of it when the turn was cut before EOS) and what surrounds the content
     (``<|im_start|>user\\n`` ... ``<|im_end|>\\n<|im_start|>assistant\\n``). The content is
-    cut to ``max_tokens`` tokens; the markup never is.
+    cut to ``max_tokens`` tokens (by characters first, :class:`TextBounds`: a megabyte of
+    tool output is never tokenized whole; what UTF-8 cannot encode is replaced); the markup
+    never is.
     """
 
-    def __init__(self, tokenizer: Any, chat: bool, role: str, max_tokens: int) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, chat: bool, role: str, max_tokens: int
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
+        self.bounds = TextBounds(tokenizer)
         self.after_eos: list[int] = []
         self.after_cut: list[int] = []
         self.before: list[int] = []
@@ -93,12 +105,8 @@ class ObservationFormat:
         tok = self.tokenizer
         answer = [{"role": "assistant", "content": _ANSWER}]
         try:
-            base = tok.apply_chat_template(answer, tokenize=False)
-            full = tok.apply_chat_template(
-                [*answer, {"role": role, "content": _CONTENT}],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
+            base = chat_text(tok, answer, False)
+            full = chat_text(tok, [*answer, {"role": role, "content": _CONTENT}], True)
         except Exception as exc:
             raise UserError(
                 f"rollout.observation_role: the chat template cannot write a {role!r} message "
@@ -127,6 +135,7 @@ class ObservationFormat:
     def __call__(self, texts: list[str], cut: list[bool]) -> list[list[int]]:
         """Token ids of each observation, after a turn that ended with EOS (``cut`` False)
         or was cut by a length limit."""
+        texts = [self.bounds.head(t, self.max_tokens) for t in texts]
         contents = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         return [
             [
@@ -234,7 +243,12 @@ class Sampler:
     ``rollout`` section's limits."""
 
     def __init__(
-        self, engine: Any, environment: Any, encode: PromptEncoder, tokenizer: Any, rollout: Any
+        self,
+        engine: CheckedEngine,
+        environment: CheckedEnvironment | None,
+        encode: PromptEncoder,
+        tokenizer: PreTrainedTokenizerBase,
+        rollout: RolloutSpec,
     ) -> None:
         self.engine = engine
         self.environment = environment
@@ -253,11 +267,15 @@ class Sampler:
             )
         return self._formats[chat]
 
-    def limits(self, data: Any, max_new_tokens: int) -> Limits:
+    def limits(self, data: DataSpec, max_new_tokens: int) -> Limits:
         return Limits.of(self.rollout, max_new_tokens, self.format(data.chat_template).markup)
 
     def __call__(
-        self, rows: list[dict[str, Any]] | None, prompts: list[str], data: Any, sampling: Sampling
+        self,
+        rows: list[dict[str, Any]] | None,
+        prompts: list[str],
+        data: DataSpec,
+        sampling: Sampling,
     ) -> Rollout:
         """``sampling.n`` responses for each prompt (``rows``: their data rows, which an
         environment reads), each prompt's together."""
@@ -270,15 +288,16 @@ class Sampler:
         return self.episodes(rows, prompts, data, sampling)
 
     def episodes(
-        self, rows: list[dict[str, Any]], prompts: list[str], data: Any, sampling: Sampling
+        self, rows: list[dict[str, Any]], prompts: list[str], data: DataSpec, sampling: Sampling
     ) -> Rollout:
         """``sampling.n`` episodes for each prompt (module docstring)."""
         env, n = self.environment, sampling.n
+        assert env is not None  # multi-turn: an environment answers
         limits = self.limits(data, sampling.max_new_tokens)
         fmt = self.format(data.chat_template)
-        episodes = [dict(row) for row in rows for _ in range(n)]
-        openings = [env.reset(row) for row in episodes]
-        texts = [prompts[i // n] + (opening or "") for i, opening in enumerate(openings)]
+        episodes = [copy.deepcopy(row) for row in rows for _ in range(n)]
+        openings = env.resets(episodes)
+        texts = [prompts[i // n] + encodable(opening or "") for i, opening in enumerate(openings)]
         prompt_ids, prompt_mask = self.encode(texts, data, limits.budget, _BUDGET_SETTINGS)
         device = prompt_ids.device
         b = len(episodes)
@@ -304,11 +323,11 @@ class Sampler:
             fits = torch.arange(width, device=device) < torch.tensor(room, device=device)[:, None]
             keep = out.response_mask & fits
             over = out.truncated | (keep != out.response_mask).any(1)
-            counts, was_cut, said = self._read(out.response_ids, keep, over)
+            said, counts, was_cut, _ = decode_rows(
+                self.tokenizer, out.response_ids, keep, keep, over
+            )
             script.append(running, at, out.response_ids, keep, counts, model=True, logp=out.logp)
-            steps = [
-                env.step(episodes[i], text, turn) for i, text in zip(running, said, strict=True)
-            ]
+            steps = env.steps([episodes[i] for i in running], said, turn)
             script.reward_last(at, torch.tensor([s.reward for s in steps], device=device))
             going: list[int] = []
             observed: list[tuple[int, str, bool]] = []
@@ -350,17 +369,6 @@ class Sampler:
             turns=torch.tensor(turns, device=device),
             ended=ended_t,
         )
-
-    def _read(
-        self, ids: Tensor, keep: Tensor, truncated: Tensor
-    ) -> tuple[list[int], list[bool], list[str]]:
-        """(kept tokens per row, whether each turn was cut before EOS, the turns' texts): one
-        host read."""
-        tok = self.tokenizer
-        masked = ids.masked_fill(~keep, int(tok.pad_token_id or 0))
-        packed = torch.cat([masked, keep.sum(1, keepdim=True), truncated.long()[:, None]], 1).cpu()
-        texts = tok.batch_decode(packed[:, :-2], skip_special_tokens=True)
-        return packed[:, -2].tolist(), [bool(x) for x in packed[:, -1].tolist()], texts
 
     def _append_env(
         self, script: Transcript, fit: list[tuple[int, list[int]]], device: torch.device

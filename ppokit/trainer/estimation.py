@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ppokit import distributed
 from ppokit.batch import FIELDS as BATCH_FIELDS
-from ppokit.batch import RolloutBatch
+from ppokit.batch import PART_FIELDS, RolloutBatch
 from ppokit.errors import ComponentError
 from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly
@@ -93,15 +93,14 @@ class UpdateData:
         ``rollout`` (whose responses may be shorter than the round's longest)."""
         length = rollout.response_mask.shape[1]
 
-        def cut(x: Tensor | None) -> Tensor | None:
+        def cut(x: Tensor | None, positions: bool = True) -> Tensor | None:
             if x is None:
                 return None
             x = x[rows]
-            return x[:, :length] if x.dim() >= 2 else x
+            return x[:, :length] if x.dim() >= 2 and positions else x
 
-        batch = RolloutBatch(
-            **{f: cut(getattr(self.batch, f)) for f in BATCH_FIELDS}  # type: ignore[arg-type]
-        )
+        fields = {f: cut(getattr(self.batch, f), f not in PART_FIELDS) for f in BATCH_FIELDS}
+        batch = RolloutBatch(**fields)  # type: ignore[arg-type]
         return UpdateData(
             rollout,
             batch,
@@ -129,7 +128,8 @@ def gather_batch(batch: RolloutBatch, rows: int) -> RolloutBatch:
             continue
         if name == "group_ids":
             x = x + distributed.world().rank * rows
-        fields[name] = distributed.gather_rows(x, length)
+        # a [B, K] field has the same K on every process: nothing to pad
+        fields[name] = distributed.gather_rows(x, x.shape[1] if name in PART_FIELDS else length)
     return RolloutBatch(**fields)
 
 
@@ -142,13 +142,15 @@ def round_batch(
     forwards: Forwards,
     assembly: Assembly,
     recompute_logp_old: bool,
+    parts: tuple[Tensor, Tensor] | None = None,
 ) -> RolloutBatch:
     """The round's batch: R on each response's last token (a multi-turn episode's turn
     rewards on its turns' last tokens, the rest of its R on its last token; its
     environment's tokens as ``env_mask``), the engine's log μ, groups of
     ``n`` responses, and (no-grad forwards) log π_old (the engine's log μ unless
     ``recompute_logp_old``), the critic's values with the value after each row's last token,
-    and log π_ref."""
+    and log π_ref; ``parts``: each reward's scores and weights, ``[B, K]`` each (the
+    batch's ``reward_parts`` and ``reward_weights``)."""
     mask = ro.response_mask
     b = mask.shape[0]
     device = mask.device
@@ -161,6 +163,8 @@ def round_batch(
         truncated=ro.truncated,
         baseline_rewards=baseline,
         env_mask=ro.env_mask,
+        reward_parts=None if parts is None else parts[0],
+        reward_weights=None if parts is None else parts[1],
         weight_version=ro.version,
     )
     if ro.turn_rewards is None:

@@ -170,9 +170,9 @@ class Evaluator:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(greedy rewards [b], sampled rewards [b, n], sampled lengths [b, n])."""
         n = self.settings.samples
-        greedy = self.scorer.rollout(rows, self._generate(rows, prompts, 1, True, seed))[0]
+        greedy = self.scorer.rollout(rows, self._generate(rows, prompts, 1, True, seed))[0].total
         sampled = self._generate(rows, prompts, n, False, seed)
-        scores = self.scorer.rollout(rows, sampled)[0].float().view(len(rows), n)
+        scores = self.scorer.rollout(rows, sampled)[0].total.float().view(len(rows), n)
         lengths = sampled.response_mask.float().sum(1).view(len(rows), n)
         return greedy.float(), scores, lengths
 

@@ -24,9 +24,10 @@ are read back once per batch (which groups to keep).
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,9 +39,9 @@ from ppokit.errors import UserError
 from ppokit.spec import RolloutSpec
 from ppokit.trainer.assembly import optional
 from ppokit.trainer.rollout import Rollout
-from ppokit.trainer.scoring import Scorer
+from ppokit.trainer.scoring import Scorer, Scores, reads_parts
 
-__all__ = ["Draw", "Filled", "GroupBatch", "Sample", "fill"]
+__all__ = ["Draw", "Filled", "Generated", "GroupBatch", "Sample", "fill"]
 
 #: The next batch of prompts: this process's data rows and their formatted prompts.
 Draw = Callable[[], tuple[list[dict[str, Any]], list[str]]]
@@ -53,16 +54,105 @@ Sample = Callable[..., Rollout]
 @dataclass
 class GroupBatch:
     """Groups of ``rollout.n`` responses, in order: their data ``rows`` and ``formatted``
-    prompts, the responses, their combined rewards R [B], each reward's scores (several
-    rewards) and texts, and ``keep``: the indices of the groups that passed the filter."""
+    prompts, the responses, their rewards (R [B], each reward's scores and flags) and
+    texts, and ``keep``: the indices of the groups that passed the filter."""
 
     rows: list[dict[str, Any]]
     formatted: list[str]
     rollout: Rollout
-    scores: Tensor
-    parts: dict[str, Tensor]
+    scores: Scores
     texts: list[str]
     keep: list[int]
+
+
+class Generated:
+    """What every generated response of a round's batches adds up to, on this process, in
+    sums of fixed size (memory stays flat over any number of generation batches): how
+    many, R's sum and its sum of squares about the first score (its shift), R's least and
+    largest values, the lengths and truncations summed, the groups and those whose rewards
+    are all equal, each reward's scores summed and each flag a reward raised counted
+    (``names``, ``flags``: those of the first batch). :meth:`metrics` combines the
+    processes' sums (one gather) into the round's statistics."""
+
+    #: The sums' fields, then one sum per reward.
+    FIELDS = ("count", "shift", "sum", "sumsq", "min", "max", "length", "truncated")
+    GROUP_FIELDS = ("groups", "equal")
+
+    def __init__(self, n: int, names: list[str], flags: list[str], device: torch.device) -> None:
+        self.n = n
+        self.names = names
+        self.flags = flags
+        dtype = torch.float32 if device.type == "mps" else torch.float64
+        width = len(self.FIELDS) + len(self.GROUP_FIELDS) + len(names) + len(flags)
+        self.sums = torch.zeros(width, dtype=dtype, device=device)
+        self.first = True
+
+    def add(self, scores: Scores, lengths: Tensor, truncated: Tensor) -> None:
+        """Fold one batch's responses in (no host read)."""
+        s = scores.total.detach().to(self.sums.dtype)
+        if self.first:
+            self.sums[1] = s[0]
+            self.sums[4], self.sums[5] = s.min(), s.max()
+            self.first = False
+        shifted = s - self.sums[1]
+        groups = s.view(-1, self.n)
+        equal = (groups.amax(1) == groups.amin(1)).sum()
+        batch = [
+            s.new_tensor(float(s.numel())),
+            s.new_zeros(()),
+            shifted.sum(),
+            (shifted * shifted).sum(),
+            s.new_zeros(()),
+            s.new_zeros(()),
+            lengths.to(s.dtype).sum(),
+            truncated.to(s.dtype).sum(),
+            s.new_tensor(float(groups.shape[0])),
+            equal.to(s.dtype),
+            *(scores.parts[name].detach().to(s.dtype).sum() for name in self.names),
+            *(
+                scores.flags[name].detach().to(s.dtype).sum()
+                if name in scores.flags
+                else s.new_zeros(())
+                for name in self.flags
+            ),
+        ]
+        self.sums += torch.stack(batch)
+        self.sums[4] = torch.minimum(self.sums[4], s.min())
+        self.sums[5] = torch.maximum(self.sums[5], s.max())
+
+    def metrics(self, groups: bool) -> dict[str, Tensor]:
+        """The round's ``reward_mean``, ``reward_std``, ``response_length_mean``,
+        ``truncated_frac``, ``tokens``; with ``groups`` ``rollout/zero_variance_groups``;
+        with several rewards each one's mean (``reward/<name>``); each flag a reward raised,
+        the fraction of the responses it was raised on (``reward/<name>/<flag>_frac``): over
+        every process."""
+        rows = self.sums[None]
+        if distributed.world().distributed:
+            rows = distributed.gather_rows(rows)
+        count, shift, total, squares, low, high = (rows[:, i] for i in range(6))
+        n = count.sum()
+        means = shift + total / count
+        mean = (count * means).sum() / n
+        within = squares - total * total / count
+        spread = (within + count * (means - mean) ** 2).sum().clamp(min=0)
+        std = (spread / (n - 1).clamp(min=1)).sqrt()
+        std = torch.where(low.min() == high.max(), std.new_zeros(()), std)
+        summed = rows[:, 6:].sum(0)
+        metrics = {
+            "reward_mean": mean,
+            "reward_std": std,
+            "response_length_mean": summed[0] / n,
+            "truncated_frac": summed[1] / n,
+            "tokens": summed[0],
+        }
+        if groups:
+            metrics["rollout/zero_variance_groups"] = summed[3] / summed[2]
+        if len(self.names) > 1:
+            for i, name in enumerate(self.names):
+                metrics[f"reward/{name}"] = summed[4 + i] / n
+        for i, name in enumerate(self.flags):
+            metrics[f"reward/{name}_frac"] = summed[4 + len(self.names) + i] / n
+        return {k: v.float() for k, v in metrics.items()}
 
 
 @dataclass
@@ -72,8 +162,7 @@ class Filled:
 
     kept: GroupBatch | None
     #: every generated response of this process: R, each reward's scores, lengths, truncation
-    generated: dict[str, Tensor] = field(default_factory=dict)
-    generated_parts: dict[str, Tensor] = field(default_factory=dict)
+    generated: Generated
     #: whole-round counts, the same on every process
     kept_groups: int = 0
     passed_groups: int = 0
@@ -111,7 +200,7 @@ def fill(
     phase: Callable[[str], None],
     draw: Draw | None = None,
     rollout: Rollout | None = None,
-    scores: Tensor | None = None,
+    scores: Tensor | Scores | None = None,
 ) -> Filled:
     """The round's groups from the first batch (``rows``, ``formatted``) and, while
     ``group_filter`` has passed too few, the batches ``draw`` gives (see the module's
@@ -125,49 +214,88 @@ def fill(
     share = settings.prompts_per_round // world.size
     device = scorer.device
     keeps_all = bool(optional(group_filter, "group_filter", "keeps_all"))
-    batches: list[GroupBatch] = []
-    passed = 0
+    # a filter sees the reward parts when a component reads them (gdpo)
+    with_parts = reads_parts(scorer.assembly.requires)
+    kept: list[GroupBatch] = []  # the passed groups, at most this process's share
+    generated: Generated | None = None
+    batches = mine = drawn = passed = 0
     while True:
         if batches:
             assert draw is not None
             rows, formatted = draw()
-        phase("generating")
+            phase(
+                f"generating batch {batches + 1} of at most {settings.max_generation_batches} "
+                f"({passed} of {share} groups passed so far)"
+            )
+        else:
+            phase("generating")
         start = time.perf_counter()
         ro = (
             rollout
             if rollout is not None
-            else sample(formatted, settings.n, batch=len(batches), rows=rows)
+            else sample(formatted, settings.n, batch=batches, rows=rows)
         )
         phase("scoring")
         middle = time.perf_counter()
         batch = _scored(rows, formatted, ro, scorer, scores)
         if not keeps_all:  # a filter that keeps every group is not called
-            batch.keep = group_filter(_groups(batch, settings.n)).nonzero().flatten().tolist()
+            groups = _groups(batch, settings.n, with_parts)
+            batch.keep = group_filter(groups).nonzero().flatten().tolist()
         timings["time_generate"] += middle - start
         timings["time_score"] += time.perf_counter() - middle
-        batches.append(batch)
+        if generated is None:
+            got = batch.scores
+            generated = Generated(settings.n, list(got.parts), list(got.flags), device)
+        ro = batch.rollout
+        generated.add(batch.scores, ro.response_mask.sum(1), ro.truncated)
+        batches += 1
+        drawn += len(batch.rows)
+        mine += len(batch.keep)
+        held = sum(len(b.keep) for b in kept)
+        if batch.keep[: share - held]:  # only what the round can take stays
+            kept.append(_only(batch, batch.keep[: share - held], settings.n, device))
+        del batch, ro
         rollout = scores = None
-        mine = sum(len(b.keep) for b in batches)
         # the fewest passed groups of any process (keeps_all: every process holds its share)
         passed = mine if keeps_all else -distributed.max_over_processes(-mine, device)
-        if passed >= share or len(batches) >= settings.max_generation_batches or draw is None:
+        if passed >= share or batches >= settings.max_generation_batches or draw is None:
             break
+    assert generated is not None
     take = min(passed, share)
     exhausted = passed < share
-    if keeps_all or not world.distributed:
-        total = mine * world.size
-    else:
-        total = _passed_sum(batches, device)
+    whole = keeps_all or not world.distributed
+    total = mine * world.size if whole else _passed_sum(mine, device)
     if exhausted and settings.filter_exhausted == "error":
         raise UserError(
             f"rollout.filter: {getattr(group_filter, 'where', 'rollout.filter')} passed "
-            f"{total} of the round's {settings.prompts_per_round} groups in {len(batches)} "
+            f"{total} of the round's {settings.prompts_per_round} groups in {batches} "
             "generation batches (rollout.max_generation_batches); rollout.filter_exhausted: "
             "error stops the run (set it to train to train on the groups that passed)"
         )
-    got = _gather(batches, take, exhausted, settings.n, total, scorer)
-    got.filtered = not keeps_all
-    return got
+    return Filled(
+        kept=_gather(kept, take, scorer),
+        generated=generated,
+        kept_groups=take * world.size,
+        passed_groups=total,
+        generated_groups=drawn * world.size,
+        batches=batches,
+        exhausted=exhausted,
+        filtered=not keeps_all,
+    )
+
+
+def _only(batch: GroupBatch, groups: list[int], n: int, device: torch.device) -> GroupBatch:
+    """The batch cut to ``groups`` (its passed groups the round can take), in order."""
+    index = [g * n + i for g in groups for i in range(n)]
+    at = torch.tensor(index, device=device)
+    return GroupBatch(
+        rows=[batch.rows[g] for g in groups],
+        formatted=[batch.formatted[g] for g in groups],
+        rollout=batch.rollout.rows(at),
+        scores=batch.scores.rows(at),
+        texts=[batch.texts[i] for i in index],
+        keep=list(range(len(groups))),
+    )
 
 
 def _scored(
@@ -175,76 +303,63 @@ def _scored(
     formatted: list[str],
     ro: Rollout,
     scorer: Scorer,
-    scores: Tensor | None,
+    scores: Tensor | Scores | None,
 ) -> GroupBatch:
     """One batch's responses scored (unless ``scores`` are given), every group kept."""
     if scores is None:
-        scores, parts, texts = scorer.rollout(rows, ro)
+        scored, texts = scorer.rollout(rows, ro)
     else:
-        texts, parts = scorer.decode(ro)[0], {}
-        scores = scores.to(scorer.device).float()
-    return GroupBatch(rows, formatted, ro, scores, parts, texts, list(range(len(rows))))
+        texts = scorer.decode(ro)[3]
+        scored = scores if isinstance(scores, Scores) else Scores(scores.to(scorer.device).float())
+    return GroupBatch(rows, formatted, ro, scored, texts, list(range(len(rows))))
 
 
-def _groups(batch: GroupBatch, n: int) -> Groups:
-    """What a group filter sees of a batch: [G, n] rewards, lengths and truncation."""
+def _groups(batch: GroupBatch, n: int, with_parts: bool) -> Groups:
+    """What a group filter sees of a batch: [G, n] rewards, lengths and truncation; with
+    ``with_parts`` each reward's scores [G, n, K] and weights [K]."""
     g, ro = len(batch.rows), batch.rollout
-    return Groups(
-        rows=batch.rows,
-        responses=batch.texts,
-        rewards=batch.scores.view(g, n),
+    parts = weights = None
+    if with_parts:
+        columns, row_weights = batch.scores.columns()
+        parts, weights = columns.view(g, n, -1), row_weights[0]
+    return Groups(  # its own copies of the rows and texts (the tensors are read-only)
+        rows=copy.deepcopy(batch.rows),
+        responses=list(batch.texts),
+        rewards=batch.scores.total.view(g, n),
         lengths=ro.response_mask.sum(1).view(g, n),
         truncated=ro.truncated.view(g, n),
+        parts=parts,
+        weights=weights,
     )
 
 
-def _passed_sum(batches: list[GroupBatch], device: torch.device) -> int:
+def _passed_sum(mine: int, device: torch.device) -> int:
     """The groups that passed on every process, summed (whole-round)."""
-    mine = torch.tensor(float(sum(len(b.keep) for b in batches)), device=device)
-    return int(distributed.all_sum(mine).item())
+    return int(distributed.all_sum(torch.tensor(float(mine), device=device)).item())
 
 
-def _gather(
-    batches: list[GroupBatch], take: int, exhausted: bool, n: int, passed: int, scorer: Scorer
-) -> Filled:
-    """The first ``take`` passed groups of ``batches``, in order, as one batch."""
+def _gather(kept: list[GroupBatch], take: int, scorer: Scorer) -> GroupBatch | None:
+    """The first ``take`` groups of ``kept`` (passed groups, in order), as one batch."""
     rows: list[dict[str, Any]] = []
     formatted: list[str] = []
     texts: list[str] = []
     parts: list[Rollout] = []
-    scores: list[Tensor] = []
+    scores: list[Scores] = []
     left = take
-    for b in batches:
+    for b in kept:
         chosen = b.keep[:left]
         left -= len(chosen)
         if not chosen:
             continue
+        n = len(b.texts) // len(b.rows)
         index = [g * n + i for g in chosen for i in range(n)]
         at = torch.tensor(index, device=scorer.device)
         rows += [b.rows[g] for g in chosen]
         formatted += [b.formatted[g] for g in chosen]
         texts += [b.texts[i] for i in index]
         parts.append(b.rollout.rows(at))
-        scores.append(b.scores[at])
-    pad = scorer.tokenizer.pad_token_id
-    world = distributed.world().size
-    generated = {
-        "scores": torch.cat([b.scores for b in batches]),
-        "lengths": torch.cat([b.rollout.response_mask.sum(1) for b in batches]),
-        "truncated": torch.cat([b.rollout.truncated for b in batches]),
-    }
-    names = batches[0].parts
-    kept = None
-    if parts:
-        ro = Rollout.cat(parts, pad_id=int(pad or 0))
-        kept = GroupBatch(rows, formatted, ro, torch.cat(scores), {}, texts, list(range(take)))
-    return Filled(
-        kept=kept,
-        generated=generated,
-        generated_parts={name: torch.cat([b.parts[name] for b in batches]) for name in names},
-        kept_groups=take * world,
-        passed_groups=passed,
-        generated_groups=sum(len(b.rows) for b in batches) * world,
-        batches=len(batches),
-        exhausted=exhausted,
-    )
+        scores.append(b.scores.rows(at))
+    if not parts:
+        return None
+    ro = Rollout.cat(parts, pad_id=int(scorer.tokenizer.pad_token_id or 0))
+    return GroupBatch(rows, formatted, ro, Scores.cat(scores), texts, list(range(take)))

@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from ppokit import distributed
+from ppokit.bounded import counting_interrupts
 from ppokit.errors import UserError
+from ppokit.metrics_table import EVAL_PREFIX, REWARD, ROUND, ROUND_TIME, THROUGHPUT
 from ppokit.runfolder import (
     CHECKPOINT,
     CURVES_PNG,
@@ -262,7 +264,10 @@ def train(
     model = spec.model
     device, dtype = ("auto", "auto") if smoke else (model.device, model.dtype)  # smoke_spec's
     device_type = resolve_device(device, dtype).device.type
-    with distributed.process_group(device_type, spec.parallel.timeout_s) as world:
+    with (
+        counting_interrupts(),
+        distributed.process_group(device_type, spec.parallel.timeout_s) as world,
+    ):
         temporary = smoke and smoke_out is None  # removed when the run ends
         if smoke:
             spec = smoke_spec(spec, _smoke_folder(world.main) if temporary else smoke_out)
@@ -339,20 +344,31 @@ def _train(
             if smoke:
                 display.message(SMOKE_NOTE)
             assembly = Assembly.from_spec(spec)
-            with quiet_progress_bars():
-                models = build_models(spec, assembly.head_size, report=display)
-            threads = set_threads(spec, models)
-            if world.distributed:
-                display.step(f"sharding the models over {world.size} processes")
-                models.shard(spec.parallel)
-            display.step(f"starting the rollout engine ({spec.rollout.engine.name})")
-            setup = Setup.start(spec, models, assembly, display)
             try:
-                return _rounds(
+                with quiet_progress_bars():
+                    models = build_models(spec, assembly.head_size, report=display)
+                threads = set_threads(spec, models)
+                if world.distributed:
+                    display.step(f"sharding the models over {world.size} processes")
+                    models.shard(spec.parallel)
+                display.step(f"starting the rollout engine ({spec.rollout.engine.name})")
+                setup = Setup.start(spec, models, assembly, display)
+            except BaseException:
+                assembly.close()
+                raise
+            try:
+                result = _rounds(
                     spec, out, resume, smoke, changes, setup, threads, wall, display, temporary
                 )
-            finally:
+            except BaseException:
+                with contextlib.suppress(Exception):  # the run's own error is the one to tell
+                    setup.close()
+                raise
+            try:
                 setup.close()
+            except UserError as exc:  # the run finished and saved: a success all the same
+                display.message(f"warning: after the run ended: {exc}")
+            return result
     finally:
         display.close()
 
@@ -396,7 +412,7 @@ def _rounds(
     if resume:
         display.step("restoring the checkpoint")
         with io_errors(out / "checkpoint", "cannot restore the checkpoint"):
-            start = load_checkpoint(out, models, state, source)
+            start = load_checkpoint(out, models, state, source, setup.assembly.environment)
             ahead = _read_ahead(out, spec, setup, start)
         setup.engine.sync()  # an engine with weights of its own: the restored ones
         distributed.barrier()  # every process has read it before it is changed
@@ -451,7 +467,7 @@ def _rounds(
                 f"evaluating {prompts} held-out prompts",
                 passes=2 * batches,  # a greedy and a sampled pass over each batch
             )
-            record: dict[str, Any] = {"round": 0, **evaluator.run(), "time_eval": evaluator.seconds}
+            record: dict[str, Any] = {ROUND: 0, **evaluator.run(), "time_eval": evaluator.seconds}
             log.append(record)
             trackers.log_metrics(0, record)
             history.append(record)
@@ -471,7 +487,10 @@ def _rounds(
                 history.append(record)
                 if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
                     ahead = rollouts.ahead() if rollouts is not None else []
-                    save_checkpoint(out, models, state, source, r + 1, spec_yaml, ahead)
+                    environment = setup.assembly.environment  # after the batches ahead
+                    save_checkpoint(
+                        out, models, state, source, r + 1, spec_yaml, ahead, environment
+                    )
                 display.round(record, total)
         except KeyboardInterrupt:
             display.close()
@@ -492,17 +511,17 @@ def _rounds(
         if world.main and not smoke:
             for line in where_results(out):
                 display.message(line)
-        if smoke and not any(h.get("reward_mean") for h in history):
+        if smoke and not any(h.get(REWARD) for h in history):
             display.message(
                 "ppokit: every reward of the smoke run was 0, as expected of the tiny random "
                 "model on this task, so its advantages, losses and gradients are 0 too"
             )
-        rewards = [h["reward_mean"] for h in history if h.get("reward_mean") is not None]
+        rewards = [h[REWARD] for h in history if h.get(REWARD) is not None]
         first = rewards[0] if rewards else None  # round 0 (an evaluation only) has none
-        tail = [h["reward_mean"] for h in history[-5:] if h.get("reward_mean") is not None]
+        tail = [h[REWARD] for h in history[-5:] if h.get(REWARD) is not None]
         return {
             "output_dir": None if temporary else str(out),
-            "rounds": sum(1 for h in history if h["round"] > 0),  # not round 0
+            "rounds": sum(1 for h in history if h[ROUND] > 0),  # not round 0
             "resumed_from": start if resume else None,
             "smoke": smoke,
             "threads": torch.get_num_threads(),
@@ -560,7 +579,11 @@ def eval_line(record: dict[str, Any]) -> str:
     """``round 0 (before training): accuracy 0.41 ±0.068  pass@4 0.62  reward_mean 0.4
     response_length_mean 21.5  prompts 200`` (the ``eval/`` metrics, the interval's
     half-width beside the accuracy): under 100 characters for the built-in metrics."""
-    values = {k[5:]: v for k, v in record.items() if k.startswith("eval/") and v is not None}
+    values = {
+        k.removeprefix(EVAL_PREFIX): v
+        for k, v in record.items()
+        if k.startswith(EVAL_PREFIX) and v is not None
+    }
     ci = values.pop("accuracy_ci95", None)
     parts = []
     for key, value in values.items():
@@ -622,10 +645,10 @@ def _run_round(
         )
     values = read_once(result.metrics)  # the round's one host read
     tokens = values.pop("tokens", None) or 0.0
-    record: dict[str, Any] = {"round": r + 1, **values, **result.timings}
+    record: dict[str, Any] = {ROUND: r + 1, **values, **result.timings}
     gen = result.timings.get("time_generate", 0.0)
-    record["tokens_per_s"] = tokens / gen if gen > 0 else None
-    record["time_round"] = time.perf_counter() - begin
+    record[THROUGHPUT] = tokens / gen if gen > 0 else None
+    record[ROUND_TIME] = time.perf_counter() - begin
     if evaluator is not None and _evaluates(spec, r):  # after the update, into this record
         if rollouts is not None:  # the engine samples from the updated weights
             rollouts.current(r + 1)

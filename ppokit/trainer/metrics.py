@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ppokit.metrics_table import CURVES, EVAL_CURVES, REQUIRED, TIMING, metric
+from ppokit.metrics_table import (
+    ACCURACY,
+    CURVES,
+    EVAL_CURVES,
+    EVAL_PROMPTS,
+    REQUIRED,
+    ROUND,
+    TIMING,
+    metric,
+)
 from ppokit.runfolder import METRICS, SAMPLES, append_line, read_metrics, write_atomic
 
 if TYPE_CHECKING:
@@ -135,7 +144,7 @@ class MetricsLog:
         limit: int = 8,
     ) -> None:
         lines = [
-            json.dumps({"round": round_no, "prompt": p, "response": r, "reward": s})
+            json.dumps({ROUND: round_no, "prompt": p, "response": r, "reward": s})
             for p, r, s in list(zip(prompts, responses, scores, strict=True))[:limit]
         ]
         if lines and self.write:
@@ -147,9 +156,9 @@ def _accuracy_band(ax: Axes, history: Sequence[dict[str, Any]]) -> None:
     from ppokit.stats import wilson_interval
 
     band = [
-        (h["round"], *wilson_interval(h["eval/accuracy"], int(h["eval/prompts"])))
+        (h[ROUND], *wilson_interval(h[ACCURACY], int(h[EVAL_PROMPTS])))
         for h in history
-        if h.get("eval/accuracy") is not None and h.get("eval/prompts")
+        if h.get(ACCURACY) is not None and h.get(EVAL_PROMPTS)
     ]
     if band:
         x, low, high = zip(*band, strict=True)
@@ -180,12 +189,12 @@ def plot_curves(
     rows = math.ceil(len(keys) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 2.6 * rows + 0.5), squeeze=False)
     for ax, key in zip(axes.flat, keys, strict=False):
-        pts = [(h["round"], h[key]) for h in history if h.get(key) is not None]
+        pts = [(h[ROUND], h[key]) for h in history if h.get(key) is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", linewidth=1)
-        if key == "eval/accuracy":
+        if key == ACCURACY:
             _accuracy_band(ax, history)
         ax.set_title(key, fontsize=9)
-        ax.set_xlabel("round", fontsize=8)
+        ax.set_xlabel(metric(ROUND).label, fontsize=8)
         ax.set_ylabel(metric(key).label, fontsize=8)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys) :]:

@@ -40,10 +40,11 @@ import torch
 from torch import Tensor, nn
 
 from ppokit.errors import MissingDependency, UserError, one_line
+from ppokit.trainer.converted import load_converted
 from ppokit.trainer.report import Reporter, Silent
 
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
     from ppokit.spec import LoraSpec, ParallelSpec, Spec
 
@@ -191,7 +192,7 @@ class Models:
     (``lora_reference``). Either way :meth:`reference` gives the module to run.
     """
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     actor: nn.Module
     critic: ValueModel | None
     ref: nn.Module | None
@@ -283,7 +284,9 @@ def _smollm2_folder() -> Path:
     return folder
 
 
-def tiny_model(tokenizer: Any, overrides: dict[str, Any], seed: int) -> nn.Module:
+def tiny_model(
+    tokenizer: PreTrainedTokenizerBase, overrides: dict[str, Any], seed: int
+) -> nn.Module:
     """The seeded random-init Llama-style ``tiny`` model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -446,7 +449,16 @@ def load_actor(
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs)
         return tokenizer, model
 
-    tokenizer, model = _load("model.actor", actor, source, trust_remote_code, load)
+    if actor == SMOLLM2:  # dequantized once, then read from the cache (trainer.converted)
+        gguf_file = Path(source) / SMOLLM2_GGUF
+
+        def load_gguf() -> tuple[Any, nn.Module]:
+            with quiet_progress_bars():
+                return load_converted(gguf_file, load, report.status)
+
+        tokenizer, model = _load("model.actor", actor, source, trust_remote_code, load_gguf)
+    else:
+        tokenizer, model = _load("model.actor", actor, source, trust_remote_code, load)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -13,15 +13,26 @@ from torch import Tensor, nn
 
 from ppokit.components.rollout_engine import EngineContext, Generation, Sampling
 from ppokit.errors import UserError
+from ppokit.trainer.prompts import TextBounds
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from ppokit.spec import DataSpec, ModelSpec, RolloutSpec
     from ppokit.trainer.models import Models
 
-__all__ = ["PromptEncoder", "Rollout", "engine_context", "eos_ids", "fit_context", "sampling"]
+__all__ = [
+    "PromptEncoder",
+    "Rollout",
+    "decode_rows",
+    "engine_context",
+    "eos_ids",
+    "fit_context",
+    "sampling",
+]
 
 
-def eos_ids(tokenizer: Any, model: nn.Module) -> list[int]:
+def eos_ids(tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> list[int]:
     """The token ids that end a response (tokenizer EOS plus the model's configured ones)."""
     ids = {tokenizer.eos_token_id}
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -112,10 +123,13 @@ class PromptEncoder:
     """Prompt texts to left-padded token ids on the device, with room for the response in
     the actor's context."""
 
-    def __init__(self, tokenizer: Any, model: nn.Module, device: torch.device) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, model: nn.Module, device: torch.device
+    ) -> None:
         self.tokenizer = tokenizer
         self.limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.device = device
+        self.bounds = TextBounds(tokenizer)
 
     def __call__(
         self,
@@ -126,7 +140,12 @@ class PromptEncoder:
     ) -> tuple[Tensor, Tensor]:
         """(ids, attention mask) ``[P, L]``; ``data`` (a data section) decides the chat
         template (its special tokens are already in the text) and ``long_prompts``;
-        ``room``: what sets ``max_new``, for the message."""
+        ``room``: what sets ``max_new``, for the message. A prompt is cut by characters to
+        what the context can hold first (:class:`~ppokit.trainer.prompts.TextBounds`): a
+        longer one is never tokenized whole."""
+        if self.limit is not None:
+            space = max(0, int(self.limit) - max_new)
+            prompts = [self.bounds.tail(p, space) for p in prompts]
         enc = self.tokenizer(
             prompts,
             padding=True,
@@ -234,3 +253,27 @@ class Rollout:
         comes from a rollout that has it)."""
         named: dict[str, Any] = values
         return cls(**named)
+
+
+def decode_rows(
+    tokenizer: PreTrainedTokenizerBase,
+    ids: Tensor,
+    shown: Tensor,
+    counted: Tensor,
+    flags: Tensor,
+    also: Tensor | None = None,
+) -> tuple[list[str], list[int], list[bool], list[str] | None]:
+    """(the text of each row's ``shown`` tokens, the number of its ``counted`` positions, its
+    bool ``flag``, the text of its ``also`` tokens or None) of token ids ``[B, T]``: the one
+    host read of a batch of responses."""
+    pad = int(tokenizer.pad_token_id or 0)
+    parts = [ids.masked_fill(~shown, pad)]
+    if also is not None:
+        parts.append(ids.masked_fill(~also, pad))
+    packed = torch.cat([*parts, counted.sum(1, keepdim=True), flags.long()[:, None]], 1).cpu()
+    width = ids.shape[1]
+    texts = tokenizer.batch_decode(packed[:, :width], skip_special_tokens=True)
+    more = None
+    if also is not None:
+        more = tokenizer.batch_decode(packed[:, width : 2 * width], skip_special_tokens=True)
+    return texts, packed[:, -2].tolist(), [bool(x) for x in packed[:, -1].tolist()], more

@@ -46,6 +46,7 @@ from ppokit.trainer.estimation import estimate_round, round_batch
 from ppokit.trainer.groups import Draw, Filled, fill
 from ppokit.trainer.metrics import Meter, peak_memory_gb
 from ppokit.trainer.rollout import Rollout
+from ppokit.trainer.scoring import Scores, reads_parts
 from ppokit.trainer.setup import Setup, State
 
 __all__ = ["PHASES", "RoundResult", "run_round"]
@@ -86,7 +87,7 @@ def run_round(
     train_actor: bool = True,
     draw: Draw | None = None,
     rollout: Rollout | None = None,
-    scores: Tensor | None = None,
+    scores: Tensor | Scores | None = None,
     update: bool = True,
     greedy: Rollout | None = None,
     sync: bool = True,
@@ -95,7 +96,8 @@ def run_round(
     and the batches ``draw`` gives while ``rollout.filter`` has passed too few groups.
     ``train_actor`` False: a critic-only round (``train.critic_warmup_rounds``).
     ``rollout``, ``scores``: the first batch's responses (``rollout.n`` per prompt) and
-    their rewards R, used as if generated and scored. ``update`` False: steps 1-4 only.
+    their rewards R (or :class:`~ppokit.trainer.scoring.Scores` with each reward's),
+    used as if generated and scored. ``update`` False: steps 1-4 only.
     ``greedy``: the greedy baseline responses of the first batch's prompts, already made.
     ``sync`` False: the engine is not synced after the update (the asynchronous schedule
     pushes the weights itself, :mod:`~ppokit.trainer.schedule`).
@@ -134,20 +136,22 @@ def run_round(
             with _timed(timings, "time_score", add=True):
                 if greedy is None:
                     greedy = sample(kept.formatted, 1, rows=kept.rows, greedy=True)
-                baseline = setup.scorer.rollout(kept.rows, greedy)[0].repeat_interleave(n)
+                baseline = setup.scorer.rollout(kept.rows, greedy)[0].total.repeat_interleave(n)
 
         # 3. forward passes at the weights that sampled
         setup.reporter.phase("estimating")
         with _timed(timings, "time_logprob"):
             batch = round_batch(
-                kept.rollout, kept.scores, baseline, n=n, forwards=setup.forwards,
+                kept.rollout, kept.scores.total, baseline, n=n, forwards=setup.forwards,
                 assembly=parts, recompute_logp_old=setup.recompute_logp_old,
+                parts=kept.scores.columns() if reads_parts(parts.requires) else None,
             )  # fmt: skip
 
         # 4. estimate, on the whole round
         data, estimates, beta, round_scores = estimate_round(
-            kept.rollout, batch, kept.scores, spec=spec, assembly=parts, kl_coef=state.kl_coef
-        )
+            kept.rollout, batch, kept.scores.total, spec=spec, assembly=parts,
+            kl_coef=state.kl_coef,
+        )  # fmt: skip
         problem = checks.read_problem()  # once per round
     skipped = []
     if problem is None:
@@ -161,7 +165,7 @@ def run_round(
     metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=device)
 
     prompts = [row["prompt"] for row in kept.rows for _ in range(n)]
-    result = RoundResult(metrics, timings, prompts, kept.texts, kept.scores, skipped, data)
+    result = RoundResult(metrics, timings, prompts, kept.texts, kept.scores.total, skipped, data)
     if not update:
         return result
 
@@ -223,28 +227,12 @@ def _timed(timings: dict[str, float], key: str, add: bool = False) -> Iterator[N
 
 def generated_metrics(got: Filled, n: int | None, device: torch.device) -> dict[str, Tensor]:
     """What the policy generated this round, every response of every generation batch
-    (gathered over the processes): reward mean and std (each reward's mean when there are
-    several), response length, truncated fraction and tokens; with ``n``, the size of a
-    group (a prompt's responses, side by side), the fraction of groups whose rewards are
-    all equal (``rollout/zero_variance_groups``: a group baseline gives them advantage 0);
-    and the filter's counts (:meth:`~ppokit.trainer.groups.Filled.metrics`)."""
-    generated, parts = got.generated, got.generated_parts
-    if distributed.world().distributed:
-        generated = {k: distributed.gather_rows(v) for k, v in generated.items()}
-        parts = {k: distributed.gather_rows(v) for k, v in parts.items()}
-    scores, lengths = generated["scores"], generated["lengths"].float()
-    metrics = {
-        "reward_mean": scores.mean(),
-        "reward_std": scores.std() if scores.numel() > 1 else scores.new_zeros(()),
-        "response_length_mean": lengths.mean(),
-        "truncated_frac": generated["truncated"].float().mean(),
-        "tokens": lengths.sum(),
-    }
-    if n is not None and scores.numel():
-        groups = scores.view(-1, n)
-        equal = groups.amax(1) == groups.amin(1)
-        metrics["rollout/zero_variance_groups"] = equal.float().mean()
-    if len(parts) > 1:
-        metrics.update({f"reward/{name}": s.mean() for name, s in parts.items()})
+    (over the processes): reward mean and std (each reward's mean when there are several;
+    each flag a reward raised as ``reward/<name>/<flag>_frac``), response length,
+    truncated fraction and tokens; with ``n``, the size of a group (a
+    prompt's responses, side by side), the fraction of groups whose rewards are all equal
+    (``rollout/zero_variance_groups``: a group baseline gives them advantage 0); and the
+    filter's counts (:meth:`~ppokit.trainer.groups.Filled.metrics`)."""
+    metrics = got.generated.metrics(groups=n is not None)
     metrics.update(got.metrics(device))
     return metrics

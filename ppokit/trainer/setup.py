@@ -115,8 +115,11 @@ class Setup:
         return ro
 
     def close(self) -> None:
-        """The end of the run: the engine closes."""
-        self.engine.close()
+        """The end of the run: the engine closes, the components' worker processes end."""
+        try:
+            self.engine.close()
+        finally:
+            self.assembly.close()
 
 
 @dataclass

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ppokit.errors import MissingDependency, one_line
+from ppokit.metrics_table import ROUND
 from ppokit.runfolder import TRACKER_FILES, TRACKERS_JSON, read_json, write_atomic
 
 if TYPE_CHECKING:
@@ -225,21 +226,21 @@ class WandbTracker(Tracker):
         )
         self.ids.set(self.name, {"id": run_id})
         self.run.config.update(spec_data, allow_val_change=True)
-        self.run.define_metric("round")
-        self.run.define_metric("*", step_metric="round")
+        self.run.define_metric(ROUND)
+        self.run.define_metric("*", step_metric=ROUND)
 
     def log_metrics(self, round_no: int, metrics: dict[str, float]) -> None:
-        self.run.log({**metrics, "round": round_no})
+        self.run.log({**metrics, ROUND: round_no})
 
     def log_samples(self, round_no: int, rows: list[tuple[str, str, float]]) -> None:
         table = self.wandb.Table(
-            columns=["round", "prompt", "response", "reward"],
+            columns=[ROUND, "prompt", "response", "reward"],
             data=[[round_no, p, r, s] for p, r, s in rows],
         )
-        self.run.log({"samples": table, "round": round_no})
+        self.run.log({"samples": table, ROUND: round_no})
 
     def log_image(self, round_no: int, path: Path) -> None:
-        self.run.log({"curves": self.wandb.Image(str(path)), "round": round_no})
+        self.run.log({"curves": self.wandb.Image(str(path)), ROUND: round_no})
 
     def close(self) -> None:
         if self.run is not None:
@@ -346,7 +347,7 @@ class MLflowTracker(Tracker):
 
     def log_samples(self, round_no: int, rows: list[tuple[str, str, float]]) -> None:
         data = {
-            "round": [round_no] * len(rows),
+            ROUND: [round_no] * len(rows),
             "prompt": [p for p, _, _ in rows],
             "response": [r for _, r, _ in rows],
             "reward": [s for _, _, s in rows],
@@ -435,7 +436,7 @@ class Trackers:
 
     def log_metrics(self, round_no: int, record: Mapping[str, Any]) -> None:
         self.last_round = max(self.last_round, int(round_no))
-        metrics = {k: v for k, v in numeric_metrics(record).items() if k != "round"}
+        metrics = {k: v for k, v in numeric_metrics(record).items() if k != ROUND}
         if metrics:
             self._each("log_metrics", int(round_no), metrics)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ppokit.batch import FIELDS, RolloutBatch
@@ -496,3 +496,87 @@ def test_remax_hand_computed():
     # reward-to-go row 0: [1.5, 1.5, -, 1] - 1; row 1: [2, 2] - 0.5
     adv = make("remax")(_hand_batch())
     assert torch.allclose(adv, torch.tensor([[0.5, 0.5, 0.0, 0.0], [1.5, 1.5, 0.0, 0.0]]))
+
+
+# ---------------------------------------------------------------- gdpo (several rewards)
+def _with_parts(batch: RolloutBatch, parts: torch.Tensor, weights: list[float]) -> RolloutBatch:
+    w = torch.tensor(weights).expand(batch.batch_size, len(weights)).contiguous()
+    return batch.replace(reward_parts=parts.float(), reward_weights=w)
+
+
+def test_gdpo_hand_computed() -> None:
+    """Two groups of two, rewards (correct, format) weighted (1, 0.5): GRPO on R = c + f/2
+    gives the group (1,0),(0,1) the advantages ±1/√2·√2 = ±0.707 of R's spread while GDPO
+    gives each reward its own ±1/√2 (std of two values 0 and 1 is 1/√2), summed with the
+    weights, then whitened over the four responses."""
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    base = RolloutBatch(
+        response_mask=mask, token_rewards=torch.zeros(4, 2), group_ids=torch.tensor([0, 0, 1, 1])
+    )
+    parts = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    batch = _with_parts(base, parts, [1.0, 0.5])
+    s = 2**0.5  # 1 / (std of {0, 1}) = 1 / (1/√2)
+    # group 0: c (+1/2·√2, -1/2·√2)·... written out: A_c = ±(1/2)·s, A_f = ∓(1/2)·s
+    summed = torch.tensor(
+        [0.5 * s - 0.5 * 0.5 * s, -0.5 * s + 0.5 * 0.5 * s, 0.5 * 0.5 * s, -0.5 * 0.5 * s]
+    )
+    mean = summed.mean()
+    std = ((summed - mean) ** 2).sum().div(3).add(1e-8).sqrt()
+    expected = ((summed - mean) / std)[:, None].expand(4, 2)
+    got = make("gdpo", eps=1e-12)(batch)
+    assert torch.allclose(got, expected, atol=1e-5)
+    # group 1's correctness is equal (1, 1): it adds exactly nothing there
+    assert torch.allclose(make("gdpo").parts(batch)[2:, 0], torch.zeros(2))
+
+
+@FAST
+@given(batches(min_group=2))
+def test_gdpo_each_reward_has_zero_mean_in_every_group(batch):
+    """Each reward's group-normalised advantage sums to 0 over the non-empty rows of every
+    group of two or more; so does the batch-normalised sum when every group has two."""
+    several = (_nonempty_count(batch) > 1).double()
+    per_reward = make("gdpo").parts(batch)
+    for k in range(per_reward.shape[1]):
+        sums = group_sums(batch, per_reward[:, k] * several)
+        assert torch.allclose(sums, torch.zeros_like(sums), atol=1e-4)
+    if bool((several > 0).all()):
+        sums = group_sums(batch, row_values(batch, make("gdpo")(batch)))
+        assert torch.allclose(sums, torch.zeros_like(sums), atol=1e-3)
+
+
+@FAST
+@given(batches(min_group=2), st.data())
+def test_gdpo_is_invariant_to_each_rewards_affine_rescaling(batch, data):
+    """r_k → a_k r_k + b_k (a_k > 0, each reward its own) changes no advantage: GDPO's
+    point, where GRPO on the weighted sum changes with every a_k. (A group of one response
+    has baseline 0 by the group estimators' convention: the identity holds where every
+    response has a group.)"""
+    assume(bool((_nonempty_count(batch)[batch.nonempty] > 1).all()))
+    parts = batch.reward_parts.float()
+    k = parts.shape[1]
+    scales, shifts = st.sampled_from([0.25, 0.5, 2.0, 8.0]), st.sampled_from([-3.0, 0.0, 10.0])
+    scale = torch.tensor(data.draw(st.lists(scales, min_size=k, max_size=k)))
+    shift = torch.tensor(data.draw(st.lists(shifts, min_size=k, max_size=k)))
+    # spreads well above ε, so that ε's share is the same at every scale
+    spread = parts.round()
+    before = batch.replace(reward_parts=spread)
+    after = batch.replace(reward_parts=spread * scale + shift)
+    est = make("gdpo", eps=1e-9)
+    assert close(est(after), est(before).double(), 1e-4)
+
+
+@FAST
+@given(batches(min_group=2))
+def test_gdpo_with_one_reward_is_grpo_whitened(batch):
+    """With a single reward of weight w > 0, GDPO is GRPO of that reward, whitened over the
+    batch's non-empty responses (the scale of w cancels)."""
+    r = batch.reward_parts.float()[:, :1]
+    one = _with_parts(batch, r, [3.0])
+    with_r = one.replace(token_rewards=torch.where(one.last_mask, r, 0.0))
+    grpo = row_values(with_r, make("grpo")(with_r))
+    live = with_r.nonempty
+    mean = grpo[live].mean() if live.any() else 0.0
+    n = int(live.sum())
+    var = ((grpo - mean) ** 2 * live).sum() / max(n - 1, 1)
+    expected = torch.where(live, (grpo - mean) / (var + 1e-8).sqrt(), 0.0)
+    assert close(row_values(one, make("gdpo")(one)), expected.double(), 1e-4)

@@ -135,3 +135,27 @@ def test_the_contract_check_names_a_bad_filter() -> None:
             checked("group_filter", where, lambda _g, out=out: out)(groups)
     good = checked("group_filter", where, lambda g: torch.ones(g.size, dtype=torch.bool))
     assert good(groups).tolist() == [True] * 3
+
+
+def test_informative_keeps_a_group_that_varies_in_any_weighted_reward_part() -> None:
+    """With the reward parts read (gdpo), a group whose R is constant but whose parts vary
+    is kept: correctness and format that trade off leave R flat and GDPO's advantage not;
+    a part of weight 0 adds nothing; without the parts only R counts (hand-computed)."""
+    # R = c + f: group 0 flat in both, group 1 flat R but varying parts, group 2 varies
+    # only in a part of weight 0, group 3 varies in R
+    correct = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
+    fmt = torch.tensor([[0.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+    unused = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 5.0], [0.0, 0.0]])
+    plain = groups_of(correct + fmt)
+    informative = make("group_filter", "informative")
+    assert informative(plain).tolist() == [False, False, False, True]
+    parts = Groups(
+        rows=plain.rows,
+        responses=plain.responses,
+        rewards=plain.rewards,
+        lengths=plain.lengths,
+        truncated=plain.truncated,
+        parts=torch.stack([correct, fmt, unused], 2),
+        weights=torch.tensor([1.0, 1.0, 0.0]),
+    )
+    assert informative(parts).tolist() == [False, True, False, True]

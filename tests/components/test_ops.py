@@ -80,19 +80,14 @@ def test_weighted_group_mean_ignores_empty_rows():
     torch.testing.assert_close(out, torch.tensor([0.0, 0.0, 0.0, 5.0, 5.0, 0.0]))
 
 
-def test_group_std_ignores_empty_rows_and_a_group_of_one_has_std_zero():
-    # group 0: unbiased std of (1, 3) = sqrt(2); group 1 has one response: 0; group 2 none: 0
-    out = _hand_batch().group_std(X)
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, torch.tensor([SQRT2, SQRT2, SQRT2, 0.0, 0.0, 0.0]))
-
-
 def test_without_group_ids_every_row_is_its_own_group():
     batch = _hand_batch().replace(group_ids=None)
     live = batch.nonempty.float()
     torch.testing.assert_close(batch.group_sizes, live)
     torch.testing.assert_close(batch.group_mean(X), X * live)
-    torch.testing.assert_close(batch.group_std(X), torch.zeros(6))
+    # and GroupStats' baseline convention: a group of one has baseline 0 and std 1
+    torch.testing.assert_close(GroupStats(batch, values=X).centred(), X * live)
+    torch.testing.assert_close(GroupStats(batch, values=X).std(), torch.ones(6))
 
 
 # ---------------------------------------------------------------- GroupStats
@@ -174,7 +169,6 @@ def test_an_empty_row_changes_no_statistic_of_the_other_rows(batch, which, extra
     assert torch.equal(grown.group_sizes[:b], batch.group_sizes)
     same(grown.group_mean(gx), batch.group_mean(x))
     same(grown.group_mean(gx, weights=gw), batch.group_mean(x, weights=weights))
-    same(grown.group_std(gx), batch.group_std(x))
     for kwargs, grown_kwargs in [
         ({}, {}),
         ({"weights": batch.lengths}, {"weights": grown.lengths}),

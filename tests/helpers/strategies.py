@@ -44,6 +44,7 @@ def batches(
     with_values: bool = True,
     with_logp: bool = True,
     with_baseline: bool = True,
+    with_parts: bool = True,
 ) -> RolloutBatch:
     """A RolloutBatch with ragged rows, padding, optional masked gaps and groups.
 
@@ -106,6 +107,14 @@ def batches(
         fields["bootstrap_values"] = _rng_tensor(rng, (b,)).to(dtype)
     if with_baseline:
         fields["baseline_rewards"] = _rng_tensor(rng, (b,)).to(dtype)
+    if with_parts:  # K reward parts, some of them few-valued (ties inside groups)
+        k = draw(st.integers(1, 3))
+        parts = _rng_tensor(rng, (b, k))
+        few = torch.from_numpy(rng.random(k) < 0.5)
+        parts = torch.where(few, parts.round().clamp(-1, 1), parts)
+        fields["reward_parts"] = parts.to(dtype)
+        weights = torch.from_numpy(rng.uniform(-1.0, 2.0, k).astype(np.float32))
+        fields["reward_weights"] = weights.expand(b, k).contiguous().to(dtype)
     return RolloutBatch(**fields)
 
 

@@ -8,7 +8,8 @@ too (not blamed on the estimator that meets the NaN)."""
 
 from __future__ import annotations
 
-import threading
+import os
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from ppokit.batch import RolloutBatch
 from ppokit.errors import ComponentError, ComponentTimeout, NonFiniteError, UserError
-from ppokit.trainer.assembly import Assembly, Where, as_scores, call_with_timeout
+from ppokit.trainer.assembly import Assembly, Where, as_scores
 from tests.helpers import Plugin
 from tests.helpers.trainer import demo_rows, learner, small_spec
 
@@ -129,14 +130,11 @@ def boom(bins: int = 3) -> Any:
     raise ValueError(f"{bins} bins are too few")
 
 
-RELEASE = threading.Event()
-
-
 def slow(seconds: float = 30.0) -> Callable[..., Any]:
-    """A reward that hangs (until RELEASE or ``seconds``)."""
+    """A reward that hangs for ``seconds``."""
 
     def reward(prompts: list[str], responses: list[str], **fields: Any) -> list[float]:
-        RELEASE.wait(seconds)
+        time.sleep(seconds)
         return [0.0] * len(responses)
 
     return reward
@@ -174,9 +172,15 @@ def plugin() -> Plugin:
 def assemble(use_registry: Callable[..., Any]) -> Iterator[Callable[..., Assembly]]:
     """``assemble(*overrides)``: the Assembly of a small spec with the test plugin (test0)."""
     use_registry(plugin())
-    RELEASE.clear()
-    yield lambda *overrides: Assembly.from_spec(small_spec(None, *overrides))
-    RELEASE.set()  # let a hung reward's thread finish
+    made: list[Assembly] = []
+
+    def make(*overrides: str) -> Assembly:
+        made.append(Assembly.from_spec(small_spec(None, *overrides)))
+        return made[-1]
+
+    yield make
+    for asm in made:  # their worker processes end
+        asm.close()
 
 
 def _batch() -> RolloutBatch:
@@ -353,8 +357,12 @@ def test_losses_are_checked(
 def test_the_differentiability_check_is_off_without_grad(assemble) -> None:
     """Under no_grad (the KL of the reward placement, metrics) a loss needs no graph."""
     asm = assemble("policy.loss.name=bad_policy_loss", "policy.loss.mode=detached")
+    args = (_logp(), torch.zeros(B, T), torch.ones(B, T), _batch().response_mask)
     with torch.no_grad():
-        asm.policy_loss(_logp(), torch.zeros(B, T), torch.ones(B, T), _batch().response_mask)
+        out = asm.policy_loss(*args)
+    assert out.shape == (B, T) and not out.requires_grad  # returned as it is
+    with pytest.raises(ComponentError, match="without grad"):  # with grad: the check is on
+        asm.policy_loss(*args)
 
 
 def test_optional_members_pass_through(assemble) -> None:
@@ -371,7 +379,8 @@ def test_a_factory_that_raises_names_its_slot(assemble) -> None:
     with pytest.raises(ComponentError) as err:
         assemble("critic.loss.name=boom", "critic.loss.bins=2")
     assert str(err.value) == (
-        "critic.loss (boom, plugin test0) failed to start: ValueError: 2 bins are too few"
+        "critic.loss (boom, plugin test0) failed to start: ValueError: 2 bins are too few "
+        f"(at tests/trainer/test_boundaries.py:{boom.__code__.co_firstlineno + 2})"
     )
     assert isinstance(err.value.__cause__, ValueError)
 
@@ -381,8 +390,8 @@ def test_a_hung_reward_is_bounded_by_reward_timeout(assemble) -> None:
     with pytest.raises(ComponentTimeout) as err:
         _call_reward(asm)
     assert str(err.value) == (
-        "reward (slow, plugin test0) did not return within train.reward_timeout (0.2 s); a "
-        "running call cannot be interrupted, so the run stops"
+        "reward (slow, plugin test0) did not return within train.reward_timeout (0.2 s): its "
+        "worker process was stopped and the run stops"
     )
     _one_line_error(err, "reward (slow, plugin test0)")
 
@@ -390,17 +399,27 @@ def test_a_hung_reward_is_bounded_by_reward_timeout(assemble) -> None:
 def test_a_reward_within_its_timeout_and_its_own_errors(assemble) -> None:
     asm = assemble("reward=[{name: slow, seconds: 0.01}, raising]", "train.reward_timeout=5")
     assert torch.equal(_call_reward(asm, 0), torch.zeros(B))
-    with pytest.raises(KeyError, match="no answer column"):  # the reward's own error, as is
+    with pytest.raises(ComponentError) as err:  # its own error: one line, where it was raised
         _call_reward(asm, 1)
+    text = str(err.value)
+    assert text.startswith("reward.1 (raising, plugin test0) failed: KeyError: 'no answer column'")
+    assert text.endswith(f"test_boundaries.py:{raising.__code__.co_firstlineno + 2})")
 
 
-def test_call_with_timeout_runs_on_a_daemon_thread() -> None:
-    seen: list[threading.Thread] = []
-    assert call_with_timeout(lambda x: seen.append(threading.current_thread()) or x, 1.0, "f", 3)
-    assert seen[0] is not threading.main_thread() and seen[0].daemon
-    assert call_with_timeout(lambda: threading.current_thread(), None, "f") is (
-        threading.current_thread()
-    )
+def pid(prompts: list[str], responses: list[str], **fields: Any) -> list[float]:
+    return [float(os.getpid())] * len(responses)
+
+
+def test_a_bounded_reward_runs_in_a_worker_process_an_unbounded_one_here(use_registry) -> None:
+    use_registry(Plugin().add("reward", "pid", lambda: pid, summary="its process"))
+    for timeout, here in (("5", False), ("null", True)):
+        asm = Assembly.from_spec(
+            small_spec(None, "reward.name=pid", f"train.reward_timeout={timeout}")
+        )
+        try:
+            assert (_call_reward(asm)[0].item() == os.getpid()) is here
+        finally:
+            asm.close()
 
 
 # ---------------------------------------------------------------------- in a round

@@ -6,7 +6,8 @@ half's responses shorter, so the processes' batches are padded differently). The
 parameters after the optimizer step and every logged metric agree within 1e-5 (relative),
 for the four aggregations, with and without a critic (separate and shared), with
 micro-batches, with a KL term in the loss, with LoRA (the reference: adapters off) and for
-estimators that whiten over the batch (gae, reinforce_pp) or over groups (grpo, rloo). A
+estimators that whiten over the batch (gae, reinforce_pp) or over groups (grpo, rloo), and
+gdpo, which reads each reward's scores (the gathered [B, K] fields). A
 loss scaled by the number of processes (or its square) changes the logged loss and gradient
 norm, so such a bug fails here.
 """
@@ -32,12 +33,16 @@ from ppokit import distributed
 from ppokit.spec import Spec
 from ppokit.trainer.metrics import TIMING, read_once
 from ppokit.trainer.rollout import Rollout
+from ppokit.trainer.scoring import Scores
 from tests.helpers.trainer import demo_rows, encode, learner, small_spec, with_observations
 
 PROMPTS, N, T = 4, 2, 6
 #: Response lengths: the first process's rows are longer than the second's.
 LENGTHS = [6, 3, 5, 2, 1, 4, 2, 3]
 SCORES = [1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 1.0, 0.25]
+#: Two rewards' scores (weights 1 and 0.5) whose weighted sum is SCORES, for gdpo.
+PARTS = {"correct": [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0], "format": [0, 0, 1, 0, 0, 0, 0, 0.5]}
+WEIGHTS = {"correct": 1.0, "format": 0.5}
 
 BASE = [
     f"rollout.prompts_per_round={PROMPTS}",
@@ -96,6 +101,11 @@ CONFIGS: dict[str, list[str]] = {
         "reward=[]",
         "train.micro_batch_size=2",
     ],
+    "seq_mean_token_mean, gdpo over two rewards (batch-normalised)": [
+        "policy.aggregation=seq_mean_token_mean",
+        "advantage=gdpo",
+        "critic=null",
+    ],
     "seq_mean_token_sum_norm, shared critic, clipped grad norm": [
         "policy.aggregation=seq_mean_token_sum_norm",
         "model.critic=shared",
@@ -151,7 +161,11 @@ def _one_update(spec: Spec, rows: list[dict[str, Any]], ro: Rollout) -> tuple[An
         lrn.reshard()  # optimizers over the shards
     share = world.share(len(rows))
     mine = _own(ro, world.rank, world.size)
-    scores = torch.tensor(SCORES)[world.share(len(SCORES))]
+    own = world.share(len(SCORES))
+    scores: Any = torch.tensor(SCORES)[own]
+    if spec.advantage.name == "gdpo":  # each reward's scores apart
+        parts = {k: torch.tensor(v, dtype=torch.float32)[own] for k, v in PARTS.items()}
+        scores = Scores(scores, parts, dict(WEIGHTS))
     formatted = [row["prompt"] for row in rows[share]]
     torch.manual_seed(7)  # the minibatch order
     result = lrn.round(rows[share], formatted, 1, rollout=mine, scores=scores)

@@ -22,6 +22,7 @@ from ppokit.trainer.groups import fill
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.rollout import Rollout
+from ppokit.trainer.scoring import Scores
 from tests.helpers import Plugin
 from tests.helpers.components import make
 from tests.helpers.trainer import learner, small_spec
@@ -33,12 +34,13 @@ class _Scorer:
 
     device = torch.device("cpu")
     tokenizer = SimpleNamespace(pad_token_id=0)
+    assembly = SimpleNamespace(requires=frozenset())
 
     def rollout(self, rows: list[dict[str, Any]], ro: Rollout) -> Any:
         n = ro.response_ids.shape[0] // len(rows)
         scores = [(i % 2 if row["informative"] else 0.5) for row in rows for i in range(n)]
         texts = [f"{row['index']}:{i}" for row in rows for i in range(n)]
-        return torch.tensor(scores, dtype=torch.float32), {}, texts
+        return Scores(torch.tensor(scores, dtype=torch.float32)), texts
 
 
 class _Parts:
@@ -125,9 +127,9 @@ def test_the_stopping_rule(prompts: int, limit: int, n: int, data: st.DataObject
     assert torch.equal(ro.response_ids[:, 0], torch.tensor(expected).repeat_interleave(n))
     assert kept.texts == [f"{i}:{k}" for i in expected for k in range(n)]
     assert torch.equal(
-        kept.scores, torch.tensor([k % 2 for _ in expected for k in range(n)]).float()
+        kept.scores.total, torch.tensor([k % 2 for _ in expected for k in range(n)]).float()
     )
-    assert got.generated["scores"].shape == (batches * prompts * n,)
+    assert got.generated.sums[0].item() == batches * prompts * n  # every response counted
 
 
 def test_an_exhausted_round_is_an_error_when_asked() -> None:
@@ -372,3 +374,66 @@ def test_a_filter_reads_the_host_once_per_batch(use_registry, tmp_path, monkeypa
     )
     result = lrn.round(rows, formatted, 1)
     assert not called and "rollout/kept_groups" not in result.metrics  # nothing filtered
+
+
+class _TradeOff(_Scorer):
+    """R = 1 on every response, its two parts trading off (1, 0) against (0, 1) inside an
+    informative row's group, and a component that reads the parts."""
+
+    assembly = SimpleNamespace(requires=frozenset({"reward_parts"}))
+
+    def rollout(self, rows: list[dict[str, Any]], ro: Rollout) -> Any:
+        n = ro.response_ids.shape[0] // len(rows)
+        a = [float(row["informative"] and i % 2 == 0) for row in rows for i in range(n)]
+        b = [float(not row["informative"] or i % 2 == 1) for row in rows for i in range(n)]
+        parts = {"a": torch.tensor(a), "b": torch.tensor(b)}
+        total = parts["a"] + parts["b"]
+        texts = [f"{row['index']}:{i}" for row in rows for i in range(n)]
+        return Scores(total, parts, {"a": 1.0, "b": 1.0}), texts
+
+
+def test_the_filter_sees_the_reward_parts_when_a_component_reads_them() -> None:
+    """Every group's R is flat; only the groups whose parts vary pass informative, and the
+    kept groups carry their parts into the round's batch."""
+    parts = _Parts(2, 2, 3)
+    parts.scorer = _TradeOff()
+    stream = _Stream([False, True, False, True, True, False], 2)
+    rows, formatted = stream()
+    got = parts.fill(rows, formatted, draw=stream)
+    assert [row["index"] for row in got.kept.rows] == [1, 3]
+    columns, weights = got.kept.scores.columns()
+    assert columns.tolist() == [[1.0, 0.0], [0.0, 1.0]] * 2 and weights.tolist() == [[1, 1]] * 4
+
+
+def test_a_filter_that_rejects_every_group_keeps_no_batch() -> None:
+    """Memory stays flat over any number of generation batches: a rejected batch's
+    responses are gone before the next one is generated, and the live line says which batch
+    it is and that nothing passed yet."""
+    import gc
+    import weakref
+
+    limit = 6
+    parts = _Parts(2, 4, limit)
+    made: list[weakref.ref[Rollout]] = []
+    alive: list[int] = []
+    sample = parts.sample
+
+    def tracked(formatted: list[str], n: int, batch: int = 0, rows: Any = None) -> Rollout:
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in made))
+        out = sample(formatted, n, batch, rows)
+        made.append(weakref.ref(out))
+        return out
+
+    parts.sample = tracked  # type: ignore[method-assign]
+    phases: list[str] = []
+    stream = _Stream([False] * (4 * limit), 4)
+    rows, formatted = stream()
+    got = fill(
+        rows, formatted, sample=parts.sample, scorer=parts.scorer,  # type: ignore[arg-type]
+        group_filter=parts.filter, settings=parts.settings,  # type: ignore[arg-type]
+        timings={}, phase=phases.append, draw=stream,
+    )  # fmt: skip
+    assert got.kept is None and got.batches == limit
+    assert alive == [0] * limit  # no earlier batch's responses live on
+    assert f"generating batch {limit} of at most {limit} (0 of 4 groups passed so far)" in phases

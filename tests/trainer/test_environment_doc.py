@@ -137,7 +137,7 @@ def _broken_step(mode: str) -> Any:
         (
             "slow",
             ["rollout.environment_timeout=0.2"],
-            r"did not return within rollout.environment_timeout \(0.2 s\)",
+            r"did not return from step within rollout.environment_timeout \(0.2 s\)",
         ),
     ],
 )

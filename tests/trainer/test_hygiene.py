@@ -29,14 +29,16 @@ PACKAGE = str(Path(ppokit.__file__).resolve().parent)
 #: Tensor methods that read a tensor back to the host (or force a value on it).
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
 
-#: The reads a round may make from ppokit's code: the decode of the responses for the rewards
-#: (one ``.cpu()`` of the packed ids, lengths and truncation flags, then two ``.tolist()`` of
-#: that host copy) and the single metrics read (one ``.cpu()`` of the stacked metrics and
-#: one ``.tolist()`` of that host copy).
+#: The reads a round may make from ppokit's code: the check of the engine's output values
+#: (one ``.tolist()`` of its flags a generation, which synchronises anyway), the decode of the
+#: responses for the rewards (one ``.cpu()`` of the packed ids, lengths and truncation flags,
+#: then two ``.tolist()`` of that host copy) and the single metrics read (one ``.cpu()`` of
+#: the stacked metrics and one ``.tolist()`` of that host copy).
 ALLOWED = Counter(
     {
-        ("cpu", "decode"): 1,
-        ("tolist", "decode"): 2,
+        ("tolist", "_check_values"): 1,
+        ("cpu", "decode_rows"): 1,
+        ("tolist", "decode_rows"): 2,
         ("cpu", "read_once"): 1,
         ("tolist", "read_once"): 1,
     }

@@ -81,6 +81,7 @@ def test_a_worker_killed_by_sigkill_is_named(tmp_path: Path) -> None:
         "output.save_every=1",
         "output.progress=false",
         "reward=dies_in_round_2",
+        "train.reward_timeout=null",  # in the trainer's process: the reward kills that one
         "model.tiny.hidden_size=32",
         "model.tiny.intermediate_size=64",
     ]

@@ -353,9 +353,9 @@ def fail_on_round(monkeypatch, name: str, round_no: int, error=enospc, owner=Non
     real = getattr(owner, name)
     current = {"round": 0}
 
-    def save(out, models, state, source, round_done, spec_yaml, *ahead):  # type: ignore[no-untyped-def]
+    def save(out, models, state, source, round_done, spec_yaml, *more):  # type: ignore[no-untyped-def]
         current["round"] = round_done
-        return real_save(out, models, state, source, round_done, spec_yaml, *ahead)
+        return real_save(out, models, state, source, round_done, spec_yaml, *more)
 
     def write(*args, **kwargs):  # type: ignore[no-untyped-def]
         if current["round"] == round_no:

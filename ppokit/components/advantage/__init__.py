@@ -107,6 +107,21 @@ GRPO = Component(
 )
 
 
+GDPO = Component(
+    "advantage",
+    "gdpo",
+    MODULE,
+    params=GRPOParams,
+    summary="Each reward normalised within its group apart, then their weighted sum, "
+    "batch-normalised (GDPO)",
+    formula="A_{k,i} = (r_{k,i} − mean_g r_k) / (std_g r_k + ε) for each reward part k; "
+    "S_i = Σ_k w_k A_{k,i}; A_i = (S_i − mean_B S) / sqrt(var_B S + 1e-8) over the batch's "
+    "non-empty responses, broadcast over the response",
+    requires=("group_ids", "reward_parts", "reward_weights"),
+    source=str(papers.GDPO),
+)
+
+
 DR_GRPO = Component(
     "advantage",
     "dr_grpo",
@@ -183,6 +198,7 @@ ENTRIES: tuple[Component, ...] = (
     MC,
     LENGTH_ADAPTIVE_GAE,
     GRPO,
+    GDPO,
     DR_GRPO,
     RLOO,
     REINFORCE_PP,

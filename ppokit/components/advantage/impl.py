@@ -11,6 +11,7 @@ from ppokit.ops import GroupStats, broadcast_rows, gae, returns_to_go, whiten_ro
 
 __all__ = [
     "GAE",
+    "GDPO",
     "GRPO",
     "OPO",
     "RLOO",
@@ -70,6 +71,37 @@ class GRPO:
         stats = GroupStats(batch)
         adv = stats.centred() / (stats.std() + self.eps)
         return broadcast_rows(adv, batch.response_mask)
+
+
+@catalogue.GDPO.implementation
+class GDPO:
+    """r_k are the batch's ``reward_parts`` (each reward's own score, an environment's turn
+    rewards last) and w_k its ``reward_weights``; each A_k follows GRPO's group convention
+    (std unbiased over the group's non-empty rows, 1 with fewer than two; a group of equal
+    scores gives 0), so a reward every response of a group got alike adds nothing there,
+    however the others vary. The batch normalisation counts each non-empty response once.
+    Equal to GRPO followed by the batch normalisation when there is one reward."""
+
+    def __init__(self, *, eps: float) -> None:
+        self.eps = eps
+
+    def parts(self, batch: RolloutBatch) -> Tensor:
+        """A_k, each reward normalised within its groups, float32 [B, K] (0 on empty rows)."""
+        parts = batch.reward_parts
+        assert parts is not None  # required
+        columns = []
+        for k in range(parts.shape[1]):  # K reward parts: a few
+            stats = GroupStats(batch, values=parts[:, k])
+            columns.append(stats.centred() / (stats.std() + self.eps))
+        return torch.stack(columns, 1)
+
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        weights = batch.reward_weights
+        assert weights is not None  # required
+        summed = (self.parts(batch) * weights.float()).sum(1)
+        live = batch.nonempty
+        adv = whiten_rows(summed, live.long())
+        return broadcast_rows(torch.where(live, adv, 0.0), batch.response_mask)
 
 
 @catalogue.DR_GRPO.implementation

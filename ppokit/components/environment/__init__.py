@@ -27,7 +27,10 @@ CONTRACT = Contract(
     "environment",
     optional={
         "single_turn": "True: one model turn and no environment text (the trainer samples the "
-        "plain way and never calls it)"
+        "plain way and never calls it)",
+        "state_dict": "state_dict() -> what it keeps across episodes (JSON-like: dicts, lists, "
+        "numbers, text, tensors), saved in every checkpoint",
+        "load_state_dict": "load_state_dict(state): takes a checkpoint's state back on resume",
     },
 )
 MODULE = "ppokit.components.environment.impl"

@@ -72,12 +72,18 @@ def _value(node: ast.AST) -> Fraction:
 def evaluate(expression: str) -> str:
     """The value of an arithmetic expression in exact rational arithmetic, as text: an
     integer, or a decimal of at most 6 places. Nothing but numbers and operators is read
-    (no names, calls or attributes): :class:`ValueError` otherwise."""
+    (no names, calls or attributes): :class:`ValueError` otherwise, and for anything that
+    overflows or nests too deeply."""
     try:
         tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError):
         raise ValueError("not an arithmetic expression") from None
-    value = _value(tree.body)
+    try:
+        value = _value(tree.body)
+    except OverflowError:  # a float literal past the float range (1e999 is inf)
+        raise ValueError("the value is too large") from None
+    except RecursionError:
+        raise ValueError("the expression is nested too deeply") from None
     if value.denominator == 1:
         return str(value.numerator)
     return f"{float(value):.6f}".rstrip("0").rstrip(".")

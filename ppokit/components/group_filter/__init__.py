@@ -45,6 +45,11 @@ class Groups:
     lengths: Tensor
     #: bool [G, n]: the response hit max_new_tokens without EOS
     truncated: Tensor
+    #: float32 [G, n, K]: each reward's own score r_k (the batch's ``reward_parts``), when a
+    #: component of the spec reads them (None otherwise)
+    parts: Tensor | None = None
+    #: float32 [K]: each part's weight w_k in R (with ``parts``)
+    weights: Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -105,8 +110,11 @@ INFORMATIVE = Component(
     "informative",
     MODULE,
     params=InformativeParams,
-    summary="Groups whose rewards are not all the same (DAPO's dynamic sampling)",
-    formula="keep_g = 1[std_i R_{g,i} > tolerance], std unbiased, computed in float64",
+    summary="Groups whose rewards are not all the same (DAPO's dynamic sampling); when a "
+    "component reads each reward's scores (gdpo), groups that vary in any of them",
+    formula="keep_g = 1[std_i R_{g,i} > tolerance], or with the reward parts read: "
+    "1[std_i R_{g,i} > tolerance or ∃k: w_k ≠ 0 and std_i r_{k,g,i} > tolerance]; std "
+    "unbiased, computed in float64",
     requires=("group_ids",),
     source=DAPO,
 )

@@ -35,7 +35,12 @@ class Informative:
         r = groups.rewards.double()
         if r.shape[1] < 2:  # a group of one has no spread
             return torch.zeros(r.shape[0], dtype=torch.bool, device=r.device)
-        return r.std(dim=1) > self.tolerance  # NaN rewards: not kept
+        keep = r.std(dim=1) > self.tolerance  # NaN rewards: not kept
+        if groups.parts is not None and groups.weights is not None:
+            # a part of weight 0 is in no estimate: its spread informs nothing
+            spread = groups.parts.double().std(dim=1) > self.tolerance  # [G, K]
+            keep = keep | (spread & (groups.weights != 0)).any(dim=1)
+        return keep
 
 
 @NOT_ALL_TRUNCATED.implementation

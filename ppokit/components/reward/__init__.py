@@ -1,9 +1,15 @@
 """Reward components: ``reward(prompts, responses, **fields) -> scores [B]``.
 
-A reward returns one float32 score per response (a tensor or a list of floats). ``fields``
-hold one list entry per response: every column of the prompt's data row (e.g. ``answer``)
-plus ``lengths`` (response tokens) and ``truncated``. A reward ignores the fields it does not
-use and raises a :class:`~ppokit.errors.UserError` naming a field it needs but did not get.
+A reward returns one float32 score per response (a tensor or a list of floats), or a
+:class:`Scored`: the scores with per-response flags (``unparsed``, ``failed``) that the round
+reports as ``reward/<name>/<flag>_frac``. ``responses`` are the model's own text (with an
+environment: the model's turns, without the environment's text). ``fields`` hold one list
+entry per response: every column of the prompt's data row (e.g. ``answer``) plus ``lengths``
+(the model's tokens), ``truncated`` and ``transcripts`` (with an environment the whole
+episode, the environment's text included; else the response). A data column cannot take the
+name of what the trainer passes (:data:`RESERVED_FIELDS`). A reward ignores the fields it does
+not use and raises a :class:`~ppokit.errors.UserError` naming a field it needs but did not
+get. Each reward gets its own copies of its inputs.
 
 This module is the torch-free catalogue; the tensor code is
 :mod:`ppokit.components.reward.impl`.
@@ -12,7 +18,8 @@ This module is the torch-free catalogue; the tensor code is
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -20,33 +27,69 @@ from pydantic import Field, field_validator, model_validator
 
 from ppokit import papers
 from ppokit.catalogue import Component, Contract, NoParams, Params
+from ppokit.metrics_table import Metric
 from ppokit.papers import cite
 
 if TYPE_CHECKING:
     from torch import Tensor
 
 
+@dataclass(frozen=True)
+class Scored:
+    """What a reward may return instead of bare scores: the scores, and flags of the
+    responses (``{"unparsed": [False, True, ...]}``, one bool per response), each reported
+    by the round as ``reward/<name>/<flag>_frac``, the fraction of the round's generated
+    responses it was raised on (a flag's name is a lower-case identifier)."""
+
+    scores: Any
+    flags: Mapping[str, Sequence[bool] | Tensor] = field(default_factory=dict)
+
+
 class Reward(Protocol):
-    """``reward(prompts, responses, **fields) -> [B]`` scores."""
+    """``reward(prompts, responses, **fields) -> [B]`` scores (or a :class:`Scored`)."""
 
     def __call__(
         self, prompts: list[str], responses: list[str], **fields: Any
-    ) -> Tensor | Sequence[float]: ...
+    ) -> Tensor | Sequence[float] | Scored: ...
 
 
 CONTRACT = Contract("scores")
+
+#: What the trainer passes to every reward beside the data columns (``completions``:
+#: TRL's name for the responses; ``self``: a reward object's own parameter). A data column of
+#: one of these names is refused: it would shadow them.
+RESERVED_FIELDS: tuple[str, ...] = (
+    "prompts",
+    "responses",
+    "completions",
+    "lengths",
+    "truncated",
+    "transcripts",
+    "self",
+)
 MODULE = "ppokit.components.reward.impl"
 
 __all__ = [
+    "JUDGE_GROUP_TEMPLATE",
+    "JUDGE_TEMPLATE",
+    "JUDGE_VERDICT_TEMPLATE",
+    "RESERVED_FIELDS",
+    "SERVE_INSTALL",
+    "CodeTestsParams",
     "DemoParams",
     "ExactMatchParams",
     "HFClassifierParams",
+    "HttpParams",
+    "JudgeParams",
     "LengthPenaltyParams",
     "MathVerifyParams",
     "PythonParams",
     "RegexParams",
+    "RemoteParams",
+    "Scored",
     "register_components",
     "split_function",
+    "template_keys",
 ]
 
 
@@ -63,26 +106,39 @@ class ExactMatchParams(Params):
 
 
 class RegexParams(Params):
-    pattern: str = Field(description="a Python regular expression")
+    pattern: str = Field(
+        description="a regular expression (the 'regex' package's syntax, a superset of Python's re)"
+    )
     field: str | None = Field(
         None, description="data column the first capture group must equal (None: any match)"
     )
     mode: Literal["search", "fullmatch"] = Field(
         "search", description="'search' anywhere in the response or 'fullmatch' all of it"
     )
+    timeout: float = Field(
+        1.0,
+        gt=0,
+        le=3600,
+        description="seconds one response's match may take; one that runs over (a pattern "
+        "that backtracks exponentially) scores 0",
+    )
 
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
+        import regex
+
         try:
-            re.compile(value)
-        except re.error as exc:
+            regex.compile(value)
+        except regex.error as exc:
             raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
         return value
 
     @model_validator(mode="after")
     def _group_for_field(self) -> RegexParams:
-        if self.field is not None and re.compile(self.pattern).groups < 1:
+        import regex
+
+        if self.field is not None and regex.compile(self.pattern).groups < 1:
             raise ValueError(
                 f"pattern {self.pattern!r} needs a capture group when 'field' is set "
                 f"(the first group is compared with {self.field!r})"
@@ -162,6 +218,200 @@ class PythonParams(Params):
         return value
 
 
+#: How the rewards that call servers are installed (httpx, tenacity) and served (starlette,
+#: uvicorn).
+SERVE_INSTALL = "pip install 'ppokit[serve]'"
+SERVE_PACKAGES = (("httpx", SERVE_INSTALL), ("tenacity", SERVE_INSTALL))
+_URL = re.compile(r"https?://[^\s/?#]+(/[^\s]*)?")
+
+
+def _a_url(value: str) -> str:
+    if not _URL.fullmatch(value):
+        raise ValueError(f"{value!r} is no http:// or https:// URL")
+    return value
+
+
+class RemoteParams(Params):
+    """How a reward calls its server (every request, each retried apart)."""
+
+    timeout: float = Field(30.0, gt=0, le=3600, description="seconds one request may take")
+    retries: int = Field(
+        3, ge=0, le=20, description="tries after a failed one (no connection, a timeout, 429, 5xx)"
+    )
+    backoff: float = Field(
+        0.5,
+        ge=0,
+        le=60,
+        description="seconds before the first retry, doubled each time, plus "
+        "up to as much random jitter",
+    )
+    max_backoff: float = Field(8.0, ge=0, le=600, description="the longest wait between tries")
+    concurrency: int = Field(4, ge=1, le=256, description="requests in flight at once")
+    on_error: Literal["stop", "zero"] = Field(
+        "stop",
+        description="a request that fails after its retries: 'stop' the run (one line naming "
+        "the URL and the cause) or score its responses 0 and flag them (reward/<name>/failed_frac)",
+    )
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="environment variable holding a bearer token sent as Authorization "
+        "(the key itself is never in the spec)",
+    )
+    max_response_mb: float = Field(
+        16.0, gt=0, le=1024, description="the largest answer read, in MiB (larger: a failure)"
+    )
+
+
+class HttpParams(RemoteParams):
+    url: str = Field(
+        description="where to POST {prompts, responses, fields} (a ppokit reward-server's "
+        "/score): it answers {scores: [...]} (and parts: {name: [...]} for several rewards)"
+    )
+    chunk_size: int = Field(64, ge=1, le=65536, description="responses per request")
+    part: str | None = Field(
+        None, description="score with this part of the answer's parts (None: its scores)"
+    )
+
+    _url = field_validator("url")(_a_url)
+
+
+#: The judge's rubric when the spec gives none: {prompt}, {response}, {answer} (the gold
+#: answer, or "(none given)"), {low}, {high}.
+JUDGE_TEMPLATE = (
+    "You are grading a reply to a task.\n\nTask:\n{prompt}\n\nReply:\n{response}\n\n"
+    "Reference answer: {answer}\n\nHow well does the reply solve the task, from {low:g} "
+    "(wrong) to {high:g} (fully correct)? End your answer with one line: Score: N"
+)
+#: The judge's rubric in mode verdict: {positive} and {negative} are the first verdict word
+#: of each.
+JUDGE_VERDICT_TEMPLATE = (
+    "You are grading a reply to a task.\n\nTask:\n{prompt}\n\nReply:\n{response}\n\n"
+    "Reference answer: {answer}\n\nIs the reply correct? Answer with one word: {positive} "
+    "or {negative}."
+)
+#: The judge's rubric of a whole group (group: true): {prompt}, {responses} (numbered),
+#: {answer}, {low}, {high}, {count}.
+JUDGE_GROUP_TEMPLATE = (
+    "You are ranking {count} replies to one task against each other.\n\nTask:\n{prompt}"
+    "\n\nReference answer: {answer}\n\n{responses}\n\nScore every reply from {low:g} "
+    "(worst) to {high:g} (best), relative to the others. Answer with one line per reply: "
+    "Reply K: N"
+)
+_JUDGE_KEYS = frozenset({"prompt", "response", "answer", "low", "high", "positive", "negative"})
+_GROUP_KEYS = frozenset({"prompt", "responses", "answer", "low", "high", "count"})
+
+
+def template_keys(template: str) -> set[str]:
+    """The ``{names}`` a str.format template uses (ValueError for a malformed one)."""
+    import string
+
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+
+
+class JudgeParams(RemoteParams):
+    url: str = Field(
+        description="base URL of an OpenAI-compatible server (its /chat/completions is asked), "
+        "e.g. http://127.0.0.1:8000/v1"
+    )
+    model: str = Field(description="the judge model's name on that server")
+    template: str | None = Field(
+        None,
+        description="the rubric (a str.format template of {prompt}, {response}, {answer}, "
+        "{low}, {high}, {positive}, {negative}; with group: {responses} and {count} instead "
+        "of {response}); None: ppokit's default for the mode",
+    )
+    system: str | None = Field(None, description="a system message before the rubric")
+    field: str | None = Field(
+        "answer",
+        description="data column of the gold answer ({answer}; '(none given)' "
+        "where the data has none)",
+    )
+    mode: Literal["number", "verdict"] = Field(
+        "number",
+        description="'number': the last 'Score: N' (or a bare number) in [low, high], scaled to "
+        "[0, 1]; 'verdict': the last verdict word, positive 1 and negative 0",
+    )
+    low: float = Field(0.0, description="the lowest score of the rubric")
+    high: float = Field(10.0, description="the highest score of the rubric")
+    positive: list[str] = Field(
+        ["correct", "yes", "pass"], min_length=1, description="verdict words that score 1"
+    )
+    negative: list[str] = Field(
+        ["incorrect", "no", "fail"], min_length=1, description="verdict words that score 0"
+    )
+    unparsed: float = Field(
+        0.0, description="the score of an answer without a score (counted: unparsed_frac)"
+    )
+    group: bool = Field(
+        False,
+        description="rank each group (a prompt's responses) in one request (RULER-style) "
+        "instead of one request per response",
+    )
+    temperature: float = Field(0.0, ge=0, le=2, description="the judge's sampling temperature")
+    max_tokens: int = Field(256, ge=1, le=65536, description="the longest judge answer")
+
+    _url = field_validator("url")(_a_url)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JudgeParams:
+        if self.high <= self.low:
+            raise ValueError(f"high ({self.high}) must exceed low ({self.low})")
+        if self.group and self.mode == "verdict":
+            raise ValueError("group: true ranks replies with numbers: mode must be 'number'")
+        if self.template is not None:
+            try:
+                keys = template_keys(self.template)
+            except ValueError as exc:
+                raise ValueError(f"template: {exc}") from None
+            allowed = _GROUP_KEYS if self.group else _JUDGE_KEYS
+            unknown = sorted(keys - allowed)
+            if unknown:
+                raise ValueError(
+                    f"template: unknown {{{unknown[0]}}}; it may use "
+                    + ", ".join(f"{{{k}}}" for k in sorted(allowed))
+                )
+        both = {w.casefold() for w in self.positive} & {w.casefold() for w in self.negative}
+        if both:
+            raise ValueError(f"{sorted(both)[0]!r} is both a positive and a negative verdict")
+        return self
+
+
+class CodeTestsParams(Params):
+    field: str = Field(
+        "tests",
+        description="data column of the tests: a list of Python statements (asserts), each "
+        "one test, run after the response's program",
+    )
+    timeout: float = Field(
+        10.0, gt=0, le=600, description="wall-clock seconds for one response's program and tests"
+    )
+    cpu_seconds: int = Field(10, ge=1, le=3600, description="CPU time limit (RLIMIT_CPU)")
+    memory_mb: int = Field(512, ge=32, le=65536, description="address-space limit (RLIMIT_AS)")
+    processes: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="processes the program may run at once (RLIMIT_NPROC, "
+        "counted in its own namespace)",
+    )
+    file_mb: int = Field(16, ge=1, le=4096, description="largest file it may write (RLIMIT_FSIZE)")
+    disk_mb: int = Field(64, ge=1, le=4096, description="size of its private writable folder")
+    concurrency: int = Field(2, ge=1, le=256, description="responses tested at once")
+    python: str = Field(
+        "/usr/bin/python3",
+        description="the interpreter that runs the program (read-only in the sandbox with /usr)",
+    )
+    extract: bool = Field(
+        True, description="run the last ```python fenced block of the response when it has one"
+    )
+    unsafe: bool = Field(
+        False,
+        description="run without OS isolation where bubblewrap is missing (resource limits only);"
+        " the run must also say so: PPOKIT_UNSAFE_CODE=1",
+    )
+
+
 MATH_VERIFY = Component(
     "reward",
     "math_verify",
@@ -190,7 +440,8 @@ REGEX = Component(
     MODULE,
     params=RegexParams,
     summary="1 when a regular expression matches (optionally capturing the answer)",
-    formula="r = 1[pattern matches response] (and group(1) == field when field is set)",
+    formula="r = 1[pattern matches response within timeout] (and group(1) == field when field "
+    "is set)",
     source=str(papers.R1),
 )
 
@@ -222,6 +473,7 @@ PYTHON = Component(
     "python",
     MODULE,
     params=PythonParams,
+    consent="function",
     summary="your own Python function fn(prompts, responses, **fields), from a file or module",
     formula="r = fn(prompts, responses, **fields), or fn(prompts=, completions=, **fields) for a "
     "TRL reward function; fields it has no parameter for are not passed",
@@ -242,6 +494,79 @@ DEMO = Component(
     source="ppokit's built-in demo task (echo the prompt's symbol)",
 )
 
+HTTP = Component(
+    "reward",
+    "http",
+    "ppokit.components.reward.remote",
+    params=HttpParams,
+    packages=SERVE_PACKAGES,
+    consent="url",
+    metrics=(
+        Metric(
+            "reward/http/failed_frac",
+            "fraction of responses scored 0 because the server failed (on_error: zero)",
+            direction="lower",
+        ),
+    ),
+    summary="scores from a reward server over HTTP (ppokit reward-server, or any that speaks "
+    "its JSON), in chunks",
+    formula="r = the server's score of (prompt, response, fields); chunks of chunk_size "
+    "responses, concurrency at once, retried with exponential backoff and jitter",
+    source=cite(
+        ("remote reward models", papers.OPENRLHF), "as verl's reward loop and slime's --rm-url"
+    ),
+)
+
+
+JUDGE = Component(
+    "reward",
+    "judge",
+    "ppokit.components.reward.remote",
+    params=JudgeParams,
+    packages=SERVE_PACKAGES,
+    consent="url",
+    metrics=(
+        Metric(
+            "reward/judge/failed_frac",
+            "fraction of responses scored 0 because the server failed (on_error: zero)",
+            direction="lower",
+        ),
+        Metric(
+            "reward/judge/unparsed_frac",
+            "fraction of responses whose judge answer had no score",
+            direction="lower",
+        ),
+    ),
+    summary="an LLM judge (an OpenAI-compatible chat endpoint) scores each response by a rubric",
+    formula="r = (s − low) / (high − low) for the score s in [low, high] it answers (mode "
+    "number), or 1 / 0 for a positive / negative verdict word; unparsed answers score "
+    "`unparsed` (reward/judge/unparsed_frac)",
+    source=cite(
+        ("LLM-as-a-judge", papers.LLM_JUDGE),
+        "group mode as OpenPipe ART's RULER (relative scores of a group in one request)",
+    ),
+)
+
+
+CODE_TESTS = Component(
+    "reward",
+    "code_tests",
+    "ppokit.components.reward.sandbox",
+    params=CodeTestsParams,
+    metrics=(
+        Metric(
+            "reward/code_tests/timed_out_frac",
+            "fraction of responses whose program the wall-clock timeout stopped",
+            direction="lower",
+        ),
+    ),
+    summary="the fraction of the row's tests the response's program passes, in a sandbox",
+    formula="r = (tests passed) / (tests), each test a statement run after the program; "
+    "0 for a program that fails, times out or breaks a limit",
+    source=cite(("functional correctness by unit tests", papers.HUMANEVAL)),
+)
+
+
 #: Every built-in reward component, registered by the default plugin.
 ENTRIES: tuple[Component, ...] = (
     MATH_VERIFY,
@@ -250,5 +575,8 @@ ENTRIES: tuple[Component, ...] = (
     LENGTH_PENALTY,
     HF_CLASSIFIER,
     PYTHON,
+    HTTP,
+    JUDGE,
+    CODE_TESTS,
     DEMO,
 )

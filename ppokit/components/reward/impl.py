@@ -178,17 +178,26 @@ class ExactMatchReward:
 
 @catalogue.REGEX.implementation
 class RegexReward:
-    """With ``field``, the first capture group and the field are compared after stripping
-    whitespace; a group that did not participate in the match scores 0.
+    """Matched by the ``regex`` package, which bounds each match by ``timeout`` seconds (a
+    pattern that backtracks exponentially on some response, ``(a|aa)+$``, cannot hold the
+    run: that response scores 0). With ``field``, the first capture group and the field are
+    compared after stripping whitespace; a group that did not participate in the match
+    scores 0.
     """
 
-    def __init__(self, *, pattern: str, field: str | None, mode: str) -> None:
-        self.regex = re.compile(pattern)
+    def __init__(self, *, pattern: str, field: str | None, mode: str, timeout: float) -> None:
+        import regex
+
+        self.regex = regex.compile(pattern)
         self.field = field
         self.mode = mode
+        self.timeout = timeout
 
     def score(self, response: str, expected: Any | None) -> float:
-        match = getattr(self.regex, self.mode)(response)
+        try:
+            match = getattr(self.regex, self.mode)(response, timeout=self.timeout)
+        except TimeoutError:
+            return 0.0
         if match is None:
             return 0.0
         if self.field is None:
@@ -407,6 +416,7 @@ class PythonReward:
     def __init__(self, *, function: str) -> None:
         self.function = function
         self.fn = load_function(function)
+        self.__wrapped__ = self.fn  # where its code is, for messages
         self.accepts: frozenset[str] | None = None  # None: every keyword (**kwargs)
         names: set[str] = set()
         try:
@@ -418,9 +428,14 @@ class PythonReward:
             self.accepts = frozenset(names)
         self.by_keyword = "completions" in names and "responses" not in names
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Crosses to a worker process as its reference, imported again there (a file's
+        module is not importable by name)."""
+        return (_python_reward, (self.function,))
+
     def __call__(self, prompts: list[str], responses: list[str], **fields: Any) -> Any:
-        if self.by_keyword:  # TRL's convention
-            fields = {"prompts": prompts, "completions": responses, **fields}
+        if self.by_keyword:  # TRL's convention: the model's output, whatever the columns
+            fields = {**fields, "prompts": prompts, "completions": responses}
         if self.accepts is not None:
             fields = {k: v for k, v in fields.items() if k in self.accepts}
         if self.by_keyword:
@@ -429,3 +444,8 @@ class PythonReward:
 
     def __repr__(self) -> str:
         return f"PythonReward({self.function!r})"
+
+
+def _python_reward(function: str) -> PythonReward:
+    """A :class:`PythonReward` made again from its reference (how it is unpickled)."""
+    return PythonReward(function=function)

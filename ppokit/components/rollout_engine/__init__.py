@@ -338,7 +338,9 @@ def vllm_problems(spec: Any, params: VLLMParams) -> Iterator[str]:
     an attention head size vLLM's CPU attention lacks (the tiny model's from its settings, a
     named model's from :data:`NAMED_HEAD_SIZES`, a local folder's from its config.json; a
     Hub model's is checked at the start) and a ``tensor_parallel_size`` above 1; anywhere a
-    LoRA rank above vLLM's largest."""
+    LoRA rank above vLLM's largest, a ``max_model_len`` without room for a prompt beside
+    ``rollout.max_new_tokens`` (a longer prompt is refused when the engine gets it) and a
+    ``tensor_parallel_size`` above 1 beside ``rollout.max_staleness > 0``."""
     model = spec.model
     lora = model.lora
     if params.tensor_parallel_size > 1 and spec.rollout.max_staleness:
@@ -346,6 +348,12 @@ def vllm_problems(spec: Any, params: VLLMParams) -> Iterator[str]:
             "rollout.engine.tensor_parallel_size: a tensor-parallel engine generates with "
             "collectives, which cannot run beside the update's (rollout.max_staleness > 0): "
             "set it to 1 or rollout.max_staleness: 0"
+        )
+    asked = spec.rollout.max_new_tokens
+    if params.max_model_len is not None and params.max_model_len <= asked:
+        yield (
+            f"rollout.engine.max_model_len: {params.max_model_len} tokens leave no room for a "
+            f"prompt beside rollout.max_new_tokens ({asked}): vLLM would cut the responses"
         )
     if lora is not None and lora.r > VLLM_LORA_RANKS[-1]:
         yield f"model.lora.r: vLLM supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {lora.r}"

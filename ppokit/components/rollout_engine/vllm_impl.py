@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor, nn
 
-from ppokit.bounded import TimedOut, run_bounded
+from ppokit.bounded import TimedOut, deadline
 from ppokit.components.rollout_engine import (
     VLLM,
     VLLM_CPU_HEAD_SIZES,
@@ -40,7 +40,7 @@ from ppokit.components.rollout_engine import (
     Generation,
     Sampling,
 )
-from ppokit.errors import MissingDependency, UserError
+from ppokit.errors import MissingDependency, UserError, one_line
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -175,15 +175,56 @@ def _own_random_state() -> Iterator[None]:
 
 
 def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
-    """``fn()`` waited for at most ``timeout`` seconds (:func:`ppokit.bounded.run_bounded`):
-    a stuck call is a ``TimeoutError``, not a hang (a Python thread cannot be killed: it
-    goes on until the process ends, which is what follows the error)."""
+    """``fn()`` for at most ``timeout`` seconds (:func:`ppokit.bounded.deadline`): a stuck
+    call is a ``TimeoutError``, not a hang."""
     try:
-        return run_bounded(fn, timeout, "ppokit-vllm")
+        with deadline(timeout, what):
+            return fn()
     except TimedOut:
         raise TimeoutError(
             f"{what} did not finish within rollout.engine.sync_timeout_s ({timeout:g} s)"
         ) from None
+
+
+#: The prefix of the folder that holds the weights vLLM loads, in the temporary directory;
+#: the process id that made it follows (a killed run's folder is removed by the next start).
+FOLDER_PREFIX = "ppokit-vllm-"
+
+
+def new_folder() -> Path:
+    """A new folder for the weights vLLM loads, named for this process; first the folders
+    of processes that no longer run (a run killed before its ``close``) are removed (this
+    user's own, never through a link)."""
+    root = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for old in root.glob(f"{FOLDER_PREFIX}*"):
+            pid = old.name[len(FOLDER_PREFIX) :].partition("-")[0]
+            if not pid.isdigit() or int(pid) == os.getpid() or old.is_symlink():
+                continue
+            try:
+                if old.stat().st_uid != os.getuid():
+                    continue
+                os.kill(int(pid), 0)
+            except ProcessLookupError:  # its process is gone
+                shutil.rmtree(old, ignore_errors=True)
+            except OSError:  # alive (another user's process), or not ours to judge
+                continue
+    return Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+
+
+def start_error(exc: Exception, kv_cache_gb: float | None, max_len: int | None) -> UserError:
+    """What vLLM's failure to start means for the spec: a KV cache too small for one
+    request of ``max_len`` tokens names ``rollout.engine.kv_cache_gb``."""
+    text = " ".join(str(exc).split())
+    if "KV cache" in text or "cache blocks" in text:
+        size = f"{kv_cache_gb:g} GiB" if kv_cache_gb is not None else "what was left"
+        return UserError(
+            f"rollout.engine.kv_cache_gb: vLLM's KV cache ({size}) cannot hold one request of "
+            f"max_model_len {max_len} tokens: raise rollout.engine.kv_cache_gb (GPUs: or "
+            "gpu_memory_fraction) or lower rollout.engine.max_model_len "
+            f"(vLLM: {text.split('. ')[0]})"
+        )
+    return UserError(f"rollout.engine: vLLM did not start: {one_line(exc)}")
 
 
 def _tp_group(size: int) -> Any:
@@ -227,6 +268,7 @@ class VLLMEngine:
         self.context: EngineContext | None = None
         self.llm: Any = None
         self.folder: Path | None = None
+        self.max_len: int | None = None
         self.lora: Any = None  # the current LoRARequest
         self.pushes = 0
         self.asleep = 0  # vLLM's sleep level now (0: awake)
@@ -279,11 +321,12 @@ class VLLMEngine:
                 f"rollout.engine.tensor_parallel_size ({self.tensor_parallel_size}) must "
                 f"divide the run's {context.processes} processes"
             )
-        self.folder = Path(tempfile.mkdtemp(prefix="ppokit-vllm-"))
+        self.folder = new_folder()
         self.torch_dtype = getattr(torch, self._resolved_dtype(context, gpu))
         _write_model(model, self.folder / "model", self.torch_dtype)
         config = _config(model)
         max_len = self.max_model_len or getattr(config, "max_position_embeddings", None)
+        self.max_len = max_len
         kwargs: dict[str, Any] = dict(
             model=str(self.folder / "model"),
             skip_tokenizer_init=True,
@@ -319,11 +362,27 @@ class VLLMEngine:
         with warnings.catch_warnings(), _own_random_state():
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             warnings.filterwarnings("ignore", category=FutureWarning)
-            self.llm = vllm.LLM(**kwargs)
+            try:
+                self.llm = vllm.LLM(**kwargs)
+            except ValueError as exc:
+                raise start_error(
+                    exc, kwargs.get("kv_cache_memory_bytes", 0) / gib or None, max_len
+                ) from exc
         if _peft(model):
             self._push_adapters()
 
     # ------------------------------------------------------------------ generate
+    def _fits(self, prompt: int, new: int) -> None:
+        """vLLM would cut a response that runs past ``max_model_len`` without a word: a
+        prompt of ``prompt`` tokens and ``new`` more must fit."""
+        if self.max_len is not None and prompt + new > self.max_len:
+            raise UserError(
+                f"rollout.engine.max_model_len: a prompt of {prompt} tokens and "
+                f"{new} new tokens pass vLLM's max_model_len of {self.max_len}: vLLM would cut "
+                "the responses; raise rollout.engine.max_model_len (null: the model's context) "
+                "or lower rollout.max_new_tokens"
+            )
+
     def _params(self, sampling: Sampling, seed: int | None, n: int) -> Any:
         from vllm import SamplingParams
 
@@ -358,6 +417,7 @@ class VLLMEngine:
         self._wake()
         ids, mask = prompt_ids.cpu(), prompt_mask.cpu().bool()  # one copy each
         prompts = [row[keep].tolist() for row, keep in zip(ids, mask, strict=True)]
+        self._fits(max((len(p) for p in prompts), default=0), sampling.max_new_tokens)
         n = sampling.n
         if sampling.greedy and n > 1:  # vLLM draws one greedy response a request
             prompts = [p for p in prompts for _ in range(n)]

@@ -264,9 +264,12 @@ def read_state(out: Path) -> dict[str, Any]:
     return state_of(locate(out))
 
 
-def load_checkpoint(out: Path, models: Models, run: State, source: Any) -> int:
+def load_checkpoint(
+    out: Path, models: Models, run: State, source: Any, environment: Any = None
+) -> int:
     """Restore everything from ``out/checkpoint`` into the ``models`` and the state ``run``
-    of a run and the prompt ``source``; returns the number of rounds done.
+    of a run, the prompt ``source`` and the ``environment`` (its ``load_state_dict``, when
+    the checkpoint holds its state); returns the number of rounds done.
 
     Every checksum is verified before anything is read. Raises :class:`UserError` (one line)
     for a missing, corrupt or incompatible checkpoint, before any file is changed. A
@@ -284,10 +287,12 @@ def load_checkpoint(out: Path, models: Models, run: State, source: Any) -> int:
         if not Path(f"{rng_path}.json").is_file():  # more processes than saved it
             rng_path = path / rng_stem(0)
         load_optimizers(models, run.optimizers, optim)
-        rng, source_state = rng_from_files(
+        rng, source_state, env_state = rng_from_files(
             read_json(Path(f"{rng_path}.json")), load_file(f"{rng_path}.safetensors")
         )
         source.load_state_dict(source_state)
+        if environment is not None and env_state is not None:
+            environment.load_state_dict(env_state)
         kl_coef = float(state["kl_coef"])
         restore_rng(rng)
     except UserError:

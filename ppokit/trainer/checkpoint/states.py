@@ -52,8 +52,11 @@ def restore_rng(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state(cuda_state, index)
 
 
-def rng_files(rng: dict[str, Any], source_state: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(rng.json object, rng.safetensors tensors) of an RNG capture and a source state."""
+def rng_files(
+    rng: dict[str, Any], source_state: Any, environment_state: Any = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(rng.json object, rng.safetensors tensors) of an RNG capture, a source state and the
+    environment's state (what it keeps across episodes; None: nothing)."""
     version, internal, gauss_next = rng["python"]
     bit_generator, key, pos, has_gauss, cached_gaussian = rng["numpy"]
     tensors: dict[str, torch.Tensor] = {"torch": rng["torch"]}
@@ -72,6 +75,8 @@ def rng_files(rng: dict[str, Any], source_state: Any) -> tuple[dict[str, Any], d
         "cuda_devices": len(cuda),
         "source": encode(source_state, tensors, "source"),
     }
+    if environment_state is not None:
+        data["environment"] = encode(environment_state, tensors, "environment")
     return data, tensors
 
 
@@ -83,8 +88,9 @@ def _ints(values: Any, what: str) -> list[int]:
     return values
 
 
-def rng_from_files(data: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], Any]:
-    """(RNG state for :func:`restore_rng`, prompt source state) from rng.json/.safetensors."""
+def rng_from_files(data: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], Any, Any]:
+    """(RNG state for :func:`restore_rng`, prompt source state, environment state or None)
+    from rng.json/.safetensors."""
     if not isinstance(data, dict):
         raise ValueError("rng.json is not an object")
     py, npy = data["python"], data["numpy"]
@@ -108,7 +114,9 @@ def rng_from_files(data: Any, tensors: dict[str, torch.Tensor]) -> tuple[dict[st
     devices = int(data.get("cuda_devices", 0))
     if devices:
         state["cuda"] = [tensors[f"cuda.{i}"] for i in range(devices)]
-    return state, decode(data["source"], tensors)
+    environment = data.get("environment")
+    env_state = None if environment is None else decode(environment, tensors)
+    return state, decode(data["source"], tensors), env_state
 
 
 # ------------------------------------------------------------ state trees as JSON

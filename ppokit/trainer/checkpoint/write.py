@@ -111,10 +111,12 @@ def save_checkpoint(
     round_done: int,
     spec_yaml: str,
     ahead: Sequence[Ahead] = (),
+    environment: Any = None,
 ) -> Path:
     """Write ``out/checkpoint`` atomically; returns its path. On several processes every
-    process calls it: each writes its own shards and RNG states, the first one the rest.
-    ``ahead``: this process's batches generated for the rounds after ``round_done``
+    process calls it: each writes its own shards, RNG states, source position and the
+    ``environment``'s state (its ``state_dict()``, when it keeps one), the first one the
+    rest. ``ahead``: this process's batches generated for the rounds after ``round_done``
     (asynchronous rollouts; as many on every process).
 
     Refused (:class:`NonFiniteCheckpointError`) when a model or optimizer tensor is not
@@ -151,7 +153,8 @@ def save_checkpoint(
     error = distributed.first_text(error)
     if error is None:
         try:
-            _write_tmp(tmp, models, state, source, round_done, spec_yaml, ahead)
+            env_state = None if environment is None else environment.state_dict()
+            _write_tmp(tmp, models, state, source, round_done, spec_yaml, ahead, env_state)
         except BaseException as exc:
             if not is_os_error(exc):
                 if world.main:
@@ -176,6 +179,7 @@ def _write_tmp(
     round_done: int,
     spec_yaml: str,
     ahead: Sequence[Ahead] = (),
+    env_state: Any = None,
 ) -> None:
     """This process's part of a checkpoint in ``tmp`` (made by the first process): its
     shards of the weights and optimizer states (collectives), its RNG states and batches
@@ -187,7 +191,7 @@ def _write_tmp(
     tensors: dict[str, torch.Tensor] = {}
     optim = encode(optimizer_states(models, state.optimizers), tensors, "optim", keep=True)
     dcp_save(tensors, tmp / "optim")
-    rng_data, rng_tensors = rng_files(capture_rng(), source.state_dict())
+    rng_data, rng_tensors = rng_files(capture_rng(), source.state_dict(), env_state)
     rng = tmp / rng_stem(world.rank)
     save_file(rng_tensors, f"{rng}.safetensors")
     Path(f"{rng}.json").write_text(json.dumps(rng_data) + "\n")

@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from ppokit.children import python_command
 from ppokit.compare import (
     RunRecord,
     SweepRun,
@@ -282,7 +283,7 @@ def test_plan_and_command(tmp_path: Path) -> None:
     assert all(p.rounds == 4 for p in plans.values())
 
     argv = train_command(plans[6], ["train.rounds=4", "advantage.eps=0.1"])
-    assert argv[:5] == [sys.executable, "-m", "ppokit.cli", "train", str(spec_path)]
+    assert argv[:5] == python_command(["train", str(spec_path)])
     assert argv[5:9] == ["--seed", "6", "--out", str(runs / "seed-6")]
     assert argv[9:13] == ["--set", "train.rounds=4", "--set", "advantage.eps=0.1"]
     assert argv[-1] == "--resume"

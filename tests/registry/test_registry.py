@@ -168,7 +168,7 @@ def test_lazy_factory_is_imported_only_on_create(
     (tmp_path / "lazy_component_mod.py").write_text(
         textwrap.dedent(
             '''
-            from tests.test_registry import LAZY, LAZY_SIG
+            from tests.registry.test_registry import LAZY, LAZY_SIG
 
 
             @LAZY_SIG.implementation

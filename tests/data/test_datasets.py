@@ -34,7 +34,7 @@ from ppokit.trainer.prompts import chat_messages, format_prompts
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "data"
 EXAMPLE_SPEC = ROOT / "examples" / "specs" / "smollm2_gsm8k_style.yaml"
 GSM8K = r"####\s*(.+)$"

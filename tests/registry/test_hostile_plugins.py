@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 import ppokit
-from ppokit.bounded import run_bounded
 from ppokit.catalogue import Component
 from ppokit.errors import printable
 from ppokit.registry import (
@@ -291,7 +290,7 @@ def test_a_lazy_factory_is_imported_under_the_guards(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "ppokit_lazy_writes.py").write_text(
-        "import os\nfrom tests.test_hostile_plugins import LAZY_WRITES\n"
+        "import os\nfrom tests.registry.test_hostile_plugins import LAZY_WRITES\n"
         "os.write(1, b'fd 1 at import\\n')\n\n"
         "@LAZY_WRITES.implementation\ndef make():\n    return 1\n"
     )
@@ -312,11 +311,35 @@ def test_a_lazy_factory_is_imported_under_the_guards(
         registry.info("advantage", "exits").load()
 
 
-def test_run_bounded() -> None:
-    assert run_bounded(lambda: threading.current_thread().daemon, 5.0, "t") is True
-    assert run_bounded(lambda: threading.current_thread(), None, "t") is threading.current_thread()
-    with pytest.raises(SystemExit):
-        run_bounded(lambda: sys.exit(4), 5.0, "t")
+class Spinning:
+    """An entry point whose import computes forever (Python code that never sleeps: a
+    thread waiting for it would never get the interpreter back)."""
+
+    name = "spins"
+    dist = None
+
+    def load(self) -> object:
+        while True:
+            pass
+
+
+def test_an_import_that_computes_forever_is_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ppokit.registry.plugins as plugins
+
+    monkeypatch.setenv("PPOKIT_PLUGIN_IMPORT_TIMEOUT", "0.3")
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [Spinning()])
+    registry = Registry()
+    registry.load_entry_points()
+    assert registry.plugins["spins"].error == (
+        "its import did not finish within 0.3 s (PPOKIT_PLUGIN_IMPORT_TIMEOUT)"
+    )
+    hook = types.SimpleNamespace(
+        ppokit_register=ppokit.hookimpl(lambda register: Spinning().load())
+    )
+    record = registry.load_plugin("hook", hook, timeout=0.3)
+    assert record.error == (
+        "its ppokit_register hook did not return within 0.3 s (PPOKIT_PLUGIN_IMPORT_TIMEOUT)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -148,10 +148,11 @@ def test_rng_states_round_trip_through_json_and_safetensors(tmp_path: Path) -> N
     data, tensors = rng_files(rng, {"source": "demo", "seed": 3, "drawn": 5, "k": (1, 2.5)})
     save_file(tensors, str(tmp_path / "rng.safetensors"))
     (tmp_path / "rng.json").write_text(json.dumps(data))
-    back, source = rng_from_files(
+    back, source, environment = rng_from_files(
         json.loads((tmp_path / "rng.json").read_text()), load_file(tmp_path / "rng.safetensors")
     )
     assert source == {"source": "demo", "seed": 3, "drawn": 5, "k": (1, 2.5)}
+    assert environment is None  # none was given
     assert back["python"] == rng["python"]
     assert all(np.array_equal(a, b) for a, b in zip(back["numpy"], rng["numpy"], strict=True))
     assert torch.equal(back["torch"], rng["torch"])

@@ -21,8 +21,14 @@ from ppokit.compare import COMPARE_LOCK, SweepRun, last_line, run_sweep
 from ppokit.errors import UserError
 from ppokit.runfolder import LOCK, FolderLock
 from ppokit.spec import load_spec
+from tests.compare.test_compare import (
+    FAKE_TRAIN,
+    assert_user_error,
+    fake_command,
+    invoke,
+    write_spec,
+)
 from tests.helpers import ROOT
-from tests.test_compare import FAKE_TRAIN, assert_user_error, fake_command, invoke, write_spec
 
 pytestmark = [
     pytest.mark.usefixtures("clean_registry"),
@@ -34,7 +40,7 @@ SWEEP = textwrap.dedent(
     import sys
     from pathlib import Path
     from ppokit.compare import run_sweep
-    from tests.test_compare import fake_command
+    from tests.compare.test_compare import fake_command
     spec, out, script = map(Path, sys.argv[1:4])
     run_sweep([spec], [0, 1], out, jobs=2, live=False, command=fake_command(script, "sleep"),
               grace=5.0)
@@ -242,3 +248,65 @@ def test_a_second_sweep_on_one_folder_refuses(tmp_path: Path, fake_script: Path)
         [spec], [0], out, live=False, command=fake_command(fake_script, "ok"), stream=io.StringIO()
     )
     assert completed and runs[0].status == "finished"
+
+
+#: A run as ppokit train starts it: tied to the sweep (ppokit.children), its folder locked.
+LOCKING_TRAIN = """
+import json, os, sys, time
+from pathlib import Path
+from ppokit.children import tie_to_parent
+tie_to_parent()
+from ppokit.runfolder import FolderLock
+out, seed, rounds, action, mode = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+out.mkdir(parents=True, exist_ok=True)
+lock = FolderLock(out)
+lock.acquire()
+(out.parent / f"seed-{seed}.env").write_text(json.dumps({"pid": os.getpid()}))
+if mode == "sleep":
+    time.sleep(60)
+(out / "spec.yaml").write_text(Path(sys.argv[6]).read_text())
+(out / "metrics.jsonl").write_text("".join(json.dumps({"round": r}) + "\\n" for r in range(1, rounds + 1)))
+lock.release()
+"""
+
+SWEEP_LOCKING = SWEEP.replace("grace=5.0", "grace=5.0, wait_busy=5.0")
+
+
+def test_the_runs_of_a_killed_sweep_end_with_it_and_a_restart_completes(tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer) leaves the sweep no chance to stop its runs: they end with
+    it all the same, and a restart of the sweep finishes every run."""
+    script = tmp_path / "locking_train.py"
+    script.write_text(LOCKING_TRAIN)
+    spec = write_spec(tmp_path, "a")
+    out = tmp_path / "sweep"
+    sweep = subprocess.Popen(
+        [sys.executable, "-c", SWEEP_LOCKING, str(spec), str(out), str(script)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env_files = [out / "runs" / "a" / f"seed-{s}.env" for s in (0, 1)]
+    try:
+        wait_for(env_files)
+        pids = [json.loads(p.read_text())["pid"] for p in env_files]
+        assert all(alive(pid) for pid in pids)
+        sweep.kill()
+        sweep.wait(timeout=30)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+            sweep.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in pids)
+    _, runs, completed = run_sweep(
+        [spec],
+        [0, 1],
+        out,
+        live=False,
+        command=fake_command(script, "ok"),
+        stream=io.StringIO(),
+        wait_busy=5.0,
+    )
+    assert completed and [r.status for r in runs] == ["finished", "finished"]

@@ -1,0 +1,479 @@
+"""Rewards scored by servers (catalogue: :mod:`ppokit.components.reward`): ``http`` (a ppokit
+reward server, or any that speaks its JSON) and ``judge`` (an LLM behind an
+OpenAI-compatible chat-completions endpoint), over one :class:`Client`.
+
+The client is httpx's, with tenacity's retries: each request has a timeout (its answer read
+in full within it, however slowly the server sends it), a failed one (no connection, a
+timeout, HTTP 408, 429 or 5xx) is tried again after an exponential backoff with random
+jitter, at most ``concurrency`` requests are in flight, and an answer is read up to a bound.
+A request that fails after its retries stops the run with one line naming the URL and the
+cause (:class:`RemoteError`), or, with ``on_error: zero``, scores its responses 0 and flags
+them ``failed``. Nothing waits without a bound. Results are in the order of the responses
+whatever order the answers come in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ppokit.bounded import in_threads
+from ppokit.components.reward import (
+    HTTP,
+    JUDGE,
+    JUDGE_GROUP_TEMPLATE,
+    JUDGE_TEMPLATE,
+    JUDGE_VERDICT_TEMPLATE,
+    SERVE_INSTALL,
+    Scored,
+)
+from ppokit.errors import MissingDependency, UserError, one_line
+
+__all__ = ["Client", "HttpReward", "JudgeReward", "RemoteError", "jsonable", "parse_score"]
+
+#: HTTP statuses worth another try: the server is busy, restarting or overloaded.
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class RemoteError(UserError):
+    """A reward that could not be had from its server: one line naming the URL and the cause."""
+
+
+class _Status(Exception):
+    """An HTTP error status (and the start of its body)."""
+
+    def __init__(self, status: int, reason: str, body: str) -> None:
+        super().__init__(f"answered HTTP {status} {reason}: {body}".rstrip(": "))
+        self.status = status
+
+
+class _Bad(Exception):
+    """An answer that breaks the protocol (too large, no JSON, the wrong shape): no retry."""
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON can hold it: numpy and torch scalars and arrays as numbers and
+    lists, anything else unknown as its ``str()``."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return jsonable(tolist())
+    return str(value)
+
+
+def _shown(url: str) -> str:
+    """The URL without a user name or password in it."""
+    return re.sub(r"//[^/@]*@", "//", url)
+
+
+def _cause(exc: BaseException, timeout: float) -> str:
+    import httpx
+
+    if isinstance(exc, httpx.TimeoutException):
+        return f"no answer within {timeout:g} s ({type(exc).__name__})"
+    if isinstance(exc, httpx.ConnectError):
+        return f"cannot connect ({one_line(exc)})"
+    return one_line(exc)
+
+
+class Client:
+    """POSTs JSON to one URL (see the module's docstring): ``post`` one request with its
+    retries, ``post_all`` several at once, in order."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        what: str,
+        timeout: float,
+        retries: int,
+        backoff: float,
+        max_backoff: float,
+        concurrency: int,
+        max_response_mb: float,
+        api_key_env: str | None,
+    ) -> None:
+        self.url, self.what = url, what
+        self.timeout = timeout
+        self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
+        self.max_bytes = int(max_response_mb * 2**20)
+        self.headers = {"content-type": "application/json"}
+        if api_key_env is not None:
+            key = os.environ.get(api_key_env)
+            if not key:
+                raise UserError(f"{what}: the environment variable {api_key_env} is not set")
+            self.headers["authorization"] = f"Bearer {key}"
+        self.concurrency = concurrency
+        self._connect()
+
+    def _connect(self) -> None:
+        """The HTTP client (its connections, which no pickle carries: a worker process
+        that receives this client makes its own)."""
+        try:
+            import httpx
+            import tenacity
+        except ImportError as exc:
+            raise MissingDependency(exc.name or "httpx", self.what, SERVE_INSTALL) from None
+        self.httpx, self.tenacity = httpx, tenacity
+        self.client = httpx.Client(
+            timeout=self.timeout,
+            limits=httpx.Limits(max_connections=self.concurrency),
+            follow_redirects=False,
+            trust_env=False,  # the URL is the spec's, not a proxy's from the environment
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for unpicklable in ("client", "httpx", "tenacity"):
+            state.pop(unpicklable, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._connect()
+
+    def _once(self, body: bytes) -> Any:
+        start = time.monotonic()
+        with self.client.stream("POST", self.url, content=body, headers=self.headers) as r:
+            chunks, size = [], 0
+            for chunk in r.iter_bytes():
+                size += len(chunk)
+                if size > self.max_bytes:
+                    raise _Bad(f"answered more than {self.max_bytes / 2**20:g} MiB")
+                if time.monotonic() - start > self.timeout:
+                    raise self.httpx.ReadTimeout("the answer took too long")
+                chunks.append(chunk)
+            text = b"".join(chunks)
+            if r.status_code >= 400:
+                snippet = " ".join(text[:200].decode("utf-8", "replace").split())
+                raise _Status(r.status_code, r.reason_phrase, snippet)
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise _Bad(f"answered no JSON ({text[:80]!r})") from None
+
+    def _transient(self, exc: BaseException) -> bool:
+        if isinstance(exc, _Status):
+            return exc.status in TRANSIENT_STATUS
+        return isinstance(exc, self.httpx.TransportError)
+
+    def post(self, payload: Any) -> Any:
+        """The JSON answer to ``payload``, tried ``1 + retries`` times; RemoteError naming
+        the URL and the cause after the last."""
+        body = json.dumps(jsonable(payload)).encode()
+        t = self.tenacity
+        tries = t.Retrying(
+            stop=t.stop_after_attempt(self.retries + 1),
+            wait=t.wait_exponential_jitter(
+                multiplier=self.backoff, max=self.max_backoff, jitter=self.backoff
+            ),
+            retry=t.retry_if_exception(self._transient),
+            reraise=True,
+        )
+        attempts = 0
+        try:
+            for attempt in tries:
+                with attempt:
+                    attempts += 1
+                    return self._once(body)
+        except (_Status, _Bad, self.httpx.HTTPError) as exc:
+            after = f" (after {attempts} tries)" if attempts > 1 else ""
+            raise RemoteError(
+                f"{self.what}: {_shown(self.url)}: {_cause(exc, self.timeout)}{after}"
+            ) from None
+        raise AssertionError("unreachable")  # tenacity returns or raises
+
+    def post_all(self, payloads: list[Any], *, stop: bool) -> list[Any]:
+        """The answers to ``payloads`` in their order, ``concurrency`` at once. ``stop``: the
+        first failure (in order) is raised and the requests not yet sent are cancelled;
+        otherwise a failed request's place holds its :class:`RemoteError`."""
+        return in_threads(
+            self.post, payloads, self.concurrency, "ppokit-remote", RemoteError if stop else None
+        )
+
+    def close(self) -> None:
+        """Close the connections."""
+        self.client.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # half-built, or at interpreter exit
+            self.close()
+
+
+def _numbers(value: Any, n: int, what: str) -> list[float]:
+    if not isinstance(value, list) or len(value) != n:
+        got = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
+        raise _Bad(f"{what}: expected {n} numbers, got {got}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise _Bad(f"{what}: expected numbers")
+    return [float(v) for v in value]
+
+
+def _chunks(n: int, size: int) -> list[slice]:
+    return [slice(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+@HTTP.implementation
+class HttpReward:
+    """Each request is ``{"prompts": [...], "responses": [...], "fields": {name: [...]}}``
+    for a chunk of responses (the data's columns, ``lengths``, ``truncated``), and its
+    answer ``{"scores": [...]}`` (one number per response; ``parts: {name: [...]}`` and
+    ``flags`` when the server serves several rewards), checked: a wrong count or a
+    non-number is a failure like a refused connection (not retried)."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        chunk_size: int,
+        part: str | None,
+        timeout: float,
+        retries: int,
+        backoff: float,
+        max_backoff: float,
+        concurrency: int,
+        on_error: str,
+        api_key_env: str | None,
+        max_response_mb: float,
+    ) -> None:
+        self.url, self.chunk_size, self.part, self.on_error = url, chunk_size, part, on_error
+        self.client = Client(
+            url, what="the http reward", timeout=timeout, retries=retries, backoff=backoff,
+            max_backoff=max_backoff, concurrency=concurrency, api_key_env=api_key_env,
+            max_response_mb=max_response_mb,
+        )  # fmt: skip
+
+    def _scores(self, answer: Any, n: int) -> list[float]:
+        if not isinstance(answer, dict):
+            raise _Bad("answered JSON that is no object")
+        if self.part is None:
+            return _numbers(answer.get("scores"), n, "its 'scores'")
+        parts = answer.get("parts")
+        if not isinstance(parts, dict) or self.part not in parts:
+            names = sorted(parts) if isinstance(parts, dict) else []
+            raise _Bad(f"its answer has no part {self.part!r} (parts: {names})")
+        return _numbers(parts[self.part], n, f"its part {self.part!r}")
+
+    def __call__(self, prompts: list[str], responses: list[str], **fields: Any) -> Any:
+        cuts = _chunks(len(responses), self.chunk_size)
+        payloads = [
+            {
+                "prompts": prompts[c],
+                "responses": responses[c],
+                "fields": {k: list(v)[c] for k, v in fields.items()},
+            }
+            for c in cuts
+        ]
+        answers = self.client.post_all(payloads, stop=self.on_error == "stop")
+        scores: list[float] = []
+        failed: list[bool] = []
+        for c, answer in zip(cuts, answers, strict=True):
+            n = c.stop - c.start
+            try:
+                if isinstance(answer, RemoteError):
+                    raise answer
+                got = self._scores(answer, n)
+            except _Bad as exc:
+                if self.on_error == "stop":
+                    raise RemoteError(f"the http reward: {_shown(self.url)}: {exc}") from None
+                got = None
+            except RemoteError:
+                got = None
+            scores += got if got is not None else [0.0] * n
+            failed += [got is None] * n
+        if self.on_error == "zero":
+            return Scored(scores, {"failed": failed})
+        return scores
+
+    def __repr__(self) -> str:
+        return f"HttpReward({_shown(self.url)!r})"
+
+
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
+_SCORE = re.compile(rf"score\s*[:=]?\s*\**\s*({_NUMBER})", re.IGNORECASE)
+_BARE = re.compile(rf"\s*\**\s*({_NUMBER})\s*\**\s*")
+_REPLY = re.compile(rf"reply\s*#?\s*(\d+)\s*[:=\-]\s*\**\s*({_NUMBER})", re.IGNORECASE)
+
+
+def parse_score(
+    text: str, mode: str, low: float, high: float, positive: Sequence[str], negative: Sequence[str]
+) -> float | None:
+    """The judge's score in [0, 1] read from its answer, or None when there is none: mode
+    ``number``: the last ``Score: N`` (or an answer that is a bare number), N in
+    [low, high], scaled to (N − low) / (high − low); mode ``verdict``: the last of the
+    verdict words (whole words, any case), 1 for a positive one and 0 for a negative."""
+    if mode == "verdict":
+        words = {w.casefold(): 1.0 for w in positive} | {w.casefold(): 0.0 for w in negative}
+        pattern = r"\b(" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+        found = re.findall(pattern + r")\b", text, re.IGNORECASE)
+        return words[found[-1].casefold()] if found else None
+    found = _SCORE.findall(text)
+    if not found:
+        bare = _BARE.fullmatch(text)
+        found = [bare.group(1)] if bare else []
+    if not found:
+        return None
+    value = float(found[-1])
+    if not math.isfinite(value) or not low <= value <= high:
+        return None
+    return (value - low) / (high - low)
+
+
+def parse_group(text: str, count: int, low: float, high: float) -> list[float | None]:
+    """Each reply's score in [0, 1] from a group answer's ``Reply K: N`` lines (the last
+    line for a K counts; a reply without one, or out of range, is None)."""
+    out: list[float | None] = [None] * count
+    for k, number in _REPLY.findall(text):
+        i, value = int(k) - 1, float(number)
+        if 0 <= i < count and math.isfinite(value) and low <= value <= high:
+            out[i] = (value - low) / (high - low)
+    return out
+
+
+@JUDGE.implementation
+class JudgeReward:
+    """One chat-completions request per response (``group``: per run of consecutive
+    responses to the same prompt, its replies numbered from 1), asked for
+    ``max_tokens`` tokens at ``temperature``; the answer's ``choices[0].message.content`` is
+    parsed (:func:`parse_score`, :func:`parse_group`). An answer without that field is a
+    failure of the server (``on_error``); an answer without a score is ``unparsed``."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        model: str,
+        template: str | None,
+        system: str | None,
+        field: str | None,
+        mode: str,
+        low: float,
+        high: float,
+        positive: list[str],
+        negative: list[str],
+        unparsed: float,
+        group: bool,
+        temperature: float,
+        max_tokens: int,
+        timeout: float,
+        retries: int,
+        backoff: float,
+        max_backoff: float,
+        concurrency: int,
+        on_error: str,
+        api_key_env: str | None,
+        max_response_mb: float,
+    ) -> None:
+        self.endpoint = url.rstrip("/") + "/chat/completions"
+        self.model, self.system, self.field = model, system, field
+        default = JUDGE_VERDICT_TEMPLATE if mode == "verdict" else JUDGE_TEMPLATE
+        self.template = template or (JUDGE_GROUP_TEMPLATE if group else default)
+        self.mode, self.low, self.high = mode, low, high
+        self.positive, self.negative, self.unparsed = positive, negative, unparsed
+        self.group, self.temperature, self.max_tokens = group, temperature, max_tokens
+        self.on_error = on_error
+        self.client = Client(
+            self.endpoint, what="the judge reward", timeout=timeout, retries=retries,
+            backoff=backoff, max_backoff=max_backoff, concurrency=concurrency,
+            api_key_env=api_key_env, max_response_mb=max_response_mb,
+        )  # fmt: skip
+
+    def _request(self, text: str) -> dict[str, Any]:
+        messages = [{"role": "user", "content": text}]
+        if self.system is not None:
+            messages.insert(0, {"role": "system", "content": self.system})
+        return {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+
+    def _groups(self, prompts: list[str]) -> list[slice]:
+        """Runs of consecutive responses to the same prompt (one run each without group)."""
+        if not self.group:
+            return [slice(i, i + 1) for i in range(len(prompts))]
+        cuts, start = [], 0
+        for i in range(1, len(prompts) + 1):
+            if i == len(prompts) or prompts[i] != prompts[start]:
+                cuts.append(slice(start, i))
+                start = i
+        return cuts
+
+    def _text(self, prompts: list[str], responses: list[str], answers: list[Any], c: slice) -> str:
+        answer = answers[c.start]
+        values = {
+            "prompt": prompts[c.start],
+            "answer": "(none given)" if answer is None else str(answer),
+            "low": self.low,
+            "high": self.high,
+        }
+        if self.group:
+            mine = responses[c]
+            listed = "\n\n".join(f"Reply {k + 1}:\n{r}" for k, r in enumerate(mine))
+            return self.template.format(**values, responses=listed, count=len(mine))
+        words = {"positive": self.positive[0], "negative": self.negative[0]}
+        return self.template.format(**values, **words, response=responses[c.start])
+
+    @staticmethod
+    def _content(answer: Any) -> str:
+        try:
+            content = answer["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise _Bad("answered no choices[0].message.content") from None
+        if not isinstance(content, str):
+            raise _Bad("answered a message whose content is no text")
+        return content
+
+    def _parse(self, content: str, n: int) -> list[float | None]:
+        if self.group:
+            return parse_group(content, n, self.low, self.high)
+        args = (self.mode, self.low, self.high, self.positive, self.negative)
+        return [parse_score(content, *args)]
+
+    def __call__(self, prompts: list[str], responses: list[str], **fields: Any) -> Scored:
+        answers: list[Any] = [None] * len(responses)
+        if self.field is not None and self.field in fields:
+            answers = list(fields[self.field])
+        cuts = self._groups(prompts)
+        requests = [self._request(self._text(prompts, responses, answers, c)) for c in cuts]
+        replies = self.client.post_all(requests, stop=self.on_error == "stop")
+        scores: list[float] = []
+        unparsed: list[bool] = []
+        failed: list[bool] = []
+        for c, reply in zip(cuts, replies, strict=True):
+            n = c.stop - c.start
+            try:
+                if isinstance(reply, RemoteError):
+                    raise reply
+                parsed = self._parse(self._content(reply), n)
+            except (_Bad, RemoteError) as exc:
+                if self.on_error == "stop":
+                    if isinstance(exc, RemoteError):
+                        raise
+                    raise RemoteError(f"the judge reward: {_shown(self.endpoint)}: {exc}") from None
+                scores += [0.0] * n
+                unparsed += [False] * n
+                failed += [True] * n
+                continue
+            scores += [self.unparsed if p is None else p for p in parsed]
+            unparsed += [p is None for p in parsed]
+            failed += [False] * n
+        flags: dict[str, list[bool]] = {"unparsed": unparsed}
+        if self.on_error == "zero":
+            flags["failed"] = failed
+        return Scored(scores, flags)
+
+    def __repr__(self) -> str:
+        return f"JudgeReward({_shown(self.endpoint)!r}, model={self.model!r})"

@@ -1,0 +1,163 @@
+"""The ``code_tests`` reward: programs scored by the fraction of their row's tests they pass
+(never by an exit status), and hostile programs in its sandbox, each scoring 0 and leaving
+the machine as it was: a fork bomb, endless output, a memory bomb, reading a file outside
+its folder and the home folder, writing outside it, opening sockets (to this machine and
+beyond), sleeping forever. Without bubblewrap the reward refuses to start unless the spec
+and the run both say unsafe.
+
+These tests need bubblewrap (``apt-get install bubblewrap``; CI installs it): without it
+they skip, except where ``PPOKIT_REQUIRE_SANDBOX=1`` (CI sets it): then they fail."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ppokit.components.reward.sandbox import UNSAFE_ENV, extract_program, sandbox_problem
+from ppokit.errors import UserError
+from tests.helpers.components import make
+
+PROBLEM = sandbox_problem("/usr/bin/python3")
+if PROBLEM is not None and os.environ.get("PPOKIT_REQUIRE_SANDBOX") == "1":
+    raise RuntimeError(f"PPOKIT_REQUIRE_SANDBOX=1 but {PROBLEM}")
+needs_sandbox = pytest.mark.skipif(PROBLEM is not None, reason=str(PROBLEM))
+
+ADD = "def add(a, b):\n    return a + b\n"
+TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
+
+
+def _score(programs: list[str], tests: list[str] = TESTS, **params) -> list[float]:
+    reward = make("reward", "code_tests", **{"timeout": 10.0, **params})
+    out = reward(["p"] * len(programs), programs, tests=[tests] * len(programs))
+    return out.scores
+
+
+@needs_sandbox
+def test_the_fraction_of_tests_passed() -> None:
+    programs = [
+        ADD,
+        "def add(a, b):\n    return 4 if a == 2 else a - b\n",  # passes 1 of 3
+        "```python\n" + ADD + "```\nThis adds.",  # a fenced block
+        "def add(a, b):\n    raise SystemExit(0)\n",  # every test exits 0: no test passes
+        "import sys\nsys.exit(0)\n",  # the program exits 0 before any test
+        "import os\nos._exit(0)\n",  # the process ends with status 0, no report
+        "def add(a, b:\n",  # a syntax error
+        "def add(a, b):\n    return a + b\nprint('ok'); input()\n",  # stdin is empty: EOFError
+    ]
+    assert _score(programs) == [1.0, 1 / 3, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+
+
+@needs_sandbox
+def test_tests_as_json_text_and_a_row_without_tests() -> None:
+    reward = make("reward", "code_tests")
+    out = reward(["p", "p"], [ADD, ADD], tests=['["assert add(1, 1) == 2"]', []])
+    assert out.scores == [1.0, 0.0]
+    with pytest.raises(UserError, match="must hold a list of Python statements"):
+        reward(["p"], [ADD], tests=[{"a": 1}])
+    with pytest.raises(UserError, match="needs the field 'tests'"):
+        reward(["p"], [ADD])
+
+
+def _ours() -> set[int]:
+    """Processes of the sandbox's user now (nobody's, when the tests run as root)."""
+    uid = 65534 if os.geteuid() == 0 else os.getuid()
+    found = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        if f"\nUid:\t{uid}\t" in text:
+            found.add(int(status.parent.name))
+    return found
+
+
+@needs_sandbox
+def test_hostile_programs_score_zero_and_leave_the_machine_as_it_was(tmp_path: Path) -> None:
+    # a folder anyone may read and write: only the sandbox keeps the programs out of it
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for folder in (shared, *shared.parents):
+        if str(folder).startswith(tempfile.gettempdir() + "/"):
+            folder.chmod(folder.stat().st_mode | 0o755)
+    shared.chmod(0o777)
+    secret = shared / "secret.txt"
+    secret.write_text("the secret")
+    secret.chmod(0o644)
+    outside = shared / "pwned"
+    with socket.socket() as listener:  # a server on this machine's loopback
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.settimeout(0.1)
+        port = listener.getsockname()[1]
+        accepted: list[object] = []
+        stop = threading.Event()
+
+        def accept() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(OSError):
+                    accepted.append(listener.accept())
+
+        watcher = threading.Thread(target=accept)
+        watcher.start()
+        hostile = {
+            "fork bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+            "endless output": "while True:\n    print('x' * 4096)\n",
+            "endless file": "with open('big', 'w') as f:\n    while True:\n        f.write('x' * 65536)\n",
+            "memory bomb": "blob = bytearray(1 << 40)\n" + ADD,
+            "reads outside": f"SECRET = open({str(secret)!r}).read()\n" + ADD,
+            "reads home": "import os\nSECRET = os.listdir(os.path.expanduser('~root'))\n" + ADD,
+            "writes outside": f"open({str(outside)!r}, 'w').write('x')\n" + ADD,
+            "local socket": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 2)\n"
+            + ADD,
+            "remote socket": "import socket\nsocket.create_connection(('1.1.1.1', 53), 2)\n" + ADD,
+            "sleeps": "import time\ntime.sleep(10 ** 6)\n" + ADD,
+            "forks and sleeps": "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+            "    time.sleep(10 ** 6)\n" + ADD + "add = None\n",
+        }
+        before = _ours()
+        temp_before = set(Path(tempfile.gettempdir()).glob("ppokit-code-*"))
+        reward = make(
+            "reward", "code_tests", timeout=2.0, processes=8, memory_mb=256, concurrency=4
+        )
+        out = reward(["p"] * len(hostile), list(hostile.values()), tests=[TESTS] * len(hostile))
+        stop.set()
+        watcher.join()
+    assert dict(zip(hostile, out.scores, strict=True)) == dict.fromkeys(hostile, 0.0)
+    stopped = dict(zip(hostile, out.flags["timed_out"], strict=True))
+    assert stopped["sleeps"] and stopped["fork bomb"] and not stopped["reads outside"]
+    assert not accepted  # no connection reached this machine's server
+    assert not outside.exists() and secret.read_text() == "the secret"
+    deadline = time.monotonic() + 10  # the kernel ends a namespace's processes at once
+    while not _ours() <= before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ours() <= before  # every process of every sandbox is gone
+    assert set(Path(tempfile.gettempdir()).glob("ppokit-code-*")) <= temp_before
+
+
+def test_extract_program() -> None:
+    assert extract_program("no fence") == "no fence"
+    text = "first\n```py\na = 1\n```\nthen\n```python\nb = 2\n```\n"
+    assert extract_program(text) == "b = 2\n"
+
+
+def test_without_isolation_it_refuses_unless_spec_and_run_say_unsafe(monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap
+    monkeypatch.delenv(UNSAFE_ENV, raising=False)
+    with pytest.raises(UserError) as info:
+        make("reward", "code_tests")
+    text = str(info.value)
+    assert "bubblewrap is not installed" in text and "unsafe: true" in text and "\n" not in text
+    with pytest.raises(UserError, match=f"no {UNSAFE_ENV}=1"):
+        make("reward", "code_tests", unsafe=True)
+    monkeypatch.setenv(UNSAFE_ENV, "1")
+    reward = make("reward", "code_tests", unsafe=True, timeout=10.0)
+    assert not reward.isolated
+    assert reward(["p"] * 2, [ADD, "add = None"], tests=[TESTS] * 2).scores == [1.0, 0.0]

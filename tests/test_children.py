@@ -1,0 +1,78 @@
+"""Processes ppokit starts: a child (a sweep's run, a process of ``train --nproc``) imports
+nothing from the working directory, and a command ends when its work is done even if a
+plugin left a thread running that is not a daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ppokit.children import child_env, python_command
+from ppokit.compare import SweepRun, train_command
+from ppokit.launcher import launch_args
+from tests.helpers import ROOT, path_plugin
+
+#: A module named as one ppokit imports, planted in the working directory.
+PLANTED = """\
+from pathlib import Path
+Path(__file__).with_name("planted-ran").touch()
+raise SystemExit("the planted module ran")
+"""
+
+
+def test_a_child_imports_nothing_from_the_working_directory(tmp_path: Path) -> None:
+    (tmp_path / "typer.py").write_text(PLANTED)
+    (tmp_path / "rich.py").write_text(PLANTED)
+    done = subprocess.run(
+        python_command(["--version"]),
+        cwd=tmp_path,
+        env=child_env(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.startswith("ppokit "), done.stderr
+    assert not (tmp_path / "planted-ran").exists()
+
+
+def test_the_sweeps_and_the_launchers_children_are_started_so(tmp_path: Path) -> None:
+    run = SweepRun("a", 0, tmp_path / "run", tmp_path / "a.yaml", rounds=1, action="new")
+    argv = train_command(run, [])
+    assert argv[:3] == python_command([]) and "-m" not in argv
+    args = launch_args(2, ["train", "spec.yaml"])
+    assert args[args.index("--no-python") + 1 :] == python_command(["train", "spec.yaml"])
+
+
+#: A plugin whose import starts a thread that is not a daemon and never ends.
+LINGERS = """\
+import threading
+import time
+
+import ppokit
+
+threading.Thread(target=time.sleep, args=(3600,), name="plugin-poller").start()
+
+
+@ppokit.hookimpl
+def ppokit_register(register):
+    register(ppokit.Component("advantage", "lingering", "ppokit_lingers", summary="lingers"))
+"""
+
+
+def test_a_command_ends_when_a_plugin_left_a_thread_running(tmp_path: Path) -> None:
+    site = path_plugin(tmp_path / "site", "ppokit-lingers", "ppokit_lingers", LINGERS, "lingers")
+    env = child_env(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    done = subprocess.run(
+        [sys.executable, "-m", "ppokit", "list", "advantage", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,  # without the fix: Python waits for the thread for an hour
+    )
+    assert done.returncode == 0, done.stderr
+    assert "lingering" in {row["name"] for row in json.loads(done.stdout)}
