@@ -243,7 +243,13 @@ def _updates(w: _Writer, spec: Spec) -> None:
     w.section(7, "Updates")
     w.line(
         f"{t.ppo_epochs} pass(es) over the round's {batch} responses in minibatches of {mb}"
-        + (f" (micro-batches of {t.micro_batch_size})" if t.micro_batch_size else ""),
+        + (f" (micro-batches of {t.micro_batch_size})" if t.micro_batch_size else "")
+        + (
+            f" (micro-batches of at most {t.micro_batch_tokens} tokens"
+            + (", packed into one row each)" if t.pack_sequences else ", by length)")
+            if t.micro_batch_tokens
+            else ""
+        ),
         1,
     )
     lr = f"actor lr {t.actor_lr:g}"

@@ -25,6 +25,7 @@ from ppokit.spec.files import (
     read_spec_file,
 )
 from ppokit.spec.models import (
+    CPU_BF16_MIN_PARAMETERS,
     GENERATED_SOURCES,
     MAX_REWARD_WEIGHT,
     ArithmeticOptions,
@@ -50,6 +51,7 @@ from ppokit.spec.models import (
 from ppokit.spec.overrides import apply_overrides, load_spec
 
 __all__ = [
+    "CPU_BF16_MIN_PARAMETERS",
     "DEMO_SOURCE",
     "DEMO_SPEC",
     "GENERATED_SOURCES",

@@ -210,6 +210,16 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
             f"train.micro_batch_size: must divide the minibatch of {mb} responses, "
             f"got {t.micro_batch_size}"
         )
+    if t.micro_batch_tokens is not None and t.micro_batch_size is not None:
+        errors.append(
+            "train.micro_batch_tokens: set it or train.micro_batch_size, not both (a token "
+            "budget replaces a number of responses)"
+        )
+    if t.pack_sequences and t.micro_batch_tokens is None:
+        errors.append(
+            "train.pack_sequences: packs the sequences of a micro-batch of "
+            "train.micro_batch_tokens tokens: set that budget too"
+        )
     return errors
 
 

@@ -8,19 +8,9 @@ from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
-from ppokit.registry import (
-    Registry,
-    get_registry,
-)
+from ppokit.registry import Registry, get_registry
 from ppokit.slots import SLOTS, slot
 from ppokit.spec.sections import HealthSpec, OutputSpec, ParallelSpec
 from ppokit.spec.sections import Strict as _Strict
@@ -142,6 +132,10 @@ class LoraSpec(_Strict):
     )
 
 
+#: model.dtype auto on a CPU with AMX: bfloat16 from this many actor parameters (it pays).
+CPU_BF16_MIN_PARAMETERS = 1_000_000
+
+
 class ModelSpec(_Strict):
     actor: str = Field(
         "tiny",
@@ -164,7 +158,11 @@ class ModelSpec(_Strict):
         description="'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="'auto': bf16 autocast on CUDA, float32 on CPU"
+        "auto",
+        description="autocast of the trainer's passes (weights, optimizer state, log-probs "
+        "and losses stay float32); 'auto': bfloat16 on CUDA, and on a CPU with AMX bf16 "
+        f"units for an actor of {CPU_BF16_MIN_PARAMETERS / 1e6:g}M parameters or more "
+        "(where it pays: docs/results.md), else float32",
     )
     gradient_checkpointing: bool = Field(
         False, description="recompute activations in the backward pass to save memory"
@@ -475,6 +473,19 @@ class TrainSpec(_Strict):
     )
     micro_batch_size: int | None = Field(
         None, ge=1, description="responses per forward/backward (gradient accumulation)"
+    )
+    micro_batch_tokens: int | None = Field(
+        None, ge=16, le=1 << 24,
+        description="a token budget per forward/backward instead of micro_batch_size: rows "
+        "sorted by length (prompt + response), a micro-batch's rows x its longest row within "
+        "it (a longer row alone), padded to its own longest; every forward pass of the round "
+        "uses them, as many on every process; the loss is the same whatever the grouping",
+    )  # fmt: skip
+    pack_sequences: bool = Field(
+        False,
+        description="with micro_batch_tokens: a micro-batch's sequences packed into one row "
+        "(their sum within the budget; positions restart, no attention mask, no KV cache): "
+        "no padding; refused for a model whose attention mixes packed sequences",
     )
     actor_lr: float = Field(1e-5, gt=0, le=1, description="actor learning rate (AdamW)")
     critic_lr: float = Field(1e-5, gt=0, le=1, description="critic learning rate (AdamW)")

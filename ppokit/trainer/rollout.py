@@ -238,6 +238,23 @@ class Rollout:
 
         return cls._of({f.name: joined(f.name) for f in fields(cls)})
 
+    def cut(self, prompt: int, response: int) -> Rollout:
+        """The same rows without the padding beyond ``prompt`` prompt tokens (the last
+        columns: prompts are left-padded) and ``response`` response positions (the first:
+        responses are right-padded). Positions count real tokens only, so a forward pass
+        sees the same sequences."""
+        p = self.prompt_len - prompt
+        values = {}
+        for f in fields(self):
+            x = getattr(self, f.name)
+            if x is None or x.dim() < 2:
+                values[f.name] = x
+            elif f.name in ("prompt_ids", "prompt_mask"):
+                values[f.name] = x[:, p:]
+            else:
+                values[f.name] = x[:, :response]
+        return Rollout._of(values)
+
     def rows(self, index: Tensor) -> Rollout:
         """The rows ``index`` of every field."""
         return Rollout._of(

@@ -13,8 +13,10 @@
 4. **estimate** on the whole round (gathered on several processes): truncation rule, KL in
    the reward, advantages, critic targets, position mask, prompt weights;
 5. **update**: ``ppo_epochs`` passes of shuffled minibatches, each the sum of its
-   micro-batches' losses (:mod:`~ppokit.trainer.objective`) and one clipped optimizer step
-   per model (:mod:`~ppokit.trainer.optim`); none when step 4 found a NaN;
+   micro-batches' losses (:mod:`~ppokit.trainer.objective`; micro-batches of rows or of a
+   token budget, :mod:`~ppokit.trainer.microbatches`, which step 3's passes use too) and one
+   clipped optimizer step per model (:mod:`~ppokit.trainer.optim`); none when step 4 found
+   a NaN;
 6. **sync**: the engine follows the updated policy.
 
 It works on the run's two objects (:mod:`~ppokit.trainer.setup`): the :class:`Setup` a spec
@@ -45,6 +47,7 @@ from ppokit.trainer.episodes import episode_metrics
 from ppokit.trainer.estimation import estimate_round, round_batch
 from ppokit.trainer.groups import Draw, Filled, fill
 from ppokit.trainer.metrics import Meter, peak_memory_gb
+from ppokit.trainer.microbatches import MicroBatches
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Scores, reads_parts
 from ppokit.trainer.setup import Setup, State
@@ -141,9 +144,10 @@ def run_round(
         # 3. forward passes at the weights that sampled
         setup.reporter.phase("estimating")
         with _timed(timings, "time_logprob"):
+            micro = MicroBatches.of(t, kept.rollout)
             batch = round_batch(
                 kept.rollout, kept.scores.total, baseline, n=n, forwards=setup.forwards,
-                assembly=parts, recompute_logp_old=setup.recompute_logp_old,
+                assembly=parts, recompute_logp_old=setup.recompute_logp_old, micro=micro,
                 parts=kept.scores.columns() if reads_parts(parts.requires) else None,
             )  # fmt: skip
 
@@ -175,21 +179,21 @@ def run_round(
         processes = distributed.world().size
         b = data.batch.batch_size  # this process's rows
         mb = t.minibatch_size // processes if t.minibatch_size else b
-        micro = t.micro_batch_size or mb
         meter = Meter()
         if problem is None:
             setup.forwards.train_mode()
             for _epoch in range(t.ppo_epochs):
-                for idx in torch.randperm(b).to(device).split(mb):
+                for idx, micros in micro.minibatches(torch.randperm(b), mb, device):
                     step = Meter()  # the step's metrics count only if it is taken
                     with counting() as checks:
                         state.optimizers.zero_grad()
                         denoms = setup.objective.denominators(data, idx)
-                        for j in idx.split(micro):  # micro-batches: the minibatch's gradient
-                            share = j.shape[0] / (idx.shape[0] * processes)
+                        for m in micros:  # micro-batches: the minibatch's gradient
+                            share = m.index.shape[0] / (idx.shape[0] * processes)
                             loss = setup.objective.micro_loss(
-                                data, j, denoms, share, state.kl_coef, train_actor, step
-                            )
+                                data, m.index, denoms, share, state.kl_coef, train_actor,
+                                step, m.rollout(data.rollout),
+                            )  # fmt: skip
                             # the gradient reduction averages over the processes
                             (loss * processes if processes > 1 else loss).backward()
                         norms = state.optimizers.clip(t.max_grad_norm, train_actor)

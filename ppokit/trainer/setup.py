@@ -51,7 +51,10 @@ class Setup:
     ) -> Setup:
         """The run's parts, with its rollout engine started (:meth:`close` ends it)."""
         device = models.runtime.device
-        forwards = Forwards(models, spec.rollout.temperature)
+        t = spec.train
+        tokens = t.micro_batch_tokens is not None
+        forwards = Forwards(models, spec.rollout.temperature, tokens, t.pack_sequences)
+        forwards.check_packing()
         encode = PromptEncoder(models.tokenizer, models.actor, device)
         engine = assembly.engine
         mode = spec.rollout.logp_old

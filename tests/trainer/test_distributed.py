@@ -5,7 +5,8 @@ process holding every row and on two processes holding half the rows each (the s
 half's responses shorter, so the processes' batches are padded differently). The
 parameters after the optimizer step and every logged metric agree within 1e-5 (relative),
 for the four aggregations, with and without a critic (separate and shared), with
-micro-batches, with a KL term in the loss, with LoRA (the reference: adapters off) and for
+micro-batches (of a number of rows, or of a token budget, padded or packed, which every
+process runs as many of), with a KL term in the loss, with LoRA (the reference: adapters off) and for
 estimators that whiten over the batch (gae, reinforce_pp) or over groups (grpo, rloo), and
 gdpo, which reads each reward's scores (the gathered [B, K] fields). A
 loss scaled by the number of processes (or its square) changes the logged loss and gradient
@@ -105,6 +106,20 @@ CONFIGS: dict[str, list[str]] = {
         "policy.aggregation=seq_mean_token_mean",
         "advantage=gdpo",
         "critic=null",
+    ],
+    "token_mean, separate critic, micro-batches of 16 tokens, packed": [
+        "policy.aggregation=token_mean",
+        "train.micro_batch_tokens=16",
+        "train.pack_sequences=true",
+    ],
+    "seq_mean_token_mean, multi-turn, kl in the loss, micro-batches of 20 tokens": [
+        "policy.aggregation=seq_mean_token_mean",
+        "rollout.environment=echo",
+        "reward=[]",
+        "kl.estimator=k3",
+        "kl.coef=0.1",
+        "kl.placement=loss",
+        "train.micro_batch_tokens=20",
     ],
     "seq_mean_token_sum_norm, shared critic, clipped grad norm": [
         "policy.aggregation=seq_mean_token_sum_norm",

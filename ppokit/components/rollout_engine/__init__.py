@@ -230,7 +230,8 @@ class VLLMParams(Params):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="the dtype vLLM holds the weights and computes in: 'auto' the run's own "
-        "(model.dtype: float32 on a CPU, bfloat16 on GPUs)",
+        "(model.dtype; its auto: bfloat16 on GPUs and on a CPU with AMX for a model that "
+        "gains, else float32)",
     )
     max_model_len: int | None = Field(
         None,
