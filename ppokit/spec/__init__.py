@@ -13,7 +13,7 @@ reports every error at once, each with its path in the spec:
 Nothing here imports torch or transformers.
 """
 
-from ppokit.spec.checks import MAX_ROUND_POSITIONS, validate_spec
+from ppokit.spec.checks import MAX_ROUND_POSITIONS, spec_warnings, validate_spec
 from ppokit.spec.files import (
     DEMO_SOURCE,
     DEMO_SPEC,
@@ -84,5 +84,6 @@ __all__ = [
     "parse_spec_text",
     "read_demo_spec",
     "read_spec_file",
+    "spec_warnings",
     "validate_spec",
 ]

@@ -407,8 +407,19 @@ class RolloutSpec(_Strict):
         description="where log π_old, the PPO ratio's denominator, comes from: 'forward' "
         "the trainer's own forward pass at the weights that sampled; 'rollout' the log-probs "
         "the engine recorded (μ); 'auto' 'rollout' for an engine that samples from the "
-        "trainer's own actor (hf), else 'forward'",
+        "trainer's own actor (hf, synchronous), else 'forward'",
     )
+    max_staleness: int = Field(
+        0, ge=0, le=64,
+        description="asynchronous rollouts (docs/async.md): S > 0 generates round k's batch "
+        "from the weights after max(0, k - 1 - S) updates while the rounds before it update, "
+        "every row at most S updates old; 0: synchronous",
+    )  # fmt: skip
+    engine_threads: int | None = Field(
+        None, ge=1, le=4096,
+        description="with max_staleness > 0 on a CPU: torch threads of the generation (null: "
+        "half of the cores, one for a model under 10M parameters; model.threads the trainer's)",
+    )  # fmt: skip
 
     def episode_budget(self, max_new_tokens: int | None = None, markup: int = 0) -> int:
         """An episode's budget of response tokens: ``max_episode_tokens``, or room for

@@ -168,6 +168,7 @@ def round_batch(
         env_mask=ro.env_mask,
         reward_parts=None if parts is None else parts[0],
         reward_weights=None if parts is None else parts[1],
+        weight_version=ro.version,
     )
     if ro.turn_rewards is None:
         rewards = torch.where(batch.last_mask, scores[:, None], 0.0)

@@ -92,6 +92,8 @@ def run_round(
     rollout: Rollout | None = None,
     scores: Tensor | Scores | None = None,
     update: bool = True,
+    greedy: Rollout | None = None,
+    sync: bool = True,
 ) -> RoundResult:
     """Round ``round_no`` (1-based) on the data ``rows`` and their ``formatted`` prompts,
     and the batches ``draw`` gives while ``rollout.filter`` has passed too few groups.
@@ -99,6 +101,9 @@ def run_round(
     ``rollout``, ``scores``: the first batch's responses (``rollout.n`` per prompt) and
     their rewards R (or :class:`~ppokit.trainer.scoring.Scores` with each reward's),
     used as if generated and scored. ``update`` False: steps 1-4 only.
+    ``greedy``: the greedy baseline responses of the first batch's prompts, already made.
+    ``sync`` False: the engine is not synced after the update (the asynchronous schedule
+    pushes the weights itself, :mod:`~ppokit.trainer.schedule`).
 
     A non-finite reward or estimate raises :class:`~ppokit.errors.NonFiniteError`, or with
     ``on_nonfinite: skip`` skips the round's update and leaves β as it was; a non-finite
@@ -132,7 +137,8 @@ def run_round(
         baseline = None
         if "baseline_rewards" in parts.requires:  # one greedy response per kept prompt
             with _timed(timings, "time_score", add=True):
-                greedy = sample(kept.formatted, 1, rows=kept.rows, greedy=True)
+                if greedy is None:
+                    greedy = sample(kept.formatted, 1, rows=kept.rows, greedy=True)
                 baseline = setup.scorer.rollout(kept.rows, greedy)[0].total.repeat_interleave(n)
 
         # 3. forward passes at the weights that sampled
@@ -209,8 +215,9 @@ def run_round(
     timings["peak_memory_gb"] = peak_memory_gb(device)
 
     # 6. sync: the engine follows the policy
-    with _timed(timings, "time_sync"):
-        setup.engine.sync()
+    if sync:
+        with _timed(timings, "time_sync"):
+            setup.engine.sync()
     return result
 
 

@@ -84,6 +84,11 @@ CONFIGS: dict[str, list[str]] = {
         "rollout.logp_old=forward",
         "train.micro_batch_size=4",
     ],
+    "token_mean, staleness 1: decoupled token_tis, micro-batches": [
+        "rollout.max_staleness=1",
+        "policy.correction={name: token_tis, cap: 1.03}",
+        "train.micro_batch_size=2",
+    ],
     "seq_mean_token_mean, geo_mask rejects rows": [
         "policy.aggregation=seq_mean_token_mean",
         "policy.correction={name: geo_mask, low: 0.99, high: 1.01}",
@@ -262,7 +267,7 @@ def test_two_processes_update_like_one(two_processes: Path, index: int) -> None:
     assert metrics["grad_norm_actor"] is not None and metrics["policy_loss"] is not None
     different = {k: (metrics[k], other[k]) for k in metrics if not _close(metrics[k], other[k])}
     assert not different
-    if spec.rollout.logp_old == "forward":  # π_old from the trainer, μ off it by noise
+    if spec.rollout.logp_old == "forward" or spec.rollout.max_staleness:  # π_old recomputed
         assert metrics["rollout/mismatch_max"] > 0.01
     if spec.policy.correction.name != "none":  # the correction acts on this round
         assert metrics["rollout/correction_weight_mean"] != 1.0
@@ -372,6 +377,23 @@ def test_demo_on_two_processes_resumes_on_two_and_on_one(tmp_path: Path) -> None
     )
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     assert fresh.stdout.strip().splitlines()[-1] in {"1", "2", "3"}  # it generated
+
+
+@pytest.mark.slow
+def test_asynchronous_rollouts_on_two_processes(tmp_path: Path) -> None:
+    """``rollout.max_staleness: 1`` on 2 processes: each process's hf engine samples from a
+    whole copy gathered from the sharded actor, pushed (gathered again) between its
+    generations; every round's staleness is the whole round's."""
+    run = tmp_path / "run"
+    done = _ppokit(
+        "train", "--nproc", "2", "--out", str(run), "--set", "train.rounds=3",
+        "--set", "rollout.max_staleness=1", "--set", "policy.correction=token_tis", *SMALL_RUN,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/staleness_max"] for r in records] == [0.0, 1.0, 1.0]
+    assert records[0]["rollout/mismatch_max"] < 1e-4  # round 1: the initial weights on both
+    assert all(r["rollout/mismatch_max"] > 1e-3 for r in records[1:])  # one update behind
 
 
 @pytest.mark.slow
