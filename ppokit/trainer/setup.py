@@ -103,6 +103,7 @@ class Setup:
         try:
             self.engine.close()
         finally:
+            self.scorer.close()
             self.assembly.close()
 
 
