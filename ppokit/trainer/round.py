@@ -114,7 +114,7 @@ def run_round(
         got = fill(
             rows, formatted, sample=sample, scorer=setup.scorer, group_filter=parts.filter,
             settings=spec.rollout, timings=timings, phase=setup.reporter.phase, draw=draw,
-            put_back=put_back, rollout=rollout, scores=scores,
+            put_back=put_back, lookahead=setup.lookahead, rollout=rollout, scores=scores,
         )  # fmt: skip
         groups = n if n > 1 and "group_ids" in parts.requires else None
         metrics = generated_metrics(got, groups, device)

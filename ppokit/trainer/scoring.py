@@ -14,13 +14,13 @@ order the calls end in."""
 from __future__ import annotations
 
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from ppokit.bounded import Started, Threads
 from ppokit.components.reward import RESERVED_FIELDS
 from ppokit.errors import UserError
 from ppokit.trainer.assembly import Assembly, as_scores
@@ -131,7 +131,7 @@ class Pending:
         responses: list[str],
         fields: dict[str, list[Any]],
         device: torch.device,
-        started: dict[int, Future[Any]],
+        started: dict[int, Started],
     ) -> None:
         self.rewards = rewards
         self.prompts, self.responses, self.fields = prompts, responses, fields
@@ -169,15 +169,15 @@ def start_texts(
     responses: list[str],
     fields: dict[str, list[Any]],
     device: torch.device,
-    threads: ThreadPoolExecutor | None = None,
+    threads: Threads | None = None,
 ) -> Pending:
     """The scoring of :func:`score_texts` begun: with ``threads``, each reward that waits
     is called on them now; the rest when the result is asked for."""
-    started: dict[int, Future[Any]] = {}
+    started: dict[int, Started] = {}
     if threads is not None:
         for i, (_, fn, _) in enumerate(rewards):
             if waits(fn):
-                started[i] = threads.submit(reply, fn, prompts, responses, fields)
+                started[i] = threads.start(reply, fn, prompts, responses, fields)
     return Pending(rewards, prompts, responses, fields, device, started)
 
 
@@ -190,7 +190,7 @@ class Scorer:
         self.assembly = assembly
         self.tokenizer = tokenizer
         self.device = device
-        self._threads: ThreadPoolExecutor | None = None
+        self._threads: Threads | None = None
 
     @property
     def waits(self) -> bool:
@@ -198,17 +198,17 @@ class Scorer:
         module's docstring): what scoring can overlap."""
         return any(waits(fn) for _, fn, _ in self.assembly.rewards)
 
-    def threads(self) -> ThreadPoolExecutor:
+    def threads(self) -> Threads:
         """The scoring threads: one for each reward that waits, made at the first use."""
         if self._threads is None:
             size = sum(waits(fn) for _, fn, _ in self.assembly.rewards)
-            self._threads = ThreadPoolExecutor(max(1, size), thread_name_prefix="ppokit-score")
+            self._threads = Threads(size, "ppokit-score")
         return self._threads
 
     def close(self) -> None:
         """End the scoring threads (a call under way ends on its own bound)."""
         if self._threads is not None:
-            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads.close()
             self._threads = None
 
     def decode(self, ro: Rollout) -> tuple[list[str], list[int], list[bool], list[str]]:

@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppokit.bounded import Threads
 from ppokit.catalogue import NoParams
 from ppokit.components.reward import Scored
 from ppokit.data import make_prompt_source
@@ -67,15 +68,14 @@ def test_started_scores_are_in_row_order_whatever_the_latency(
     """Rewards on the scoring threads, each sleeping a random time per row, give each
     reward's scores and flags in the rows' order, R their weighted sum (= scoring without
     threads)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     prompts, responses = _batch(sizes)
     b = len(responses)
     delays = data.draw(st.lists(st.floats(0, 0.004), min_size=b, max_size=b))
     fields = {"delay": delays}
     spec = [(f"r{k}", Sleepy(offset=k), 1.0 + k) for k in range(rewards)]
-    with ThreadPoolExecutor(rewards) as threads:
-        got = start_texts(spec, prompts, responses, fields, CPU, threads).result()
+    threads = Threads(rewards, "test-score")
+    got = start_texts(spec, prompts, responses, fields, CPU, threads).result()
+    threads.close()
     plain = start_texts(spec, prompts, responses, {"delay": [0.0] * b}, CPU).result()
     lengths = torch.tensor([len(r) for r in responses], dtype=torch.float32)
     for k in range(rewards):
@@ -152,14 +152,13 @@ def _hangs(prompts: list[str], responses: list[str], **_: Any) -> list[float]:
 
 
 def test_an_error_on_a_scoring_thread_is_one_line() -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     fails = checked("reward", Where("reward", "fails", "tests"), _fails)
     fails.component.blocking = True  # type: ignore[attr-defined]
-    with ThreadPoolExecutor(1) as threads:
-        pending = start_texts([("fails", fails, 1.0)], ["p"], ["r"], {}, CPU, threads)
-        with pytest.raises(ComponentError) as caught:
-            pending.result()
+    threads = Threads(1, "test-score")
+    pending = start_texts([("fails", fails, 1.0)], ["p"], ["r"], {}, CPU, threads)
+    with pytest.raises(ComponentError) as caught:
+        pending.result()
+    threads.close()
     message = str(caught.value)
     assert "\n" not in message and "the verifier said no" in message and "fails" in message
 
@@ -167,17 +166,16 @@ def test_an_error_on_a_scoring_thread_is_one_line() -> None:
 def test_a_timeout_holds_on_a_scoring_thread() -> None:
     """A reward in its worker process, called on a scoring thread, is stopped at
     train.reward_timeout as on the trainer's thread."""
-    from concurrent.futures import ThreadPoolExecutor
-
     hangs = checked("reward", Where("reward", "hangs", "tests"), _hangs, timeout=0.5, workers=2)
     try:
         assert hangs.waits  # two processes: it waits on them
-        with ThreadPoolExecutor(1) as threads:
-            start = time.monotonic()
-            pending = start_texts([("hangs", hangs, 1.0)], ["p", "q"], ["r", "s"], {}, CPU, threads)
-            with pytest.raises(ComponentTimeout, match=r"train\.reward_timeout"):
-                pending.result()
-            assert time.monotonic() - start < 30
+        threads = Threads(1, "test-score")
+        start = time.monotonic()
+        pending = start_texts([("hangs", hangs, 1.0)], ["p", "q"], ["r", "s"], {}, CPU, threads)
+        with pytest.raises(ComponentTimeout, match=r"train\.reward_timeout"):
+            pending.result()
+        assert time.monotonic() - start < 30
+        threads.close()
     finally:
         hangs.close()
 
@@ -266,3 +264,14 @@ def test_pieces_by_hand() -> None:
     assert [n for _, _, n in pieces] == [4, 2]
     assert [n for _, _, n in split_groups((prompts, responses), {}, 3)] == [2, 2, 2]
     assert [n for _, _, n in split_groups((prompts, responses), {}, 1)] == [6]
+
+
+def test_lookahead_by_hand() -> None:
+    """No batch yet: generate ahead; at a run's share of 1/2 passed, a batch ahead is worth
+    it with 0 of 4 groups passed (0 + 2 < 4), not with 2 of 4 (2 + 2 = 4)."""
+    from ppokit.trainer.groups import Lookahead
+
+    ahead = Lookahead()
+    assert ahead.worth(0, 4)
+    ahead.add(2, 4)
+    assert ahead.worth(0, 4) and ahead.worth(1, 4) and not ahead.worth(2, 4)

@@ -1,0 +1,147 @@
+"""Benchmark of scoring overlapped with generation (``rollout.overlap_scoring``): the demo's
+rounds with dynamic sampling and a slow ``http`` reward, with and without the overlap.
+
+The reward is served on loopback by ppokit's own reward-server application (uvicorn on a
+thread of this process, as ``ppokit reward-server`` runs it): half the demo's prompts (the
+symbols a and b) score 0.5 whatever the response, never informative, the others the
+fraction of the response's characters in a-m; every request sleeps ``--latency`` seconds a
+response, a stand-in for a model or verifier service. The ``http`` reward sends one
+response a request, ``--concurrency`` at a time. The demo spec's rounds
+(``ppokit/specs/demo.yaml``: 16 prompts x 8 responses of 4 tokens, GAE-PPO with a critic) get
+``rollout.filter: informative``, so a round draws several generation batches.
+
+Runs alternate (overlap on, off, on, off, ...), ``--runs`` of each, ``--rounds`` rounds a run;
+every figure is the median over the runs' rounds after each run's first. Printed: seconds a
+round, ``time_generate``, ``time_score`` (the scoring generation did not hide),
+``time_discarded`` (generation ahead the round did not need), generation batches a round,
+and the ratio of round times; and whether the two settings logged the same metrics, timings
+aside (they must).
+
+    flock /tmp/ppokit-heavy.lock python benchmarks/reward_overlap.py [--latency 0.2]
+        [--concurrency 16] [--rounds 4] [--runs 2] [--threads 1] [--set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from ppokit.serve import ScoreService, bind, build_app
+from ppokit.spec import load_spec
+from ppokit.trainer import train
+from ppokit.trainer.metrics import TIMING, read_metrics
+
+DEMO = Path(__file__).resolve().parents[1] / "ppokit" / "specs" / "demo.yaml"
+
+
+def slow_half_constant(latency: float) -> Any:
+    def reward(
+        prompts: list[str], responses: list[str], answer: list[str], **_: Any
+    ) -> list[float]:
+        time.sleep(latency * len(responses))
+        return [
+            0.5 if s in "ab" else sum("a" <= ch <= "m" for ch in r) / max(1, len(r))
+            for r, s in zip(responses, answer, strict=True)
+        ]
+
+    return reward
+
+
+@contextmanager
+def served(latency: float, concurrency: int) -> Iterator[str]:
+    service = ScoreService([("slow", slow_half_constant(latency), 1.0)])
+    app = build_app(service, service.health, max_request_mb=64, concurrency=concurrency)
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/score"
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
+KEYS = ("time_round", "time_generate", "time_score", "time_discarded")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], help="a spec override, KEY=VALUE")
+    args = parser.parse_args()
+    figures: dict[bool, dict[str, list[float]]] = {on: {} for on in (True, False)}
+    logged: dict[bool, list[list[dict[str, Any]]]] = {True: [], False: []}
+    with served(args.latency, args.concurrency) as url, tempfile.TemporaryDirectory() as tmp:
+        for run in range(args.runs):
+            for on in (True, False):
+                out = Path(tmp) / f"{'on' if on else 'off'}-{run}"
+                reward = (
+                    f"reward={{name: http, url: '{url}', chunk_size: 1, "
+                    f"concurrency: {args.concurrency}}}"
+                )
+                spec = load_spec(
+                    DEMO,
+                    [
+                        reward,
+                        f"output.dir={out}",
+                        f"train.rounds={args.rounds}",
+                        "rollout.filter=informative",
+                        "rollout.max_generation_batches=4",
+                        f"rollout.overlap_scoring={str(on).lower()}",
+                        f"model.threads={args.threads}",
+                        "output.save_every=1000",
+                        "eval=null",
+                        *args.set,
+                    ],
+                )
+                train(spec)
+                records = read_metrics(out)
+                logged[on].append(
+                    [
+                        {k: v for k, v in r.items() if k not in TIMING and k != "time_discarded"}
+                        for r in records
+                    ]
+                )
+                for r in records[1:]:
+                    for key in (*KEYS, "rollout/generation_batches"):
+                        figures[on].setdefault(key, []).append(float(r.get(key) or 0.0))
+    print(
+        f"demo rounds, rollout.filter informative, http reward at {args.latency:g} s a "
+        f"response, {args.concurrency} requests at once; {args.runs} runs of {args.rounds} "
+        f"rounds each setting, interleaved; medians of rounds 2-{args.rounds}"
+        + (f"; {' '.join(args.set)}" if args.set else "")
+    )
+    print("| overlap_scoring | s / round | time_generate | time_score | time_discarded | batches |")
+    print("|---|---:|---:|---:|---:|---:|")
+    median = {on: {k: statistics.median(v) for k, v in figures[on].items()} for on in figures}
+    for on in (False, True):
+        m = median[on]
+        print(
+            f"| {str(on).lower()} | {m['time_round']:.2f} | {m['time_generate']:.2f} | "
+            f"{m['time_score']:.2f} | {m['time_discarded']:.2f} | "
+            f"{m['rollout/generation_batches']:g} |"
+        )
+    ratio = median[False]["time_round"] / median[True]["time_round"]
+    print(f"\nround time without / with the overlap: {ratio:.2f}x")
+    same = logged[True] == logged[False]
+    print(f"the same metrics (timings aside) with and without: {same}")
+
+
+if __name__ == "__main__":
+    main()
