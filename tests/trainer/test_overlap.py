@@ -275,3 +275,26 @@ def test_lookahead_by_hand() -> None:
     assert ahead.worth(0, 4)
     ahead.add(2, 4)
     assert ahead.worth(0, 4) and ahead.worth(1, 4) and not ahead.worth(2, 4)
+
+
+def test_ctrl_c_while_a_reward_is_scored_ends_the_wait() -> None:
+    """A Ctrl-C on the trainer's thread while it waits for a reward on a scoring thread is
+    a KeyboardInterrupt there at once; closing the reward ends its worker and the thread."""
+    import os
+    import signal
+    import threading
+
+    hangs = checked("reward", Where("reward", "hangs", "tests"), _hangs, timeout=60, workers=2)
+    threads = Threads(1, "test-score")
+    try:
+        pending = start_texts([("hangs", hangs, 1.0)], ["p", "q"], ["r", "s"], {}, CPU, threads)
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        start = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            pending.result()
+        assert time.monotonic() - start < 30
+    finally:
+        hangs.close()
+        threads.close()
+    assert all(pid is None for pid in hangs.pool.pids)
