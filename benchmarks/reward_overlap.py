@@ -1,10 +1,10 @@
 """Benchmark of scoring overlapped with generation (``rollout.overlap_scoring``): the demo's
 rounds with dynamic sampling and a slow ``http`` reward, with and without the overlap.
 
-The reward is served on loopback by ppokit's own reward-server application (uvicorn on a
-thread of this process, as ``ppokit reward-server`` runs it): half the demo's prompts (the
-symbols a and b) score 0.5 whatever the response, never informative, the others the
-fraction of the response's characters in a-m; every request sleeps ``--latency`` seconds a
+The reward is served on loopback by ``ppokit reward-server`` in a process of its own (the
+``python`` reward, on the server's threads): half the demo's prompts (the symbols a and b)
+score 0.5 whatever the response, never informative, the others the fraction of the
+response's characters in a-m; every request sleeps ``--latency`` seconds a
 response, a stand-in for a model or verifier service. The ``http`` reward sends one
 response a request, ``--concurrency`` at a time. The demo spec's rounds
 (``ppokit/specs/demo.yaml``: 16 prompts x 8 responses of 4 tokens, GAE-PPO with a critic) get
@@ -24,18 +24,21 @@ aside (they must).
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import uvicorn
+import httpx
 
-from ppokit.serve import ScoreService, bind, build_app
 from ppokit.spec import load_spec
 from ppokit.trainer import train
 from ppokit.trainer.metrics import TIMING, read_metrics
@@ -56,21 +59,42 @@ def slow_half_constant(latency: float) -> Any:
     return reward
 
 
+def served_reward(prompts: list[str], responses: list[str], **fields: Any) -> list[float]:
+    """What ``ppokit reward-server python`` serves: :func:`slow_half_constant` at the
+    latency in ``$REWARD_OVERLAP_LATENCY``."""
+    latency = float(os.environ["REWARD_OVERLAP_LATENCY"])
+    return slow_half_constant(latency)(prompts, responses, **fields)  # type: ignore[no-any-return]
+
+
 @contextmanager
 def served(latency: float, concurrency: int) -> Iterator[str]:
-    service = ScoreService([("slow", slow_half_constant(latency), 1.0)])
-    app = build_app(service, service.health, max_request_mb=64, concurrency=concurrency)
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
+    """``ppokit reward-server`` serving :func:`served_reward` in a process of its own, its
+    calls on its own threads (``train.reward_timeout: null``), ``concurrency`` at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable, "-m", "ppokit.cli", "reward-server", "python",
+        "-p", f"function={Path(__file__).resolve()}:served_reward",
+        "--set", "train.reward_timeout=null", "--port", str(port),
+        "--concurrency", str(concurrency), "--max-pending", "1024",
+    ]  # fmt: skip
+    env = {**os.environ, "REWARD_OVERLAP_LATENCY": str(latency)}
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/score"
+        while True:
+            if server.poll() is not None:
+                raise SystemExit("ppokit reward-server ended before it answered")
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield f"{url}/score"
     finally:
-        server.should_exit = True
-        thread.join()
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
 
 
 KEYS = ("time_round", "time_generate", "time_score", "time_discarded")
