@@ -97,7 +97,14 @@ def served(latency: float, concurrency: int) -> Iterator[str]:
         server.wait(30)
 
 
-KEYS = ("time_round", "time_generate", "time_score", "time_discarded")
+KEYS = (
+    "time_round",
+    "time_generate",
+    "time_score",
+    "time_discarded",
+    "time_logprob",
+    "time_update",
+)
 
 
 def main() -> None:
@@ -151,15 +158,18 @@ def main() -> None:
         f"rounds each setting, interleaved; medians of rounds 2-{args.rounds}"
         + (f"; {' '.join(args.set)}" if args.set else "")
     )
-    print("| overlap_scoring | s / round | time_generate | time_score | time_discarded | batches |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| overlap_scoring | s / round | time_generate | time_score | time_discarded | "
+        "time_logprob + time_update | batches |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     median = {on: {k: statistics.median(v) for k, v in figures[on].items()} for on in figures}
     for on in (False, True):
         m = median[on]
         print(
             f"| {str(on).lower()} | {m['time_round']:.2f} | {m['time_generate']:.2f} | "
             f"{m['time_score']:.2f} | {m['time_discarded']:.2f} | "
-            f"{m['rollout/generation_batches']:g} |"
+            f"{m['time_logprob'] + m['time_update']:.2f} | {m['rollout/generation_batches']:g} |"
         )
     ratio = median[False]["time_round"] / median[True]["time_round"]
     print(f"\nround time without / with the overlap: {ratio:.2f}x")
