@@ -105,10 +105,11 @@ def finished(out: Path, rounds: int) -> bool:
 
 def value_error(spec: Spec, out: Path, rounds: int) -> tuple[float, float]:
     """(mean |Y - V|, sqrt(mean (Y - V)^2)) of the run's final checkpoint on fresh rollouts."""
-    from ppokit.data import format_prompts, make_prompt_source
+    from ppokit.data import make_prompt_source
     from ppokit.trainer.assembly import Assembly
     from ppokit.trainer.checkpoint import load_checkpoint
     from ppokit.trainer.models import build_models
+    from ppokit.trainer.prompts import format_prompts
     from ppokit.trainer.round import run_round
     from ppokit.trainer.setup import Setup, State
 

@@ -33,11 +33,12 @@ from pathlib import Path
 
 import torch
 
-from ppokit.data import format_prompts, make_prompt_source
+from ppokit.data import make_prompt_source
 from ppokit.spec import load_spec
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.models import build_models
+from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.round import run_round
 from ppokit.trainer.setup import Setup, State
 

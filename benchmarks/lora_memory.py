@@ -69,10 +69,11 @@ def run_config(config: str) -> dict[str, Any]:
     """Build and run one configuration in this process."""
     import torch
 
-    from ppokit.data import format_prompts, make_prompt_source
+    from ppokit.data import make_prompt_source
     from ppokit.spec import validate_spec
     from ppokit.trainer.assembly import Assembly
     from ppokit.trainer.models import build_models
+    from ppokit.trainer.prompts import format_prompts
     from ppokit.trainer.round import run_round
     from ppokit.trainer.setup import Setup, State
 

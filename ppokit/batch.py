@@ -70,6 +70,8 @@ class RolloutBatch:
         reward_parts [B,K] float | None: each reward's own score r_k, one column per reward
             of the spec in its order (an environment's turn rewards last).
         reward_weights [B,K] float | None: each column's weight w_k in R = Σ_k w_k r_k.
+        weight_version [B] long | None: the version of the weights that generated the row
+            (the number of updates before them; docs/async.md).
     """
 
     response_mask: Tensor
@@ -85,6 +87,7 @@ class RolloutBatch:
     env_mask: Tensor | None = None
     reward_parts: Tensor | None = None
     reward_weights: Tensor | None = None
+    weight_version: Tensor | None = None
 
     def __post_init__(self) -> None:
         mask = self.response_mask

@@ -55,6 +55,7 @@ from ppokit.spec import (
     apply_overrides,
     load_spec,
     read_demo_spec,
+    spec_warnings,
     validate_spec,
 )
 from ppokit.trainer.display import console_width
@@ -233,17 +234,20 @@ def validate(
     results: list[dict[str, Any]] = []
     for path in specs:
         try:
-            _load(path, overrides)
+            spec = _load(path, overrides)
         except SpecError as exc:
             results.append({"spec": str(path), "valid": False, "errors": exc.errors})
         else:
-            results.append({"spec": str(path), "valid": True, "errors": []})
+            warnings = spec_warnings(spec)
+            results.append({"spec": str(path), "valid": True, "errors": [], "warnings": warnings})
     if as_json:
         _print_json(results)
     else:
         for r in results:
             if r["valid"]:
                 out.print(f"{_show(r['spec'])}: [green]valid[/green]")
+                for line in r["warnings"]:
+                    err.print(f"[yellow]{_show(r['spec'])}: warning: {_show(line)}[/yellow]")
             else:
                 for line in r["errors"]:
                     err.print(f"[red]{_show(r['spec'])}: {_show(line)}[/red]")

@@ -55,6 +55,7 @@ __all__ = [
     "gathered",
     "launched",
     "local_tensor",
+    "max_each",
     "process_group",
     "round_seed",
     "shard_model",
@@ -207,6 +208,19 @@ def max_over_processes(n: int, device: torch.device) -> int:
     t = torch.tensor(n, dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
+
+
+def max_each(values: list[int], device: torch.device) -> list[int]:
+    """Each position's largest value over every process's ``values`` (one collective; each
+    process passes as many)."""
+    if not _WORLD.distributed or not values:
+        return list(values)
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [int(x) for x in t.tolist()]
 
 
 def barrier() -> None:

@@ -45,6 +45,7 @@ EXAMPLES = frozenset(
     {
         "smollm2_arithmetic_ppo",
         "smollm2_arithmetic_cpu",
+        "smollm2_arithmetic_async_cpu",
         "smollm2_arithmetic_ppo_cpu",
         "smollm2_gsm8k_style",
         "echo_multiturn",

@@ -87,7 +87,26 @@ def _rollout(w: _Writer, spec: Spec, source: str | None) -> None:
         + ")"
     )
     w.component("rollout.engine", r.engine)
-    w.line(f"log π_old: {_LOGP_OLD[r.logp_old]} (rollout.logp_old: {r.logp_old})", 1)
+    s = r.max_staleness
+    if not s:
+        w.line(f"log π_old: {_LOGP_OLD[r.logp_old]} (rollout.logp_old: {r.logp_old})", 1)
+    else:
+        w.line(
+            f"asynchronous: round k's batch comes from the weights after max(0, k − {s + 1}) "
+            f"updates (rollout.max_staleness: {s}), generated while the rounds before it "
+            "update",
+            1,
+        )
+        old = (
+            "μ itself (bypass: the ratio and its clip against μ)"
+            if r.logp_old == "rollout"
+            else "a forward pass at the weights the update starts from (decoupled PPO)"
+        )
+        w.line(
+            f"μ: the engine's weights, up to {s} update(s) behind; π_old: {old} "
+            f"(rollout.logp_old: {r.logp_old})",
+            1,
+        )
     if r.environment.name != slot("rollout.environment").default:
         w.component("rollout.environment", r.environment)
         budget = (
@@ -192,6 +211,20 @@ def _actor(w: _Writer, spec: Spec, kl_placement: str | None) -> None:
             1,
         )
         terms = [f"{agg}({p.loss.name}(logp, logp_old, A, mask') · ω[:, None] · c, mask')"]
+    if spec.rollout.max_staleness:
+        if spec.rollout.logp_old == "rollout":
+            gap = "c = 1: π_old is μ itself (bypass), the ratio carries the staleness"
+        elif p.correction.name != slot("policy.correction").default:
+            gap = (
+                f"c = {p.correction.name}(π_old/μ): the weight of the gap between the stale "
+                "sampling weights and π_old"
+            )
+        else:
+            gap = (
+                "c = 1: the gap π_old/μ between the stale sampling weights and π_old is not "
+                "weighted (ppokit validate warns)"
+            )
+        w.line(gap, 1)
     if kl_placement == "loss" and spec.kl is not None:
         terms.append(f"+ {spec.kl.coef:g}·{agg}({spec.kl.estimator.name}(logp, logp_ref), mask')")
     if p.entropy_coef:
@@ -210,7 +243,13 @@ def _updates(w: _Writer, spec: Spec) -> None:
     w.section(7, "Updates")
     w.line(
         f"{t.ppo_epochs} pass(es) over the round's {batch} responses in minibatches of {mb}"
-        + (f" (micro-batches of {t.micro_batch_size})" if t.micro_batch_size else ""),
+        + (f" (micro-batches of {t.micro_batch_size})" if t.micro_batch_size else "")
+        + (
+            f" (micro-batches of at most {t.micro_batch_tokens} tokens"
+            + (", packed into one row each)" if t.pack_sequences else ", by length)")
+            if t.micro_batch_tokens
+            else ""
+        ),
         1,
     )
     lr = f"actor lr {t.actor_lr:g}"

@@ -206,6 +206,8 @@ METRICS: tuple[Metric, ...] = (
     _m("rollout/mismatch_k1", "KL(μ ‖ π_old) per token (k1)"),
     _m("rollout/mismatch_k3", "KL(μ ‖ π_old) per token (k3)"),
     _m("rollout/mismatch_max", "max |log π_old − log μ|"),
+    _m("rollout/staleness_mean", "updates between the sampling weights and the update's"),
+    _m("rollout/staleness_max", "most updates between the sampling weights and the update's"),
     _m("health/", "a sign of docs/health.md fired (1; absent: it did not)", direction="lower"),
     _m(THROUGHPUT, "tokens per second", required=True, summary=True, timing=True),
     _m("peak_memory_gb", "GiB", timing=True),
@@ -215,6 +217,8 @@ METRICS: tuple[Metric, ...] = (
     _m("time_logprob", "seconds", required=True, timing=True),
     _m("time_update", "seconds", required=True, timing=True),
     _m("time_sync", "seconds", timing=True),
+    _m("time_wait_engine", "seconds the trainer waited for the engine", timing=True),
+    _m("time_wait_trainer", "seconds the engine waited for the trainer", timing=True),
     _m(ROUND_TIME, "seconds", required=True, summary=True, timing=True),
     _m("time_eval", "seconds", timing=True),
 )

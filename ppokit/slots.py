@@ -333,6 +333,13 @@ FIELDS: tuple[BatchField, ...] = (
         "the spec's rewards: each column's `weight` w_k (1 for the environment's), the same "
         "on every row; R = Σ_k w_k r_k",
     ),
+    BatchField(
+        "weight_version",
+        "B",
+        "integer",
+        "nothing: the rollout records the version of the weights that generated each row "
+        "(the updates before them; `rollout.max_staleness` at most behind the update's)",
+    ),
 )
 
 _FIELD_BY_NAME = {f.name: f for f in FIELDS}

@@ -32,7 +32,7 @@ __all__ = [
 
 #: Spec keys whose change does not change what a run optimises (a resume may change them).
 FREE_KEYS: tuple[str, ...] = ("output", "eval", "parallel", "health", "train.rounds")
-FREE_KEYS += ("model.device", "model.threads")
+FREE_KEYS += ("model.device", "model.threads", "rollout.engine_threads")
 
 
 def _flat_diff(old: Any, new: Any, path: str, found: list[tuple[str, Any, Any]]) -> None:

@@ -152,6 +152,21 @@ def test_validate_prints_every_error_one_line_each() -> None:
         assert line.startswith(f"{case.path}: ") and expected in line
 
 
+def test_validate_warns_of_asynchronous_rollouts_without_a_correction() -> None:
+    """Valid, exit 0, and one warning line that says what it trains; in --json too."""
+    result = invoke("validate", GRPO, "--set", "rollout.max_staleness=1")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == f"{GRPO}: valid"
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"{GRPO}: warning: policy.correction: none with rollout.max_staleness")
+    record = json.loads(invoke("validate", GRPO, "-s", "rollout.max_staleness=1", "--json").stdout)
+    assert record[0]["valid"] and len(record[0]["warnings"]) == 1
+    fixed = invoke(
+        "validate", GRPO, "-s", "rollout.max_staleness=1", "-s", "policy.correction=token_tis"
+    )
+    assert fixed.exit_code == 0 and not fixed.stderr.strip()
+
+
 def test_validate_json_and_set(tmp_spec: Any) -> None:
     bad = invoke("validate", GRPO, "--set", "rollout.n=1", "--json")
     assert bad.exit_code == 1

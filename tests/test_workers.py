@@ -158,6 +158,7 @@ def test_off_the_main_thread_a_deadline_bounds_nothing() -> None:
     assert seen == ["done"]
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_a_ctrl_c_is_told_from_a_keyboard_interrupt_raised_by_code() -> None:
     import signal
 

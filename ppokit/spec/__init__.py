@@ -13,7 +13,7 @@ reports every error at once, each with its path in the spec:
 Nothing here imports torch or transformers.
 """
 
-from ppokit.spec.checks import MAX_ROUND_POSITIONS, validate_spec
+from ppokit.spec.checks import MAX_ROUND_POSITIONS, spec_warnings, validate_spec
 from ppokit.spec.files import (
     DEMO_SOURCE,
     DEMO_SPEC,
@@ -25,6 +25,7 @@ from ppokit.spec.files import (
     read_spec_file,
 )
 from ppokit.spec.models import (
+    CPU_BF16_MIN_PARAMETERS,
     GENERATED_SOURCES,
     MAX_REWARD_WEIGHT,
     ArithmeticOptions,
@@ -50,6 +51,7 @@ from ppokit.spec.models import (
 from ppokit.spec.overrides import apply_overrides, load_spec
 
 __all__ = [
+    "CPU_BF16_MIN_PARAMETERS",
     "DEMO_SOURCE",
     "DEMO_SPEC",
     "GENERATED_SOURCES",
@@ -82,5 +84,6 @@ __all__ = [
     "parse_spec_text",
     "read_demo_spec",
     "read_spec_file",
+    "spec_warnings",
     "validate_spec",
 ]

@@ -188,6 +188,12 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
         errors.extend(missing)
         if entry.check is not None and not missing:
             errors.extend(_entry_check(path, kind, comp, entry, spec, registry))
+    if ro.max_staleness and ro.filter.name != "none":
+        errors.append(
+            f"rollout.filter: dynamic sampling ({ro.filter.name}) decides during a round how "
+            "many batches to generate, which batches generated ahead cannot follow: set "
+            "rollout.filter: none or rollout.max_staleness: 0"
+        )
     if t.critic_warmup_rounds and spec.critic is None:
         errors.append(
             "train.critic_warmup_rounds: critic-only rounds need a critic: add a 'critic' "
@@ -204,7 +210,37 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
             f"train.micro_batch_size: must divide the minibatch of {mb} responses, "
             f"got {t.micro_batch_size}"
         )
+    if t.micro_batch_tokens is not None and t.micro_batch_size is not None:
+        errors.append(
+            "train.micro_batch_tokens: set it or train.micro_batch_size, not both (a token "
+            "budget replaces a number of responses)"
+        )
+    if t.pack_sequences and t.micro_batch_tokens is None:
+        errors.append(
+            "train.pack_sequences: packs the sequences of a micro-batch of "
+            "train.micro_batch_tokens tokens: set that budget too"
+        )
     return errors
+
+
+def spec_warnings(spec: Spec) -> list[str]:
+    """``path: message`` lines of what a valid spec trains that its author may not expect
+    (``ppokit validate`` and ``ppokit train`` show them): asynchronous rollouts without a
+    rollout correction."""
+    ro = spec.rollout
+    if not ro.max_staleness or spec.policy.correction.name != "none":
+        return []
+    s = ro.max_staleness
+    against = (
+        "the PPO ratio and its clip are taken against the engine's log μ itself"
+        if ro.logp_old == "rollout"
+        else "the PPO ratio and its clip are taken against π_old at the update's weights, and "
+        "the gap π_old/μ is not weighted"
+    )
+    return [
+        f"policy.correction: none with rollout.max_staleness {s}: rows come from weights up "
+        f"to {s} update(s) old; {against} (docs/async.md); e.g. policy.correction: token_tis"
+    ]
 
 
 def _raw_slots(data: dict[str, Any]) -> Iterator[tuple[str, str, ComponentSpec]]:

@@ -8,19 +8,9 @@ from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
-from ppokit.registry import (
-    Registry,
-    get_registry,
-)
+from ppokit.registry import Registry, get_registry
 from ppokit.slots import SLOTS, slot
 from ppokit.spec.sections import HealthSpec, OutputSpec, ParallelSpec
 from ppokit.spec.sections import Strict as _Strict
@@ -142,6 +132,10 @@ class LoraSpec(_Strict):
     )
 
 
+#: model.dtype auto on a CPU with AMX: bfloat16 from this many actor parameters (it pays).
+CPU_BF16_MIN_PARAMETERS = 1_000_000
+
+
 class ModelSpec(_Strict):
     actor: str = Field(
         "tiny",
@@ -164,7 +158,11 @@ class ModelSpec(_Strict):
         description="'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="'auto': bf16 autocast on CUDA, float32 on CPU"
+        "auto",
+        description="autocast of the trainer's passes (weights, optimizer state, log-probs "
+        "and losses stay float32); 'auto': bfloat16 on CUDA, and on a CPU with AMX bf16 "
+        f"units for an actor of {CPU_BF16_MIN_PARAMETERS / 1e6:g}M parameters or more "
+        "(where it pays: docs/results.md), else float32",
     )
     gradient_checkpointing: bool = Field(
         False, description="recompute activations in the backward pass to save memory"
@@ -418,8 +416,19 @@ class RolloutSpec(_Strict):
         description="where log π_old, the PPO ratio's denominator, comes from: 'forward' "
         "the trainer's own forward pass at the weights that sampled; 'rollout' the log-probs "
         "the engine recorded (μ); 'auto' 'rollout' for an engine that samples from the "
-        "trainer's own actor (hf), else 'forward'",
+        "trainer's own actor (hf, synchronous), else 'forward'",
     )
+    max_staleness: int = Field(
+        0, ge=0, le=64,
+        description="asynchronous rollouts (docs/async.md): S > 0 generates round k's batch "
+        "from the weights after max(0, k - 1 - S) updates while the rounds before it update, "
+        "every row at most S updates old; 0: synchronous",
+    )  # fmt: skip
+    engine_threads: int | None = Field(
+        None, ge=1, le=4096,
+        description="with max_staleness > 0 on a CPU: torch threads of the generation (null: "
+        "half of the cores, one for a model under 10M parameters; model.threads the trainer's)",
+    )  # fmt: skip
 
     def episode_budget(self, max_new_tokens: int | None = None, markup: int = 0) -> int:
         """An episode's budget of response tokens: ``max_episode_tokens``, or room for
@@ -473,6 +482,19 @@ class TrainSpec(_Strict):
     )
     micro_batch_size: int | None = Field(
         None, ge=1, description="responses per forward/backward (gradient accumulation)"
+    )
+    micro_batch_tokens: int | None = Field(
+        None, ge=16, le=1 << 24,
+        description="a token budget per forward/backward instead of micro_batch_size: rows "
+        "sorted by length (prompt + response), a micro-batch's rows x its longest row within "
+        "it (a longer row alone), padded to its own longest; every forward pass of the round "
+        "uses them, as many on every process; the loss is the same whatever the grouping",
+    )  # fmt: skip
+    pack_sequences: bool = Field(
+        False,
+        description="with micro_batch_tokens: a micro-batch's sequences packed into one row "
+        "(their sum within the budget; positions restart, no attention mask, no KV cache): "
+        "no padding; refused for a model whose attention mixes packed sequences",
     )
     actor_lr: float = Field(1e-5, gt=0, le=1, description="actor learning rate (AdamW)")
     critic_lr: float = Field(1e-5, gt=0, le=1, description="critic learning rate (AdamW)")

@@ -25,6 +25,7 @@ from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.checks import count
 from ppokit.trainer.forwards import Forwards
+from ppokit.trainer.microbatches import MicroBatches
 from ppokit.trainer.rollout import Rollout
 
 __all__ = [
@@ -143,6 +144,7 @@ def round_batch(
     assembly: Assembly,
     recompute_logp_old: bool,
     parts: tuple[Tensor, Tensor] | None = None,
+    micro: MicroBatches | None = None,
 ) -> RolloutBatch:
     """The round's batch: R on each response's last token (a multi-turn episode's turn
     rewards on its turns' last tokens, the rest of its R on its last token; its
@@ -150,7 +152,8 @@ def round_batch(
     ``n`` responses, and (no-grad forwards) log π_old (the engine's log μ unless
     ``recompute_logp_old``), the critic's values with the value after each row's last token,
     and log π_ref; ``parts``: each reward's scores and weights, ``[B, K]`` each (the
-    batch's ``reward_parts`` and ``reward_weights``)."""
+    batch's ``reward_parts`` and ``reward_weights``); by a token budget (``micro``),
+    each pass over its micro-batches."""
     mask = ro.response_mask
     b = mask.shape[0]
     device = mask.device
@@ -165,6 +168,7 @@ def round_batch(
         env_mask=ro.env_mask,
         reward_parts=None if parts is None else parts[0],
         reward_weights=None if parts is None else parts[1],
+        weight_version=ro.version,
     )
     if ro.turn_rewards is None:
         rewards = torch.where(batch.last_mask, scores[:, None], 0.0)
@@ -173,6 +177,9 @@ def round_batch(
         rewards = ro.turn_rewards + torch.where(batch.last_mask, outcome[:, None], 0.0)
     batch = batch.replace(token_rewards=rewards)
     models = forwards.models
+    if micro is not None and micro.budget is not None:
+        with torch.no_grad():
+            return _by_micro_batches(batch, ro, micro, forwards, assembly, recompute_logp_old)
     with torch.no_grad():
         if recompute_logp_old:
             batch = batch.replace(logp_old=forwards.policy_logprobs(ro) * mask)
@@ -185,6 +192,49 @@ def round_batch(
             )
         if models.has_reference:
             batch = batch.replace(logp_ref=forwards.reference_logprobs(ro) * mask)
+    return batch
+
+
+def _by_micro_batches(
+    batch: RolloutBatch,
+    ro: Rollout,
+    micro: MicroBatches,
+    forwards: Forwards,
+    assembly: Assembly,
+    recompute_logp_old: bool,
+) -> RolloutBatch:
+    """:func:`round_batch`'s no-grad passes over the micro-batches of a token budget, each
+    cut to its own rows' lengths; the results placed back in the round's ``[B, T]``."""
+    models, mask = forwards.models, ro.response_mask
+    b, t = mask.shape
+    logp_old = mask.new_zeros((b, t), dtype=torch.float32) if recompute_logp_old else None
+    logp_ref = mask.new_zeros((b, t), dtype=torch.float32) if models.has_reference else None
+    head_out = None
+    if logp_old is None and logp_ref is None and models.critic is None:
+        return batch  # no pass to run
+    for m in micro.whole(b, mask.device):
+        part = m.rollout(ro)
+        width = part.response_ids.shape[1]
+        if logp_old is not None:
+            logp_old[m.index, :width] = forwards.policy_logprobs(part)
+        if models.critic is not None:
+            shared = forwards.hidden(models.actor, part) if models.shared_critic else None
+            out = forwards.critic_head_out(part, shared)
+            if head_out is None:
+                head_out = out.new_zeros((b, t + 1, out.shape[-1]))
+            head_out[m.index, : width + 1] = out
+        if logp_ref is not None:
+            logp_ref[m.index, :width] = forwards.reference_logprobs(part)
+    if logp_old is not None:
+        batch = batch.replace(logp_old=logp_old * mask)
+    if head_out is not None:
+        v_all = assembly.value(head_out)  # [B, T+1]
+        batch = batch.replace(
+            values=v_all[:, :-1] * mask,
+            bootstrap_values=v_all.gather(1, batch.last_index[:, None] + 1).squeeze(1),
+        )
+    if logp_ref is not None:
+        batch = batch.replace(logp_ref=logp_ref * mask)
     return batch
 
 

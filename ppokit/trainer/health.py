@@ -46,6 +46,9 @@ class Sign:
         return PREFIX + self.name
 
 
+#: The rows' staleness (asynchronous rollouts): the engine's μ then differs from π_old by
+#: the updates between them, and the mismatch sign is not evaluated.
+STALENESS = "rollout/staleness_max"
 #: Every sign, in the order of docs/health.md.
 SIGNS: tuple[Sign, ...] = (
     Sign("zero_variance", "rollout/zero_variance_groups", above=True),
@@ -91,6 +94,8 @@ def condition(
     value = _number(record.get(sign.metric))
     if threshold is None or value is None:
         return None
+    if sign.name == "mismatch" and (_number(record.get(STALENESS)) or 0) > 0:
+        return None  # asynchronous: μ is older weights' by design, not a drifting engine
     if sign.name == "grad_spike":
         norms = [_number(r.get(sign.metric)) for r in before]
         window = [v for v in norms if v is not None][-health.grad_window :]

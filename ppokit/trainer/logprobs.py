@@ -5,17 +5,31 @@ chunk's logits are scaled by 1/temperature and log-softmaxed in float32, and onl
 sampled token's log-prob and the entropy are kept. With gradients enabled each chunk runs
 under ``torch.utils.checkpoint``, so backward recomputes the chunk's logits instead of
 keeping them alive; a call whose logits fit in one chunk (``CHECKPOINT_MIN_ELEMENTS``)
-keeps them instead, which gives the same values without recomputing the LM head.
+keeps them instead, which gives the same values without recomputing the LM head. Where
+even one position's logits over the call's rows pass the chunk (many rows, a large
+vocabulary), the chunks are tiles of positions × vocabulary instead
+(:class:`VocabChunked`: a streaming log-sum-exp forward and a backward that recomputes each
+tile), so memory holds at most one tile's logits whatever the rows and the vocabulary.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["output_head", "position_ids", "response_hidden", "token_logprobs", "trunk_hidden"]
+__all__ = [
+    "VocabChunked",
+    "output_head",
+    "position_ids",
+    "response_hidden",
+    "token_logprobs",
+    "trunk_hidden",
+]
 
 #: Elements of float32 logits one chunk may hold (64 MiB).
 CHUNK_ELEMENTS = 1 << 24
@@ -85,6 +99,12 @@ def token_logprobs(
     b, t = targets.shape
     weight = getattr(head, "weight", None)
     vocab = weight.shape[0] if isinstance(weight, Tensor) else 1
+    if isinstance(head, nn.Linear) and b * vocab > chunk_elements:  # tiles of the vocabulary
+        flat = hidden.reshape(b * t, hidden.shape[-1])
+        logp, ent = VocabChunked.apply(
+            flat, head.weight, head.bias, targets.reshape(-1), temperature, chunk_elements
+        )
+        return logp.view(b, t), (ent.view(b, t) if entropy else None)
     step = max(1, chunk_elements // max(1, b * vocab))
     grad = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in head.parameters())
@@ -110,3 +130,98 @@ def token_logprobs(
         return chunks[0]
     logp = torch.cat([c[0] for c in chunks], 1)
     return logp, (torch.cat([c[1] for c in chunks], 1) if entropy else None)
+
+
+def _tile_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    return F.linear(hidden, weight, bias).float() / temperature
+
+
+class VocabChunked(torch.autograd.Function):
+    """log π(target) and the entropy of π = softmax(head(hidden) / temperature) per row of
+    ``hidden`` ``[M, H]`` (a linear head ``weight`` ``[V, H]``, ``bias``), computed over
+    tiles of at most ``tile`` logits (rows × vocabulary): in forward a streaming
+    log-sum-exp (running max m, s = Σ e^(z−m), u = Σ e^(z−m)·z; lse = m + log s,
+    H = lse − u/s); in backward each tile's logits recomputed, with
+    ∂log π(t)/∂z_k = [k = t] − p_k and ∂H/∂z_k = −p_k·(z_k − lse + H). Float32 statistics;
+    the matrix products run under the caller's autocast, in forward and backward alike."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        temperature: float,
+        tile: int,
+    ) -> tuple[Tensor, Tensor]:
+        m_rows, vocab = hidden.shape[0], weight.shape[0]
+        rows = max(1, min(m_rows, tile))
+        cols = max(1, min(vocab, tile // rows))
+        logp = hidden.new_empty(m_rows, dtype=torch.float32)
+        ent = hidden.new_empty(m_rows, dtype=torch.float32)
+        lse_all = hidden.new_empty(m_rows, dtype=torch.float32)
+        for r in range(0, m_rows, rows):  # tiles for memory, not a loop over time steps
+            h, tgt = hidden[r : r + rows], targets[r : r + rows]
+            run_max = h.new_full((h.shape[0],), -math.inf, dtype=torch.float32)
+            s = torch.zeros_like(run_max)
+            u = torch.zeros_like(run_max)
+            picked = torch.zeros_like(run_max)
+            for c in range(0, vocab, cols):
+                b_c = None if bias is None else bias[c : c + cols]
+                z = _tile_logits(h, weight[c : c + cols], b_c, temperature)
+                new_max = torch.maximum(run_max, z.amax(-1))
+                scale = torch.exp(run_max - new_max)
+                e = torch.exp(z - new_max[:, None])
+                s = s * scale + e.sum(-1)
+                u = u * scale + (e * z).sum(-1)
+                run_max = new_max
+                inside = (tgt >= c) & (tgt < c + z.shape[1])
+                local = (tgt - c).clamp(0, z.shape[1] - 1)
+                picked = torch.where(inside, z.gather(1, local[:, None])[:, 0], picked)
+            lse = run_max + torch.log(s)
+            lse_all[r : r + rows] = lse
+            logp[r : r + rows] = picked - lse
+            ent[r : r + rows] = lse - u / s
+        ctx.save_for_backward(hidden, weight, bias, targets, lse_all, ent)
+        ctx.temperature, ctx.tiles = temperature, (rows, cols)
+        device = hidden.device.type  # backward runs under the same autocast
+        cast = torch.is_autocast_enabled(device)
+        ctx.autocast = (device, torch.get_autocast_dtype(device) if cast else None)
+        return logp, ent
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_logp: Tensor, grad_ent: Tensor
+    ) -> tuple[Tensor | None, ...]:
+        device, dtype = ctx.autocast
+        with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
+            return VocabChunked._backward(ctx, grad_logp, grad_ent)
+
+    @staticmethod
+    def _backward(ctx: Any, grad_logp: Tensor, grad_ent: Tensor) -> tuple[Tensor | None, ...]:
+        hidden, weight, bias, targets, lse_all, ent_all = ctx.saved_tensors
+        temperature, (rows, cols) = ctx.temperature, ctx.tiles
+        vocab = weight.shape[0]
+        grad_h = torch.zeros_like(hidden, dtype=torch.float32)
+        grad_w = torch.zeros_like(weight, dtype=torch.float32)
+        grad_b = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
+        for r in range(0, hidden.shape[0], rows):
+            h, tgt = hidden[r : r + rows], targets[r : r + rows]
+            g_lp, g_h = grad_logp[r : r + rows].float(), grad_ent[r : r + rows].float()
+            lse, ent = lse_all[r : r + rows], ent_all[r : r + rows]
+            for c in range(0, vocab, cols):
+                b_c = None if bias is None else bias[c : c + cols]
+                z = _tile_logits(h, weight[c : c + cols], b_c, temperature)
+                p = torch.exp(z - lse[:, None])
+                dz = -p * (g_lp[:, None] + g_h[:, None] * (z - lse[:, None] + ent[:, None]))
+                inside = (tgt >= c) & (tgt < c + z.shape[1])
+                local = (tgt - c).clamp(0, z.shape[1] - 1)
+                dz.scatter_add_(1, local[:, None], torch.where(inside, g_lp, 0.0)[:, None])
+                dz = dz / temperature
+                grad_h[r : r + rows] += (dz.to(h.dtype) @ weight[c : c + cols].to(h.dtype)).float()
+                grad_w[c : c + cols] += (dz.t().to(h.dtype) @ h).float()
+                if grad_b is not None:
+                    grad_b[c : c + cols] += dz.sum(0)
+        out_b = None if grad_b is None else grad_b.to(bias.dtype)
+        return grad_h.to(hidden.dtype), grad_w.to(weight.dtype), out_b, None, None, None

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,12 @@ from ppokit.runfolder import (
     truncate_jsonl,
     write_atomic,
 )
-from ppokit.spec import Spec, validate_spec
+from ppokit.spec import Spec, spec_warnings, validate_spec
 from ppokit.spec_changes import record_spec_changes, resume_spec_changes
 from ppokit.trainer.assembly import Assembly
+from ppokit.trainer.asynchronous import AsyncRollouts
 from ppokit.trainer.checkpoint import checkpoint_round, load_checkpoint, save_checkpoint
+from ppokit.trainer.checkpoint.ahead import Ahead, read_ahead
 from ppokit.trainer.display import Display, folded_logs
 from ppokit.trainer.evaluation import Evaluator
 from ppokit.trainer.health import check, fired_signs, warning
@@ -51,7 +54,16 @@ from ppokit.trainer.round import run_round
 from ppokit.trainer.setup import Setup, State
 from ppokit.trainer.trackers import Trackers
 
-__all__ = ["RUN_FILES", "Interrupted", "choose_threads", "set_threads", "smoke_spec", "train"]
+__all__ = [
+    "RUN_FILES",
+    "Interrupted",
+    "choose_threads",
+    "cpu_cores",
+    "engine_threads",
+    "set_threads",
+    "smoke_spec",
+    "train",
+]
 
 #: Below this many actor parameters a CPU run uses one thread (more only contend).
 SMALL_MODEL = 10_000_000
@@ -167,28 +179,63 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def choose_threads(setting: int | None, device: str, parameters: int) -> tuple[int | None, str]:
-    """(threads for torch's intra-op pool, why): ``model.threads`` when set; one thread for a
-    model under SMALL_MODEL parameters on the CPU, where more threads only contend; else
-    None (torch's default)."""
+def cpu_cores() -> int:
+    """The CPU cores this process may run on."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+def choose_threads(
+    setting: int | None,
+    device: str,
+    parameters: int,
+    sides: int = 1,
+    setting_name: str = "model.threads",
+) -> tuple[int | None, str]:
+    """(threads for torch's intra-op pool, why): the ``setting`` when set; one thread for a
+    model under SMALL_MODEL parameters on the CPU, where more threads only contend; on the
+    CPU with ``sides`` > 1 (generation beside the update) the cores divided between the
+    sides; else None (torch's default)."""
     if setting is not None:
-        return setting, "model.threads"
+        return setting, setting_name
     if device == "cpu" and parameters < SMALL_MODEL:
         return 1, f"automatic: a {parameters / 1e6:.2g}M-parameter model on the CPU"
+    if device == "cpu" and sides > 1:
+        cores = cpu_cores()
+        return max(1, cores // sides), f"automatic: {cores} cores shared by {sides} sides"
     return None, "torch's default"
+
+
+def _threads_text(n: int, why: str) -> str:
+    return f"{n} CPU thread{'s' if n != 1 else ''} ({why})"
 
 
 def set_threads(spec: Spec, models: Models) -> str:
     """Apply ``ppokit train``'s thread rule (:func:`choose_threads`) to torch's intra-op pool
     for a run of ``spec`` on ``models`` (what ``build_models`` returned; the pool is left so
     for the rest of the process); returns what it chose, e.g. ``1 CPU thread (automatic: a
-    0.095M-parameter model on the CPU)``."""
+    0.095M-parameter model on the CPU)``. With asynchronous rollouts these are the trainer's
+    threads (:func:`engine_threads` the generation's)."""
     parameters = sum(p.numel() for p in models.actor.parameters())
-    threads, why = choose_threads(spec.model.threads, models.runtime.device.type, parameters)
+    sides = 2 if spec.rollout.max_staleness else 1
+    threads, why = choose_threads(spec.model.threads, models.runtime.device.type, parameters, sides)
     if threads is not None:
         torch.set_num_threads(threads)
-    n = torch.get_num_threads()
-    return f"{n} CPU thread{'s' if n != 1 else ''} ({why})"
+    return _threads_text(torch.get_num_threads(), why)
+
+
+def engine_threads(spec: Spec, models: Models) -> tuple[int | None, str]:
+    """(the generation thread's torch threads, what the display says) of an asynchronous
+    run: ``rollout.engine_threads``, or :func:`choose_threads`' share of the cores."""
+    parameters = sum(p.numel() for p in models.actor.parameters())
+    threads, why = choose_threads(
+        spec.rollout.engine_threads,
+        models.runtime.device.type,
+        parameters,
+        2,
+        "rollout.engine_threads",
+    )
+    return threads, _threads_text(threads or torch.get_num_threads(), why)
 
 
 def train(
@@ -361,10 +408,13 @@ def _rounds(
     log = MetricsLog(out, write=world.main)
     start = 0
     redo: list[int] = []
+    ahead: list[Ahead] = []
     if resume:
         display.step("restoring the checkpoint")
         with io_errors(out / "checkpoint", "cannot restore the checkpoint"):
             start = load_checkpoint(out, models, state, source, setup.assembly.environment)
+            ahead = _read_ahead(out, spec, setup, start)
+        setup.engine.sync()  # an engine with weights of its own: the restored ones
         distributed.barrier()  # every process has read it before it is changed
         if world.main:
             redo = check_metrics(log.path, start)
@@ -374,15 +424,22 @@ def _rounds(
             if changes:
                 record_spec_changes(out, start, changes)
         display.resumed(start)
-    spec_yaml = spec.to_yaml()
     if world.main:
-        write_atomic(out / SPEC, spec_yaml)
+        write_atomic(out / SPEC, spec.to_yaml())
     history = read_metrics(out)
     evaluator = Evaluator.of(spec, setup) if spec.eval is not None else None
+
+    generation_threads = None
+    if spec.rollout.max_staleness:
+        generation_threads, generation = engine_threads(spec, models)
+        threads += f"; generation beside the update, {generation}"
+    draw = _drawer(setup, source, format_prompts)
+    asynchronous = _asynchronous(setup, draw, start, generation_threads, ahead)
+    spec_yaml = spec.to_yaml()
     tracked = spec if world.main else spec.model_copy(update={"output": _no_trackers(spec)})
     if spec.output.report_to:
         display.step(f"starting the trackers ({', '.join(spec.output.report_to)})")
-    with Trackers(tracked, out, start_round=start) as trackers:
+    with Trackers(tracked, out, start_round=start) as trackers, asynchronous as rollouts:
         total = spec.train.rounds
         processes = f", {world.size} processes" if world.distributed else ""
         display.message(
@@ -400,6 +457,8 @@ def _rounds(
                 f"spec changed on resume ({', '.join(k for k, _, _ in changes)}): recorded in "
                 f"{out / 'spec_changes.jsonl'}"
             )
+        for line in spec_warnings(spec):
+            display.message(f"warning: {line}")
         if evaluator is not None and spec.eval is not None and spec.eval.at_start and start == 0:
             prompts, size = len(evaluator.rows), spec.eval.batch_size
             share = math.ceil(prompts / world.size)  # this process's prompts
@@ -420,14 +479,18 @@ def _rounds(
                     _seed_all(distributed.round_seed(spec.seed, world.rank, r + 1))
                 display.start_round(r + 1)
                 record = _run_round(
-                    setup, state, source, format_prompts, r, log, evaluator, trackers, history
-                )
+                    setup, state, source, format_prompts, r, log, evaluator, trackers, history,
+                    rollouts,
+                )  # fmt: skip
                 for problem in [*record.pop("_skipped", ()), *record.pop("_health", ())]:
                     display.message(f"warning: {problem}")
                 history.append(record)
                 if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
-                    environment = setup.assembly.environment
-                    save_checkpoint(out, models, state, source, r + 1, spec_yaml, environment)
+                    ahead = rollouts.ahead() if rollouts is not None else []
+                    environment = setup.assembly.environment  # after the batches ahead
+                    save_checkpoint(
+                        out, models, state, source, r + 1, spec_yaml, ahead, environment
+                    )
                 display.round(record, total)
         except KeyboardInterrupt:
             display.close()
@@ -475,6 +538,39 @@ def _rounds(
         }
 
 
+def _read_ahead(out: Path, spec: Spec, setup: Setup, start: int) -> list[Ahead]:
+    """The batches the checkpoint of round ``start`` holds for the rounds after it; a
+    one-line error when the spec's ``rollout.max_staleness`` cannot take them."""
+    world = distributed.world()
+    embeddings: Any = setup.models.actor.get_input_embeddings()  # type: ignore[operator]
+    vocab = int(embeddings.weight.shape[0])
+    path = out / CHECKPOINT
+    ahead = read_ahead(path, world.rank, world.size, start, spec.rollout.n, vocab, setup.device)
+    if len(ahead) > spec.rollout.max_staleness:
+        raise UserError(
+            f"checkpoint {path} holds {len(ahead)} batch(es) generated ahead of round {start} "
+            f"(asynchronous rollouts) but rollout.max_staleness is "
+            f"{spec.rollout.max_staleness}: resume with the run's rollout.max_staleness"
+        )
+    return ahead
+
+
+@contextlib.contextmanager
+def _asynchronous(
+    setup: Setup, draw: Any, start: int, threads: int | None, ahead: list[Ahead]
+) -> Iterator[AsyncRollouts | None]:
+    """The run's asynchronous rounds (``rollout.max_staleness`` > 0; else None), closed
+    when the rounds end."""
+    if not setup.spec.rollout.max_staleness:
+        yield None
+        return
+    rollouts = AsyncRollouts(setup, draw, start=start, threads=threads, ahead=ahead)
+    try:
+        yield rollouts
+    finally:
+        rollouts.close()
+
+
 def _no_trackers(spec: Spec) -> Any:
     return spec.output.model_copy(update={"report_to": []})
 
@@ -506,6 +602,19 @@ def _evaluates(spec: Spec, r: int) -> bool:
     return (r + 1) % spec.eval.every == 0 or r + 1 == spec.train.rounds
 
 
+def _drawer(setup: Setup, source: Any, format_prompts: Any) -> Any:
+    """The next batch of prompts from ``source``: this process's data rows and their
+    formatted prompts."""
+    spec = setup.spec
+
+    def draw() -> tuple[list[dict[str, Any]], list[str]]:
+        rows = source.next_rows(spec.rollout.prompts_per_round)
+        rows = rows[distributed.world().share(len(rows))]
+        return rows, format_prompts(rows, setup.models.tokenizer, spec.data)
+
+    return draw
+
+
 def _run_round(
     setup: Setup,
     state: State,
@@ -516,28 +625,29 @@ def _run_round(
     evaluator: Evaluator | None = None,
     trackers: Trackers | None = None,
     history: Sequence[dict[str, Any]] = (),
+    rollouts: AsyncRollouts | None = None,
 ) -> dict[str, Any]:
-    """Round ``r`` (0-based) with its evaluation when due: its record, written to the log
-    and the trackers, with the signs of docs/health.md that fire on it given the ``history``
-    of records before it (evaluated once, on the first process; ``_health``: the warnings of
-    those that start firing) and the skipped steps' messages (``_skipped``)."""
+    """Round ``r`` (0-based) on prompts of ``source`` (or, asynchronous, on the batch
+    ``rollouts`` generated ahead) with its evaluation when due: its record, written to the
+    log and the trackers, with the signs of docs/health.md that fire on it given the
+    ``history`` of records before it (evaluated once, on the first process; ``_health``: the
+    warnings of those that start firing) and the skipped steps' messages (``_skipped``)."""
     begin = time.perf_counter()
     spec = setup.spec
-
-    def draw() -> tuple[list[dict[str, Any]], list[str]]:  # a batch: this process's prompts
-        rows = source.next_rows(spec.rollout.prompts_per_round)
-        rows = rows[distributed.world().share(len(rows))]
-        return rows, format_prompts(rows, setup.models.tokenizer, spec.data)
-
-    def put_back() -> None:  # the last batch drawn, generated ahead and not needed
-        source.put_back(spec.rollout.prompts_per_round)
-
-    rows, formatted = draw()
     train_actor = r >= spec.train.critic_warmup_rounds
-    result = run_round(
-        setup, state, rows, formatted, round_no=r + 1, train_actor=train_actor, draw=draw,
-        put_back=put_back,
-    )  # fmt: skip
+    if rollouts is not None:
+        result = rollouts.round(state, r + 1, train_actor)
+    else:
+        draw = _drawer(setup, source, format_prompts)
+
+        def put_back() -> None:  # the last batch drawn, generated ahead and not needed
+            source.put_back(spec.rollout.prompts_per_round)
+
+        rows, formatted = draw()
+        result = run_round(
+            setup, state, rows, formatted, round_no=r + 1, train_actor=train_actor, draw=draw,
+            put_back=put_back,
+        )  # fmt: skip
     values = read_once(result.metrics)  # the round's one host read
     tokens = values.pop("tokens", None) or 0.0
     record: dict[str, Any] = {ROUND: r + 1, **values, **result.timings}
@@ -545,6 +655,8 @@ def _run_round(
     record[THROUGHPUT] = tokens / gen if gen > 0 else None
     record[ROUND_TIME] = time.perf_counter() - begin
     if evaluator is not None and _evaluates(spec, r):  # after the update, into this record
+        if rollouts is not None:  # the engine samples from the updated weights
+            rollouts.current(r + 1)
         setup.reporter.phase("evaluating")
         record.update(evaluator.run())
         record["time_eval"] = evaluator.seconds

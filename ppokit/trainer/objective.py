@@ -70,11 +70,14 @@ class Objective:
         beta: Tensor,
         train_actor: bool,
         meter: Meter,
+        ro: Rollout | None = None,
     ) -> Tensor:
         """The loss of the micro-batch ``j`` (``share`` of the whole minibatch's rows):
-        L_π (when the actor trains) + L_V; its metrics into ``meter``."""
+        L_π (when the actor trains) + L_V; its metrics into ``meter``. ``ro``: its rows of
+        the round's rollout, cut to their own longest response (default: as the round pads
+        them); the round's ``[B, T]`` tensors are read over the same positions."""
         models, parts, forwards = self.forwards.models, self.parts, self.forwards
-        ro = data.rollout.rows(j)
+        ro = data.rollout.rows(j) if ro is None else ro
         loss = torch.zeros((), device=data.actor_mask.device)
         shared = None
         if train_actor:
@@ -108,23 +111,24 @@ class Objective:
         agg(pl(logp, logp_old, A, mask')·ω·c, mask') + β·agg(kl(logp, logp_ref), mask')
         − c_H·agg(entropy, mask') + c_NLL·agg(−logp, mask'·[R > 0])."""
         policy, parts = self.spec.policy, self.parts
-        mask = data.actor_mask[j]
+        w = logp.shape[1]  # the micro-batch's positions of the round's [B, T]
+        mask = data.actor_mask[j, :w]
         assert data.batch.logp_old is not None
-        logp_old = data.batch.logp_old[j].float()
-        adv = data.advantages[j]
+        logp_old = data.batch.logp_old[j, :w].float()
+        adv = data.advantages[j, :w]
 
         def term(elementwise: Tensor, m: Tensor, denom: Tensor | None) -> Tensor:
             return aggregate(parts.policy_agg, elementwise, m, denom, share)
 
         elementwise = parts.policy_loss(logp, logp_old, adv, mask)
-        weights = data.policy_weights[j][:, None] * data.correction[j]  # ω · c
+        weights = data.policy_weights[j][:, None] * data.correction[j, :w]  # ω · c
         pg = term(elementwise * weights, mask, denoms["policy"])
         count(str(parts.name("policy.aggregation")), pg, "scalar")
         loss = pg
         kl = self.spec.kl
         if kl is not None and kl.placement == "loss":
             assert parts.kl is not None and data.batch.logp_ref is not None
-            ref = data.batch.logp_ref[j].float()
+            ref = data.batch.logp_ref[j, :w].float()
             # where the aggregation drops a position (padding, rows of weight 0) log π_ref is
             # compared with itself: KL 0 there, so a huge log-ratio at a dropped position
             # (exp overflows) cannot put 0·inf = NaN into the gradient
@@ -133,7 +137,7 @@ class Objective:
         if policy.entropy_coef > 0:
             loss = loss - policy.entropy_coef * term(ent, mask, denoms["policy"])
         if data.nll_mask is not None:
-            loss = loss + policy.nll_coef * term(-logp, data.nll_mask[j], denoms["nll"])
+            loss = loss + policy.nll_coef * term(-logp, data.nll_mask[j, :w], denoms["nll"])
 
         meter.add("policy_loss", pg, share)
         with torch.no_grad():
@@ -165,9 +169,10 @@ class Objective:
         assert data.value_weights is not None and data.batch.values is not None
         pred = parts.prediction(self.forwards.critic_head_out(ro, shared)[:, :-1])
         count("the critic's forward pass", pred, "values")
-        target = data.targets[j]
-        old = data.batch.values[j].float()
-        vmask = data.value_mask[j]
+        w = pred.shape[1]  # the micro-batch's positions of the round's [B, T]
+        target = data.targets[j, :w]
+        old = data.batch.values[j, :w].float()
+        vmask = data.value_mask[j, :w]
         elementwise = parts.critic_loss(pred, target, old)
         weighted = elementwise * data.value_weights[j][:, None]
         value = aggregate(parts.critic_agg, weighted, vmask, denoms.get("critic"), share)

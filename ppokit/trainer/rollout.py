@@ -49,9 +49,11 @@ def engine_context(
     process: int = 0,
     processes: int = 1,
     progress: Callable[[int, int, int], None] | None = None,
+    asynchronous: bool = False,
 ) -> EngineContext:
     """The :class:`EngineContext` a run starts its engine with (``models``: the run's
-    :class:`~ppokit.trainer.models.Models`; ``progress``: the decoding steps' listener)."""
+    :class:`~ppokit.trainer.models.Models`; ``progress``: the decoding steps' listener;
+    ``asynchronous``: generation overlaps the update)."""
     from ppokit.trainer.models import autocast
 
     return EngineContext(
@@ -64,6 +66,7 @@ def engine_context(
         process=process,
         processes=processes,
         progress=progress,
+        asynchronous=asynchronous,
     )
 
 
@@ -160,7 +163,8 @@ class Rollout:
     """Prompts (each repeated for its responses) and the engine's responses, on the run's
     device. A multi-turn rollout (``rollout.environment``) also records the environment's
     tokens inside each response, the turn rewards at the ends of the model's turns, and
-    each episode's number of turns and how it ended."""
+    each episode's number of turns and how it ended. ``version``: the updates before the
+    weights that generated each row (docs/async.md)."""
 
     prompt_ids: Tensor  # [B, P] left-padded
     prompt_mask: Tensor  # [B, P] long
@@ -172,6 +176,7 @@ class Rollout:
     turn_rewards: Tensor | None = None  # [B, T] float32: each turn's reward on its last token
     turns: Tensor | None = None  # [B] long: model turns played
     ended: Tensor | None = None  # [B] long: how the episode ended, an index of ENDS
+    version: Tensor | None = None  # [B] long: the version of the weights that generated it
 
     @classmethod
     def of(cls, prompt_ids: Tensor, prompt_mask: Tensor, n: int, out: Generation) -> Rollout:
@@ -232,6 +237,23 @@ class Rollout:
             return torch.cat([pad(x, t, value, False) for x in xs])
 
         return cls._of({f.name: joined(f.name) for f in fields(cls)})
+
+    def cut(self, prompt: int, response: int) -> Rollout:
+        """The same rows without the padding beyond ``prompt`` prompt tokens (the last
+        columns: prompts are left-padded) and ``response`` response positions (the first:
+        responses are right-padded). Positions count real tokens only, so a forward pass
+        sees the same sequences."""
+        p = self.prompt_len - prompt
+        values = {}
+        for f in fields(self):
+            x = getattr(self, f.name)
+            if x is None or x.dim() < 2:
+                values[f.name] = x
+            elif f.name in ("prompt_ids", "prompt_mask"):
+                values[f.name] = x[:, p:]
+            else:
+                values[f.name] = x[:, :response]
+        return Rollout._of(values)
 
     def rows(self, index: Tensor) -> Rollout:
         """The rows ``index`` of every field."""

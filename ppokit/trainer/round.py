@@ -13,8 +13,10 @@
 4. **estimate** on the whole round (gathered on several processes): truncation rule, KL in
    the reward, advantages, critic targets, position mask, prompt weights;
 5. **update**: ``ppo_epochs`` passes of shuffled minibatches, each the sum of its
-   micro-batches' losses (:mod:`~ppokit.trainer.objective`) and one clipped optimizer step
-   per model (:mod:`~ppokit.trainer.optim`); none when step 4 found a NaN;
+   micro-batches' losses (:mod:`~ppokit.trainer.objective`; micro-batches of rows or of a
+   token budget, :mod:`~ppokit.trainer.microbatches`, which step 3's passes use too) and one
+   clipped optimizer step per model (:mod:`~ppokit.trainer.optim`); none when step 4 found
+   a NaN;
 6. **sync**: the engine follows the updated policy.
 
 It works on the run's two objects (:mod:`~ppokit.trainer.setup`): the :class:`Setup` a spec
@@ -45,6 +47,7 @@ from ppokit.trainer.episodes import episode_metrics
 from ppokit.trainer.estimation import estimate_round, round_batch
 from ppokit.trainer.groups import Draw, Filled, PutBack, fill
 from ppokit.trainer.metrics import Meter, peak_memory_gb
+from ppokit.trainer.microbatches import MicroBatches
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Scores, reads_parts
 from ppokit.trainer.setup import Setup, State
@@ -90,6 +93,8 @@ def run_round(
     rollout: Rollout | None = None,
     scores: Tensor | Scores | None = None,
     update: bool = True,
+    greedy: Rollout | None = None,
+    sync: bool = True,
 ) -> RoundResult:
     """Round ``round_no`` (1-based) on the data ``rows`` and their ``formatted`` prompts,
     and the batches ``draw`` gives while ``rollout.filter`` has passed too few groups
@@ -98,6 +103,9 @@ def run_round(
     ``rollout``, ``scores``: the first batch's responses (``rollout.n`` per prompt) and
     their rewards R (or :class:`~ppokit.trainer.scoring.Scores` with each reward's),
     used as if generated and scored. ``update`` False: steps 1-4 only.
+    ``greedy``: the greedy baseline responses of the first batch's prompts, already made.
+    ``sync`` False: the engine is not synced after the update (the asynchronous schedule
+    pushes the weights itself, :mod:`~ppokit.trainer.schedule`).
 
     A non-finite reward or estimate raises :class:`~ppokit.errors.NonFiniteError`, or with
     ``on_nonfinite: skip`` skips the round's update and leaves β as it was; a non-finite
@@ -131,15 +139,17 @@ def run_round(
         baseline = None
         if "baseline_rewards" in parts.requires:  # one greedy response per kept prompt
             with _timed(timings, "time_score", add=True):
-                greedy = sample(kept.formatted, 1, rows=kept.rows, greedy=True)
+                if greedy is None:
+                    greedy = sample(kept.formatted, 1, rows=kept.rows, greedy=True)
                 baseline = setup.scorer.rollout(kept.rows, greedy)[0].total.repeat_interleave(n)
 
         # 3. forward passes at the weights that sampled
         setup.reporter.phase("estimating")
         with _timed(timings, "time_logprob"):
+            micro = MicroBatches.of(t, kept.rollout)
             batch = round_batch(
                 kept.rollout, kept.scores.total, baseline, n=n, forwards=setup.forwards,
-                assembly=parts, recompute_logp_old=setup.recompute_logp_old,
+                assembly=parts, recompute_logp_old=setup.recompute_logp_old, micro=micro,
                 parts=kept.scores.columns() if reads_parts(parts.requires) else None,
             )  # fmt: skip
 
@@ -171,21 +181,21 @@ def run_round(
         processes = distributed.world().size
         b = data.batch.batch_size  # this process's rows
         mb = t.minibatch_size // processes if t.minibatch_size else b
-        micro = t.micro_batch_size or mb
         meter = Meter()
         if problem is None:
             setup.forwards.train_mode()
             for _epoch in range(t.ppo_epochs):
-                for idx in torch.randperm(b).to(device).split(mb):
+                for idx, micros in micro.minibatches(torch.randperm(b), mb, device):
                     step = Meter()  # the step's metrics count only if it is taken
                     with counting() as checks:
                         state.optimizers.zero_grad()
                         denoms = setup.objective.denominators(data, idx)
-                        for j in idx.split(micro):  # micro-batches: the minibatch's gradient
-                            share = j.shape[0] / (idx.shape[0] * processes)
+                        for m in micros:  # micro-batches: the minibatch's gradient
+                            share = m.index.shape[0] / (idx.shape[0] * processes)
                             loss = setup.objective.micro_loss(
-                                data, j, denoms, share, state.kl_coef, train_actor, step
-                            )
+                                data, m.index, denoms, share, state.kl_coef, train_actor,
+                                step, m.rollout(data.rollout),
+                            )  # fmt: skip
                             # the gradient reduction averages over the processes
                             (loss * processes if processes > 1 else loss).backward()
                         norms = state.optimizers.clip(t.max_grad_norm, train_actor)
@@ -207,8 +217,9 @@ def run_round(
     timings["peak_memory_gb"] = peak_memory_gb(device)
 
     # 6. sync: the engine follows the policy
-    with _timed(timings, "time_sync"):
-        setup.engine.sync()
+    if sync:
+        with _timed(timings, "time_sync"):
+            setup.engine.sync()
     return result
 
 

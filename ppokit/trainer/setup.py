@@ -54,10 +54,14 @@ class Setup:
     ) -> Setup:
         """The run's parts, with its rollout engine started (:meth:`close` ends it)."""
         device = models.runtime.device
-        forwards = Forwards(models, spec.rollout.temperature)
+        t = spec.train
+        tokens = t.micro_batch_tokens is not None
+        forwards = Forwards(models, spec.rollout.temperature, tokens, t.pack_sequences)
+        forwards.check_packing()
         encode = PromptEncoder(models.tokenizer, models.actor, device)
         engine = assembly.engine
         mode = spec.rollout.logp_old
+        asynchronous = spec.rollout.max_staleness > 0  # π_old is not the sampling weights
         setup = cls(
             spec=spec,
             assembly=assembly,
@@ -68,12 +72,14 @@ class Setup:
             encode=encode,
             sampler=Sampler(engine, assembly.environment, encode, models.tokenizer, spec.rollout),
             recompute_logp_old=mode == "forward"
-            or (mode == "auto" and not engine.samples_from_policy),
+            or (mode == "auto" and (asynchronous or not engine.samples_from_policy)),
             reporter=reporter if reporter is not None else Silent(),
         )
         world = distributed.world()
         progress = lambda *step: setup.reporter.generation(*step)  # noqa: E731 (late-bound)
-        engine.start(engine_context(models, spec.model, world.rank, world.size, progress))
+        engine.start(
+            engine_context(models, spec.model, world.rank, world.size, progress, asynchronous)
+        )
         return setup
 
     @property
@@ -91,15 +97,28 @@ class Setup:
         n: int,
         batch: int = 0,
         rows: list[dict[str, Any]] | None = None,
+        *,
+        version: int | None = None,
+        sampler: Sampler | None = None,
         **changes: Any,
     ) -> Rollout:
         """``n`` responses per prompt (episodes with an environment, which reads the
         prompts' data ``rows``) under the spec's sampling settings (``changes``: e.g.
         ``greedy=True``), with the seed of (seed, process, ``round_no``) and, for the
-        round's generation batch number ``batch`` > 0, that seed xor ``batch``."""
+        round's generation batch number ``batch`` > 0, that seed xor ``batch``. Each row
+        records ``version``, the version of the weights that generate it (default
+        ``round_no - 1``: the updates of the rounds before); ``sampler``: another than the
+        setup's (a thread's own, with its own tokenizer)."""
         seed = distributed.round_seed(self.spec.seed, distributed.world().rank, round_no)
         asked = sampling(self.spec.rollout, n, seed ^ batch, **changes)
-        return self.sampler(rows, prompts, self.spec.data, asked)
+        ro = (sampler or self.sampler)(rows, prompts, self.spec.data, asked)
+        ro.version = torch.full(
+            ro.response_mask.shape[:1],
+            round_no - 1 if version is None else version,
+            dtype=torch.long,
+            device=ro.response_mask.device,
+        )
+        return ro
 
     def close(self) -> None:
         """The end of the run: the engine closes, the components' worker processes end."""

@@ -117,7 +117,7 @@ def test_a_group_filter_is_interrupted_at_its_timeout() -> None:
 
 
 @pytest.fixture
-def interrupt_when(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
+def interrupt_when(tmp_path: Path, ctrl_c: None) -> Iterator[Callable[[Path], None]]:
     """``interrupt_when(path)``: SIGINT to this process once ``path`` exists."""
     stop = threading.Event()
 

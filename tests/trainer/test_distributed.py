@@ -5,7 +5,8 @@ process holding every row and on two processes holding half the rows each (the s
 half's responses shorter, so the processes' batches are padded differently). The
 parameters after the optimizer step and every logged metric agree within 1e-5 (relative),
 for the four aggregations, with and without a critic (separate and shared), with
-micro-batches, with a KL term in the loss, with LoRA (the reference: adapters off) and for
+micro-batches (of a number of rows, or of a token budget, padded or packed, which every
+process runs as many of), with a KL term in the loss, with LoRA (the reference: adapters off) and for
 estimators that whiten over the batch (gae, reinforce_pp) or over groups (grpo, rloo), and
 gdpo, which reads each reward's scores (the gathered [B, K] fields). A
 loss scaled by the number of processes (or its square) changes the logged loss and gradient
@@ -83,6 +84,11 @@ CONFIGS: dict[str, list[str]] = {
         "rollout.logp_old=forward",
         "train.micro_batch_size=4",
     ],
+    "token_mean, staleness 1: decoupled token_tis, micro-batches": [
+        "rollout.max_staleness=1",
+        "policy.correction={name: token_tis, cap: 1.03}",
+        "train.micro_batch_size=2",
+    ],
     "seq_mean_token_mean, geo_mask rejects rows": [
         "policy.aggregation=seq_mean_token_mean",
         "policy.correction={name: geo_mask, low: 0.99, high: 1.01}",
@@ -100,6 +106,20 @@ CONFIGS: dict[str, list[str]] = {
         "policy.aggregation=seq_mean_token_mean",
         "advantage=gdpo",
         "critic=null",
+    ],
+    "token_mean, separate critic, micro-batches of 16 tokens, packed": [
+        "policy.aggregation=token_mean",
+        "train.micro_batch_tokens=16",
+        "train.pack_sequences=true",
+    ],
+    "seq_mean_token_mean, multi-turn, kl in the loss, micro-batches of 20 tokens": [
+        "policy.aggregation=seq_mean_token_mean",
+        "rollout.environment=echo",
+        "reward=[]",
+        "kl.estimator=k3",
+        "kl.coef=0.1",
+        "kl.placement=loss",
+        "train.micro_batch_tokens=20",
     ],
     "seq_mean_token_sum_norm, shared critic, clipped grad norm": [
         "policy.aggregation=seq_mean_token_sum_norm",
@@ -247,7 +267,7 @@ def test_two_processes_update_like_one(two_processes: Path, index: int) -> None:
     assert metrics["grad_norm_actor"] is not None and metrics["policy_loss"] is not None
     different = {k: (metrics[k], other[k]) for k in metrics if not _close(metrics[k], other[k])}
     assert not different
-    if spec.rollout.logp_old == "forward":  # π_old from the trainer, μ off it by noise
+    if spec.rollout.logp_old == "forward" or spec.rollout.max_staleness:  # π_old recomputed
         assert metrics["rollout/mismatch_max"] > 0.01
     if spec.policy.correction.name != "none":  # the correction acts on this round
         assert metrics["rollout/correction_weight_mean"] != 1.0
@@ -357,6 +377,23 @@ def test_demo_on_two_processes_resumes_on_two_and_on_one(tmp_path: Path) -> None
     )
     assert fresh.returncode == 0, fresh.stderr[-2000:]
     assert fresh.stdout.strip().splitlines()[-1] in {"1", "2", "3"}  # it generated
+
+
+@pytest.mark.slow
+def test_asynchronous_rollouts_on_two_processes(tmp_path: Path) -> None:
+    """``rollout.max_staleness: 1`` on 2 processes: each process's hf engine samples from a
+    whole copy gathered from the sharded actor, pushed (gathered again) between its
+    generations; every round's staleness is the whole round's."""
+    run = tmp_path / "run"
+    done = _ppokit(
+        "train", "--nproc", "2", "--out", str(run), "--set", "train.rounds=3",
+        "--set", "rollout.max_staleness=1", "--set", "policy.correction=token_tis", *SMALL_RUN,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/staleness_max"] for r in records] == [0.0, 1.0, 1.0]
+    assert records[0]["rollout/mismatch_max"] < 1e-4  # round 1: the initial weights on both
+    assert all(r["rollout/mismatch_max"] > 1e-3 for r in records[1:])  # one update behind
 
 
 @pytest.mark.slow

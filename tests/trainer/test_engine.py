@@ -68,12 +68,14 @@ def _close(a: Any, b: Any) -> bool:
         ("grpo_kl_loss", []),
         ("remax_kl_reward", []),
         ("eval_shared", []),
+        ("remax_kl_reward", ["rollout.max_staleness=0"]),
     ],
 )
 def test_the_default_engine_gives_the_recorded_metrics(tmp_path, case: str, extra: list[str]):
     """Short runs at fixed seeds give the metrics recorded before the round became a recipe
     on the engine seam (tests/trainer/data/round_metrics.json): same rewards, losses, KL,
-    evaluation."""
+    evaluation; ``rollout.max_staleness: 0`` is that synchronous round (recorded before
+    asynchronous rollouts existed)."""
     recorded = RECORDED[case]
     spec = load_spec(DEMO, [*BASE, *recorded["overrides"], *extra, f"output.dir={tmp_path}"])
     train(spec)

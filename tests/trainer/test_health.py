@@ -56,6 +56,15 @@ def test_the_gradient_spike_is_relative_to_the_recent_median() -> None:
     assert _names({"round": 4, "grad_norm_actor": 99.0}, zeros, health) == set()
 
 
+def test_stale_rows_leave_the_mismatch_sign_out() -> None:
+    """Asynchronous rollouts: μ is the weights of earlier updates by design, so a round whose
+    rows are stale does not fire the mismatch sign; one whose rows are fresh does."""
+    health = _health()
+    gap = {"round": 2, "rollout/mismatch_k3": 0.5}
+    assert _names({**gap, "rollout/staleness_max": 1.0}, [], health) == set()
+    assert _names({**gap, "rollout/staleness_max": 0.0}, [], health) == {"mismatch"}
+
+
 def test_a_sign_fires_after_its_rounds_in_a_row_and_starts_once() -> None:
     health = _health(rounds=3)
     bad, good = {"entropy": 0.0001}, {"entropy": 1.0}

@@ -26,6 +26,7 @@ import httpx
 import pytest
 import torch
 
+from ppokit.components.reward import JUDGE_TEMPLATE
 from ppokit.components.reward.remote import RemoteError
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.scoring import Scorer
@@ -105,8 +106,12 @@ FAST = {"retries": 0, "timeout": 120.0, "max_tokens": 12}
 
 def test_a_real_reply_is_parsed_and_an_unparsed_one_counted(judge_url: str) -> None:
     """The tiny model's greedy replies have no score: unparsed, scored `unparsed`; the
-    first word of one, made the positive verdict, scores it 1."""
-    judge = make("reward", "judge", url=judge_url, model=MODEL, unparsed=-1.0, **FAST)
+    last word of one, made the positive verdict, scores it 1 (both judges ask with the same
+    rubric, so the greedy reply is the same)."""
+    judge = make(
+        "reward", "judge", url=judge_url, model=MODEL, unparsed=-1.0, template=JUDGE_TEMPLATE,
+        **FAST,
+    )  # fmt: skip
     prompts, responses = ["What is 2+2?"] * 2, ["4", "five"]
     out = judge(prompts, responses, answer=["4", "4"])
     assert out.scores == [-1.0, -1.0] and out.flags["unparsed"] == [True, True]
@@ -119,7 +124,7 @@ def test_a_real_reply_is_parsed_and_an_unparsed_one_counted(judge_url: str) -> N
     if not words:
         pytest.skip(f"the random model's reply has no word: {reply!r}")
     verdict = make(
-        "reward", "judge", url=judge_url, model=MODEL, mode="verdict",
+        "reward", "judge", url=judge_url, model=MODEL, mode="verdict", template=JUDGE_TEMPLATE,
         positive=[words[-1]], negative=["zzzzzz"], **FAST,
     )  # fmt: skip
     got = verdict(prompts[:1], responses[:1], answer=["4"])

@@ -3,6 +3,9 @@ a fresh forward."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -21,15 +24,24 @@ from tests.helpers.trainer import learner, small_spec
     st.floats(0.3, 2.0),
     st.integers(1, 200),
     st.integers(0, 1000),
+    st.booleans(),
 )
 @settings(max_examples=50, deadline=None)
-def test_chunked_logprobs_match_direct(b: int, t: int, temp: float, chunk: int, seed: int) -> None:
+def test_chunked_logprobs_match_direct(
+    b: int, t: int, temp: float, chunk: int, seed: int, bias: bool
+) -> None:
+    """Chunks of positions, and below b·vocab elements tiles of positions × vocabulary
+    (:class:`VocabChunked`): the values and the gradients of the hidden states and of the
+    head (its bias too) of the direct full-logits computation."""
     g = torch.Generator().manual_seed(seed)
-    head = torch.nn.Linear(8, 11, bias=False)
+    head = torch.nn.Linear(8, 11, bias=bias)
     with torch.no_grad():
         head.weight.copy_(torch.randn(11, 8, generator=g))
+        if bias:
+            head.bias.copy_(torch.randn(11, generator=g))
     hidden = torch.randn(b, t, 8, generator=g, requires_grad=True)
     targets = torch.randint(0, 11, (b, t), generator=g)
+    w, u = torch.randn(b, t, generator=g), torch.randn(b, t, generator=g)
     lp, ent = token_logprobs(hidden, head, targets, temp, chunk_elements=chunk)
     logsm = F.log_softmax(head(hidden) / temp, -1)
     ref_lp = logsm.gather(-1, targets[..., None]).squeeze(-1)
@@ -37,9 +49,36 @@ def test_chunked_logprobs_match_direct(b: int, t: int, temp: float, chunk: int, 
     assert lp.dtype == torch.float32
     torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
-    (g1,) = torch.autograd.grad((lp.sum() + ent.sum()), hidden)
-    (g2,) = torch.autograd.grad((ref_lp.sum() + ref_ent.sum()), hidden)
-    torch.testing.assert_close(g1, g2, atol=1e-5, rtol=1e-5)
+    params = [hidden, *head.parameters()]
+    got = torch.autograd.grad((lp * w).sum() + (ent * u).sum(), params)
+    want = torch.autograd.grad((ref_lp * w).sum() + (ref_ent * u).sum(), params)
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
+
+
+def test_vocabulary_tiles_hold_one_tile_of_logits() -> None:
+    """A call whose one position's logits over its rows pass the chunk goes by tiles of
+    positions × vocabulary: no tensor of a whole row's logits is ever made."""
+    from ppokit.trainer import logprobs
+
+    shapes: list[tuple[int, ...]] = []
+    real = logprobs._tile_logits
+
+    def watched(*args: Any) -> torch.Tensor:
+        out = real(*args)
+        shapes.append(tuple(out.shape))
+        return out
+
+    head = torch.nn.Linear(4, 97, bias=False)
+    hidden = torch.randn(6, 5, 4, requires_grad=True)
+    targets = torch.randint(0, 97, (6, 5))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(logprobs, "_tile_logits", watched)
+        lp, ent = token_logprobs(hidden, head, targets, chunk_elements=64)
+        assert ent is not None
+        (lp.sum() + ent.sum()).backward()
+    assert shapes and all(rows * cols <= 64 for rows, cols in shapes)
+    assert hidden.grad is not None and hidden.grad.abs().sum() > 0
 
 
 def test_logprob_hand_case() -> None:

@@ -182,11 +182,17 @@ def objective(
 
 
 def _setup(
-    tmp_path: Any, *extra: str, mismatch: float = 0.0, observations: bool = False
+    tmp_path: Any,
+    *extra: str,
+    mismatch: float = 0.0,
+    observations: bool = False,
+    stale: bool = False,
 ) -> tuple[Spec, Trainee, UpdateData, Tensor]:
     """A learner, the round's estimates on the fixed rollout, then the models moved;
     ``mismatch``: the engine's log μ off π_old by noise of that scale (π_old recomputed);
-    ``observations``: a multi-turn rollout, with environment tokens inside the responses."""
+    ``observations``: a multi-turn rollout, with environment tokens inside the responses;
+    ``stale``: asynchronous (``rollout.max_staleness: 1``), the rollout sampled by the
+    weights one update before those the round's π_old is computed at."""
     spec = small_spec(tmp_path, *OBJECTIVE, *extra)
     lrn = learner(spec)
     ro = _rollout(lrn)
@@ -196,6 +202,8 @@ def _setup(
         assert ro.logp_rollout is not None
         noise = torch.randn(ro.logp_rollout.shape, generator=torch.Generator().manual_seed(5))
         ro.logp_rollout = (ro.logp_rollout + mismatch * noise) * ro.response_mask
+    if stale:  # the update before this round, while the engine generated it
+        _perturb(lrn)
     scores = torch.tensor(REWARDS)
     batch = round_batch(
         ro,
@@ -204,7 +212,7 @@ def _setup(
         n=spec.rollout.n,
         forwards=lrn.forwards,
         assembly=lrn.assembly,
-        recompute_logp_old=bool(mismatch),
+        recompute_logp_old=bool(mismatch) or lrn.recompute_logp_old,
     )
     data, _, _ = estimate(ro, batch, scores, spec=spec, assembly=lrn.assembly, kl_coef=lrn.kl_coef)
     _perturb(lrn)
@@ -270,6 +278,51 @@ def test_a_correction_enters_the_objective_as_design_says(
     rows = torch.tensor([0, 5, 9, 10, 6])
     loss = accumulate(lrn, data, rows, 2, train_actor=True)
     torch.testing.assert_close(loss, objective(spec, lrn, data, scores, rows)["objective"])
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "correction"),
+    [
+        ("token_mean", "token_tis"),
+        ("seq_mean_token_mean", "none"),
+        ("seq_mean_token_sum_norm", "token_tis"),
+    ],
+)
+def test_a_stale_batch_trains_the_decoupled_objective(
+    tmp_path, aggregation: str, correction: str
+) -> None:
+    """Staleness 1: log μ from the weights one update before, log π_old recomputed at the
+    weights the update starts from (not μ), c = correction(π_old/μ): the loss is the stated
+    objective with them, for the whole minibatch, its rows and micro-batches; with
+    ``rollout.logp_old: rollout`` (bypass) π_old is μ itself and c is 1."""
+    extra = [
+        f"policy.aggregation={aggregation}",
+        *AGGREGATIONS[aggregation],
+        "rollout.max_staleness=1",
+        *(CORRECTIONS[correction] if correction != "none" else []),
+    ]
+    spec, lrn, data, scores = _setup(tmp_path, *extra, stale=True)
+    assert lrn.recompute_logp_old
+    batch = data.batch
+    assert batch.logp_old is not None and batch.logp_rollout is not None
+    assert (batch.logp_old - batch.logp_rollout).abs().max() > 1e-3  # π_old is not μ
+    if correction != "none":
+        assert not torch.equal(data.correction, batch.maskf), "the correction acts"
+    b = len(REWARDS)
+    perm = torch.randperm(b, generator=torch.Generator().manual_seed(1))
+    expected = objective(spec, lrn, data, scores, torch.arange(b))["objective"]
+    for micro in (b, 5, 1):
+        total = accumulate(lrn, data, perm, micro, train_actor=True)
+        torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-6)
+    rows = torch.tensor([0, 5, 9, 10, 6])
+    loss = accumulate(lrn, data, rows, 2, train_actor=True)
+    torch.testing.assert_close(loss, objective(spec, lrn, data, scores, rows)["objective"])
+    if aggregation != "token_mean":
+        return
+    _, lrn, data, _ = _setup(tmp_path, *extra, "rollout.logp_old=rollout", stale=True)
+    assert not lrn.recompute_logp_old
+    assert data.batch.logp_old is data.batch.logp_rollout  # bypass: π_old := μ
+    torch.testing.assert_close(data.correction, data.batch.maskf)
 
 
 @pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))

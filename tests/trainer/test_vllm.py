@@ -425,6 +425,39 @@ def test_a_skipped_weight_push_fires_the_mismatch_sign(tmp_path: Path, monkeypat
     assert result["health"]["mismatch"]["first_round"] <= 3
 
 
+@needs_vllm
+def test_asynchronous_rounds_sample_from_the_weights_one_push_behind() -> None:
+    """Staleness 1 on vLLM (float32): each trained batch's log μ is the trainer's log-probs
+    at the weights one update before the round's (1e-4), the push arriving between
+    generations, never during one."""
+    import copy
+
+    from ppokit.trainer.asynchronous import AsyncRollouts
+
+    lrn = _learner("rollout.max_staleness=1", "train.rounds=3", "train.actor_lr=0.01")
+    weights = {0: copy.deepcopy(lrn.models.actor)}
+    seen = [0]
+
+    def draw() -> tuple[list[dict], list[str]]:
+        rows = demo_rows(4, seen[0])
+        seen[0] += 1
+        return rows, [r["prompt"] for r in rows]
+
+    rollouts = AsyncRollouts(lrn.setup, draw, start=0)
+    try:
+        for k in range(1, 4):
+            ro = rollouts.round(lrn.state, k, train_actor=True).data.rollout
+            version = max(0, k - 2)
+            assert ro.version.tolist() == [version] * len(ro.version)
+            with torch.no_grad():
+                sampler = lrn.forwards.actor(weights[version], ro)[0] * ro.response_mask
+            assert float((ro.logp_rollout - sampler).abs().max()) < 1e-4
+            weights[k] = copy.deepcopy(lrn.models.actor)
+    finally:
+        rollouts.close()
+        lrn.close()
+
+
 # ---------------------------------------------------------------------- several processes
 @needs_vllm
 def test_two_processes_each_drive_an_engine_and_push_the_gathered_weights(tmp_path) -> None:

@@ -151,6 +151,11 @@ class EngineContext:
     (``step`` of at most ``steps`` tokens done for each of ``rows`` responses; 0 as it
     begins); it is
     optional both ways (None: nobody listens; an engine that never calls it is fine).
+    ``asynchronous`` (``rollout.max_staleness > 0``, docs/async.md): ``generate`` runs in a
+    thread of its own while the trainer updates ``model``; an engine then samples from
+    weights of its own that change at ``sync()`` only (the trainer calls it while no
+    generation runs), and from random generators of its own seeded with ``Sampling.seed``
+    (the trainer draws from torch's global one at the same time).
     """
 
     model: nn.Module
@@ -162,6 +167,7 @@ class EngineContext:
     process: int = 0
     processes: int = 1
     progress: Callable[[int, int, int], None] | None = None
+    asynchronous: bool = False
 
 
 class RolloutEngine(Protocol):
@@ -170,10 +176,11 @@ class RolloutEngine(Protocol):
     on the run's device, to a :class:`Generation` of ``P·n`` rows.
 
     Optional members, read with defaults: ``sync()`` after every update (an engine that holds
-    its own copy of the weights pulls them; default: nothing), ``close()`` at the end of the
+    its own copy of the weights pulls them; default: nothing; asynchronous: when the
+    schedule pushes the weights, never during a generation), ``close()`` at the end of the
     run, and ``samples_from_policy`` (default False): True when the engine samples from the
     trainer's own actor module, so that its log-probs are π_old's and ``rollout.logp_old:
-    auto`` takes them without a forward pass.
+    auto`` takes them without a forward pass (synchronous rounds only).
     """
 
     def start(self, context: EngineContext) -> None: ...
@@ -201,7 +208,8 @@ HF = Component(
     "hf",
     MODULE,
     params=HFParams,
-    summary="Samples with the actor's own model.generate (KV cache), recording log μ of each token",
+    summary="Samples with the actor's own model.generate (KV cache), recording log μ of each "
+    "token; asynchronous: with a copy of the actor (of its adapters under LoRA)",
     formula=(
         "a_t ~ softmax(filter(z_t / temperature)), log μ(a_t) = log_softmax(z_t / temperature)[a_t];"
         " μ = π_old: the actor itself samples"
@@ -222,7 +230,8 @@ class VLLMParams(Params):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="the dtype vLLM holds the weights and computes in: 'auto' the run's own "
-        "(model.dtype: float32 on a CPU, bfloat16 on GPUs)",
+        "(model.dtype; its auto: bfloat16 on GPUs and on a CPU with AMX for a model that "
+        "gains, else float32)",
     )
     max_model_len: int | None = Field(
         None,
@@ -330,17 +339,23 @@ def vllm_problems(spec: Any, params: VLLMParams) -> Iterator[str]:
     an attention head size vLLM's CPU attention lacks (the tiny model's from its settings, a
     named model's from :data:`NAMED_HEAD_SIZES`, a local folder's from its config.json; a
     Hub model's is checked at the start) and a ``tensor_parallel_size`` above 1; anywhere a
-    LoRA rank above vLLM's largest and a ``max_model_len`` without room for a prompt beside
-    ``rollout.max_new_tokens`` (a longer prompt is refused when the engine gets it)."""
+    LoRA rank above vLLM's largest, a ``max_model_len`` without room for a prompt beside
+    ``rollout.max_new_tokens`` (a longer prompt is refused when the engine gets it) and a
+    ``tensor_parallel_size`` above 1 beside ``rollout.max_staleness > 0``."""
     model = spec.model
     lora = model.lora
+    if params.tensor_parallel_size > 1 and spec.rollout.max_staleness:
+        yield (
+            "rollout.engine.tensor_parallel_size: a tensor-parallel engine generates with "
+            "collectives, which cannot run beside the update's (rollout.max_staleness > 0): "
+            "set it to 1 or rollout.max_staleness: 0"
+        )
     asked = spec.rollout.max_new_tokens
     if params.max_model_len is not None and params.max_model_len <= asked:
         yield (
             f"rollout.engine.max_model_len: {params.max_model_len} tokens leave no room for a "
             f"prompt beside rollout.max_new_tokens ({asked}): vLLM would cut the responses"
         )
-    lora = model.lora
     if lora is not None and lora.r > VLLM_LORA_RANKS[-1]:
         yield f"model.lora.r: vLLM supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {lora.r}"
     if not vllm_on_cpu(model.device):

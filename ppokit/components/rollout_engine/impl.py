@@ -8,6 +8,7 @@ Unlike the other kinds' tensor modules this one imports ``transformers`` and
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -18,7 +19,7 @@ from torch import Tensor, nn
 
 from ppokit.components.rollout_engine import HF, EngineContext, Generation, Sampling
 
-__all__ = ["HFEngine", "LogProbRecorder", "filter_logits", "generate"]
+__all__ = ["HFEngine", "LogProbRecorder", "filter_logits", "frozen_copy", "generate"]
 
 
 def filter_logits(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -41,12 +42,23 @@ class LogProbRecorder:
     filtering, and records log π(a_t) = log_softmax(logits / temperature)[a_t] of each sampled
     token: it keeps the previous step's log-softmax and gathers the token that step drew
     (the last column of ``input_ids``) when the next step begins, so nothing is recomputed.
+
+    With a ``generator`` it draws the token itself, from that generator, and leaves it the
+    only finite logit (``model.generate`` then decodes greedily): torch's global generator
+    is not touched.
     """
 
-    def __init__(self, temperature: float, top_k: int, top_p: float) -> None:
+    def __init__(
+        self,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        generator: torch.Generator | None = None,
+    ) -> None:
         self.temperature = temperature
         self.top_k = top_k
         self.top_p = top_p
+        self.generator = generator
         self.prev: Tensor | None = None
         self.steps: list[Tensor] = []
 
@@ -59,7 +71,11 @@ class LogProbRecorder:
         self._take_previous(input_ids)
         scaled = scores.float() / self.temperature
         self.prev = F.log_softmax(scaled, dim=-1)
-        return filter_logits(scaled, self.top_k, self.top_p)
+        kept = filter_logits(scaled, self.top_k, self.top_p)
+        if self.generator is None:
+            return kept
+        token = torch.multinomial(kept.softmax(-1), 1, generator=self.generator)
+        return torch.full_like(kept, float("-inf")).scatter(-1, token, 0.0)
 
     def finish(self, sequences: Tensor, width: int) -> Tensor:
         """``[B, width]`` log-probs of the sampled tokens (the last one gathered here)."""
@@ -95,11 +111,13 @@ def generate(
     eos_ids: Sequence[int],
     pad_id: int,
     progress: Callable[[int, int, int], None] | None = None,
+    own_generator: bool = False,
 ) -> Generation:
     """``sampling.n`` responses per prompt row from ``model.generate``; stop at EOS. A model
     sharded over several processes decodes in step with the others (as many steps as the
     longest: each takes part in the others' forwards). ``progress(step, steps, rows)`` is
-    called before the first step (step 0) and after each decoding step."""
+    called before the first step (step 0) and after each decoding step. ``own_generator``:
+    draw from a generator seeded with ``sampling.seed``, not from torch's global one."""
     from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
     from ppokit.distributed import as_forward, gathered, sharded
@@ -107,8 +125,15 @@ def generate(
     if sampling.n > 1:
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, 0)
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, 0)
+    generator = None
+    if own_generator and not sampling.greedy:
+        generator = torch.Generator(device=prompt_ids.device)
+        if sampling.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(sampling.seed)
     config = GenerationConfig(
-        do_sample=not sampling.greedy,
+        do_sample=not sampling.greedy and generator is None,
         max_new_tokens=sampling.max_new_tokens,
         temperature=1.0,
         top_k=0,
@@ -120,7 +145,7 @@ def generate(
     recorder = (
         None
         if sampling.greedy
-        else LogProbRecorder(sampling.temperature, sampling.top_k, sampling.top_p)
+        else LogProbRecorder(sampling.temperature, sampling.top_k, sampling.top_p, generator)
     )
     processors = LogitsProcessorList([] if recorder is None else [recorder])
     steps = None
@@ -152,14 +177,61 @@ def generate(
     return Generation.from_sequences(response_ids, logp, eos_ids)
 
 
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A copy of the actor to sample from while the trainer changes the actor: its trainable
+    parameters copied, its frozen ones (LoRA's base weights) shared, nothing of it trained;
+    a model sharded over several processes gathered whole into a plain module (a
+    collective: every process makes its copy at the same point)."""
+    from ppokit.distributed import sharded
+
+    if sharded(model):
+        plain = _gathered_copy(model)
+    else:
+        frozen = {id(p): p for p in model.parameters() if not p.requires_grad}
+        plain = copy.deepcopy(model, memo=frozen)
+    for p in plain.parameters():
+        p.requires_grad_(False)
+    return plain.eval()
+
+
+def _gathered_copy(model: nn.Module) -> nn.Module:
+    """A plain copy of a sharded actor: built from its config (a peft model around it under
+    LoRA) and loaded with its whole weights, gathered one tensor at a time."""
+    from transformers import AutoModelForCausalLM
+
+    from ppokit.distributed import full_tensor
+
+    peft = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+    lm = model.get_base_model() if peft else model  # type: ignore[operator]
+    config = copy.deepcopy(lm.config)
+    if hasattr(config, "quantization_config"):  # a GGUF file's: the weights are plain here
+        del config.quantization_config
+    state = {k: full_tensor(v.detach()) for k, v in model.state_dict().items()}
+    dtype = next(iter(state.values())).dtype
+    device = next(iter(state.values())).device
+    with torch.device(device):
+        plain: nn.Module = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+    if peft:
+        from peft import get_peft_model
+
+        adapters: Any = model.peft_config["default"]  # type: ignore[index]
+        plain = get_peft_model(plain, adapters)
+    plain.load_state_dict(state)
+    return plain
+
+
 @HF.implementation
 class HFEngine:
     """It samples from the trainer's actor module itself, so ``sync`` has nothing to do, and
-    with ``dtype: auto`` its log-probs are π_old's (``samples_from_policy``)."""
+    with ``dtype: auto`` its log-probs are π_old's (``samples_from_policy``). Asynchronous
+    (``EngineContext.asynchronous``), it samples from a frozen copy of the actor
+    (:func:`frozen_copy`: under LoRA a copy of the adapters) with generators of its own,
+    and ``sync`` copies the actor's trained parameters into it."""
 
     def __init__(self, *, dtype: str) -> None:
         self.dtype = dtype
         self.context: EngineContext | None = None
+        self.model: nn.Module | None = None  # what samples: the actor or its copy
 
     @property
     def samples_from_policy(self) -> bool:
@@ -173,24 +245,40 @@ class HFEngine:
 
     def start(self, context: EngineContext) -> None:
         self.context = context
+        self.model = context.model
+        if context.asynchronous:
+            self.model = frozen_copy(context.model)
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling) -> Generation:
-        context = self.context
-        if context is None:
+        context, model = self.context, self.model
+        if context is None or model is None:
             raise RuntimeError("the hf engine was not started")
         with torch.no_grad(), self._autocast(context):
             return generate(
-                context.model,
+                model,
                 prompt_ids,
                 prompt_mask,
                 sampling,
                 context.eos_ids,
                 context.pad_id,
                 context.progress,
+                own_generator=context.asynchronous,
             )
 
     def sync(self) -> None:
-        """Nothing: the actor samples with the weights the update just changed."""
+        """Nothing when the actor samples with the weights the update just changed; the
+        actor's trained parameters into the copy when asynchronous (whole tensors of a
+        sharded actor: a collective)."""
+        from ppokit.distributed import full_tensor
+
+        if self.context is None or self.model is None or self.model is self.context.model:
+            return
+        mine = dict(self.model.named_parameters())
+        with torch.no_grad():  # by name: sharding the actor replaces its parameters
+            for name, theirs in self.context.model.named_parameters():
+                if theirs.requires_grad:
+                    mine[name].copy_(full_tensor(theirs.detach()))
 
     def close(self) -> None:
         self.context = None
+        self.model = None

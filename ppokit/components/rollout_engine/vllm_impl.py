@@ -289,6 +289,9 @@ class VLLMEngine:
         wanted = getattr(context.model_spec, "dtype", "auto")
         if wanted in ("float32", "bfloat16", "float16"):
             return str(wanted)
+        cast = context.autocast()  # the run's: model.dtype auto decided it for this device
+        if isinstance(cast, torch.autocast):
+            return str(cast.fast_dtype).removeprefix("torch.")
         return "bfloat16" if gpu else "float32"
 
     def _check_model(self, model: nn.Module, gpu: bool) -> None:

@@ -23,6 +23,8 @@ safetensors, everything else as JSON::
                            {"$tensor": name} (a name in optim/)
       rng/process-0000K.json         process K's python and numpy RNG states and the
       rng/process-0000K.safetensors  prompt source's state; its torch and CUDA RNG states
+      ahead/process-0000K.json       asynchronous rollouts: process K's batches generated
+      ahead/process-0000K.safetensors  for the rounds after this one (:mod:`.ahead`)
 
 The weights and optimizer states are written and read by ``torch.distributed.checkpoint``
 (DCP) through its Hugging Face storage: every process writes its own shards (nothing is
@@ -43,8 +45,8 @@ reads the complete copy (the newer ``.checkpoint.tmp`` when its manifest verifie
 A checkpoint of an older format is not read: one line says so.
 
 The package's modules, one job each: :mod:`.layout` (format, names, state.json's ranges),
-:mod:`.states` (RNG, state trees, weights and optimizer states through DCP), :mod:`.write`
-and :mod:`.read`.
+:mod:`.states` (RNG, state trees, weights and optimizer states through DCP), :mod:`.ahead`
+(the batches generated ahead), :mod:`.write` and :mod:`.read`.
 """
 
 from __future__ import annotations

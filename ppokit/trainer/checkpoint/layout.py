@@ -31,10 +31,12 @@ def rng_stem(rank: int) -> str:
 
 #: Files every checkpoint has (format 4; ``actor/`` and ``optim/`` hold at least one file).
 REQUIRED = ("state.json", "spec.yaml", "optim.json", f"{rng_stem(0)}.json")
+#: The batches generated ahead of the checkpoint's round (asynchronous rollouts).
+AHEAD = "ahead"
 NAME = re.compile(
     r"(state\.json|spec\.yaml|optim\.json"
     rf"|({'|'.join(DCP_FOLDERS)})/[A-Za-z0-9_-][A-Za-z0-9_.-]*\.safetensors"
-    rf"|{RNG}/process-\d{{5}}\.(json|safetensors))"
+    rf"|({RNG}|{AHEAD})/process-\d{{5}}\.(json|safetensors))"
 )
 SHA256 = re.compile(r"[0-9a-f]{64}")
 

@@ -22,6 +22,7 @@ from ppokit.runfolder import (
     read_json,
 )
 from ppokit.trainer.checkpoint.layout import (
+    AHEAD,
     DCP_FOLDERS,
     MANIFEST,
     NAME,
@@ -217,7 +218,7 @@ def _check_names(path: Path, manifest_file: Path, files: dict[str, Any]) -> None
     for folder in ("actor", "optim"):
         if not any(name.startswith(f"{folder}/") for name in files):
             raise UserError(f"{manifest_file}: no {folder}/ file is listed (malformed manifest)")
-    for folder in (*DCP_FOLDERS, RNG):
+    for folder in (*DCP_FOLDERS, RNG, AHEAD):
         if not (path / folder).is_dir():
             continue
         for file in (path / folder).iterdir():

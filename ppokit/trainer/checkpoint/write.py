@@ -7,7 +7,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,9 @@ from ppokit.runfolder import (
     read_json,
     remove,
 )
+from ppokit.trainer.checkpoint.ahead import Ahead, ahead_stem, write_ahead
 from ppokit.trainer.checkpoint.layout import (
+    AHEAD,
     FORMAT,
     MANIFEST,
     OLD,
@@ -108,12 +110,14 @@ def save_checkpoint(
     source: Any,
     round_done: int,
     spec_yaml: str,
+    ahead: Sequence[Ahead] = (),
     environment: Any = None,
 ) -> Path:
     """Write ``out/checkpoint`` atomically; returns its path. On several processes every
     process calls it: each writes its own shards, RNG states, source position and the
     ``environment``'s state (its ``state_dict()``, when it keeps one), the first one the
-    rest.
+    rest. ``ahead``: this process's batches generated for the rounds after ``round_done``
+    (asynchronous rollouts; as many on every process).
 
     Refused (:class:`NonFiniteCheckpointError`) when a model or optimizer tensor is not
     finite on any process. On any error the partly written temporary folder is removed and
@@ -142,13 +146,15 @@ def save_checkpoint(
             remove(tmp)  # a leftover folder, or a link (itself): never written through
             tmp.mkdir(parents=True)  # afresh: it fails if something is there again
             (tmp / RNG).mkdir()
+            if ahead:
+                (tmp / AHEAD).mkdir()
         except OSError as exc:
             error = str(io_error(tmp, exc, doing))
     error = distributed.first_text(error)
     if error is None:
         try:
             env_state = None if environment is None else environment.state_dict()
-            _write_tmp(tmp, models, state, source, round_done, spec_yaml, env_state)
+            _write_tmp(tmp, models, state, source, round_done, spec_yaml, ahead, env_state)
         except BaseException as exc:
             if not is_os_error(exc):
                 if world.main:
@@ -172,11 +178,12 @@ def _write_tmp(
     source: Any,
     round_done: int,
     spec_yaml: str,
+    ahead: Sequence[Ahead] = (),
     env_state: Any = None,
 ) -> None:
     """This process's part of a checkpoint in ``tmp`` (made by the first process): its
-    shards of the weights and optimizer states (collectives), its RNG states; the first
-    process also writes the JSON files. Everything is synced."""
+    shards of the weights and optimizer states (collectives), its RNG states and batches
+    generated ahead; the first process also writes the JSON files. Everything is synced."""
     world = distributed.world()
     base = base_fingerprint(models)  # a collective: before the first process's own writes
     for stem, module in weights_module(models):
@@ -189,6 +196,8 @@ def _write_tmp(
     save_file(rng_tensors, f"{rng}.safetensors")
     Path(f"{rng}.json").write_text(json.dumps(rng_data) + "\n")
     mine = [Path(f"{rng}.safetensors"), Path(f"{rng}.json")]
+    if ahead:
+        mine += write_ahead(tmp / ahead_stem(world.rank), ahead)
     if world.main:
         record = {
             "format": FORMAT,

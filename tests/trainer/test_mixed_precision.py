@@ -1,0 +1,93 @@
+"""bfloat16 autocast on a CPU (``model.dtype``): what ``auto`` picks, and a bf16 round keeps
+its weights, optimizer state, log-probs, estimates and losses in float32, with log π_old
+and log π_ref from the same autocast as the update."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from ppokit.spec import CPU_BF16_MIN_PARAMETERS
+from ppokit.trainer import models as models_module
+from ppokit.trainer.metrics import read_once
+from ppokit.trainer.models import build_models, resolve_device
+from tests.helpers.trainer import demo_rows, learner, small_spec
+
+
+@pytest.mark.parametrize("units", [True, False], ids=["AMX", "no AMX"])
+def test_auto_is_bf16_on_a_cpu_with_amx_for_a_large_enough_model(
+    monkeypatch: Any, units: bool
+) -> None:
+    monkeypatch.setattr(models_module, "cpu_bf16_units", lambda: units)
+    large, small = CPU_BF16_MIN_PARAMETERS, CPU_BF16_MIN_PARAMETERS - 1
+    assert resolve_device("cpu", "auto", large).amp_dtype == (torch.bfloat16 if units else None)
+    assert resolve_device("cpu", "auto", small).amp_dtype is None
+    assert resolve_device("cpu", "auto").amp_dtype is None  # the size not known yet
+    assert resolve_device("cpu", "float32", large).amp_dtype is None
+    assert resolve_device("cpu", "bfloat16", small).amp_dtype == torch.bfloat16
+
+
+def test_the_demo_model_stays_float32_and_a_large_one_gets_bf16(monkeypatch: Any) -> None:
+    """The tiny demo model is far below the size where bf16 pays: auto keeps float32 (its
+    runs are unchanged); above the size, on a CPU with AMX, the run says it chose bf16."""
+    monkeypatch.setattr(models_module, "cpu_bf16_units", lambda: True)
+    spec = small_spec(None, "kl={estimator: k3, coef: 0.1, placement: loss}")
+    assert build_models(spec, 1).runtime.amp_dtype is None
+    monkeypatch.setattr(models_module, "CPU_BF16_MIN_PARAMETERS", 1)
+    steps: list[str] = []
+
+    class Steps:
+        def step(self, text: str) -> None:
+            steps.append(text)
+
+        def status(self, text: str) -> None:
+            pass
+
+    models = build_models(spec, 1, report=Steps())  # type: ignore[arg-type]
+    assert models.runtime.amp_dtype == torch.bfloat16
+    assert any(s.startswith("bfloat16 autocast (model.dtype auto") for s in steps)
+
+
+@pytest.mark.parametrize("budget", [None, 40], ids=["rows", "token budget"])
+def test_a_bf16_round_keeps_float32_state_and_one_autocast(budget: int | None) -> None:
+    """One epoch, one minibatch: the update's first forward is log π_old's own computation,
+    so the ratio is exactly 1 (approx_kl 0, nothing clipped), and the reference (the same
+    weights) gives KL 0 exactly; every weight, optimizer state and estimate is float32; the
+    log-probs are bf16 autocast's, not float32's."""
+    extra = [] if budget is None else [f"train.micro_batch_tokens={budget}"]
+    spec = small_spec(
+        None, "model.dtype=bfloat16", "rollout.logp_old=forward", "train.ppo_epochs=1",
+        "kl={estimator: k3, coef: 0.1, placement: loss}", "model.tiny.hidden_size=64",
+        "model.tiny.intermediate_size=128", *extra,
+    )  # fmt: skip
+    lrn = learner(spec)
+    rows = demo_rows(4)
+    result = lrn.round(rows, [r["prompt"] for r in rows], 1)
+    metrics = read_once(result.metrics)
+    assert metrics["approx_kl"] == 0.0 and metrics["clipfrac"] == 0.0
+    assert metrics["kl"] == 0.0
+    assert metrics["grad_norm_actor"] is not None and metrics["grad_norm_actor"] > 0
+    data = result.data
+    for x in (data.batch.logp_old, data.batch.logp_ref, data.batch.values, data.advantages):
+        assert x is not None and x.dtype == torch.float32
+    params = [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]
+    assert {p.dtype for p in params} == {torch.float32}
+    state = [
+        v for opt in (lrn.actor_opt, lrn.critic_opt) if opt is not None
+        for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1
+    ]  # fmt: skip
+    assert state and {v.dtype for v in state} == {torch.float32}
+    # the same weights in float32 give other log-probs: the passes ran under bf16 autocast
+    runtime = lrn.models.runtime
+    ro = data.rollout
+    with torch.no_grad():
+        lrn.models.runtime = models_module.Runtime(runtime.device, None)
+        try:
+            full = lrn.forwards.reference_logprobs(ro) * ro.response_mask
+        finally:
+            lrn.models.runtime = runtime
+        bf16 = lrn.forwards.reference_logprobs(ro) * ro.response_mask
+    assert not torch.equal(full, bf16)
+    torch.testing.assert_close(bf16, data.batch.logp_ref, rtol=0, atol=0)
