@@ -10,7 +10,7 @@ exact reward is 1 on half. Each mode scores them ``--repeats`` times (after one 
 call); the median seconds are printed per judged response and the ratio between modes.
 
     flock /tmp/ppokit-heavy.lock python benchmarks/judge.py [--prompts 16] [--n 4]
-        [--max-tokens 32] [--concurrency 4] [--repeats 3]
+        [--max-tokens 32] [--concurrency 4] [--repeats 3] [--show]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from ppokit.components.reward import JUDGE_TEMPLATE
 from ppokit.registry import get_registry
 from ppokit.tasks.arithmetic import make_row
 from ppokit.trainer.models import SMOLLM2, load_actor
@@ -107,6 +108,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--show", action="store_true", help="print one answer of the judge")
     args = parser.parse_args()
     prompts, replies, answers, exact = responses(args.prompts, args.n)
     b = len(replies)
@@ -152,6 +154,23 @@ def main() -> None:
                 agreement = f"{sum(agree) / len(agree):.2f}" if parsed else "–"
                 print(f"| {label} | {requests} | {seconds[label]:.3f} | {unparsed:.2f} | "
                       f"{agreement} |")  # fmt: skip
+            if args.show:  # what the judge answered to the first response's rubric
+                rubric = JUDGE_TEMPLATE.format(
+                    prompt=prompts[0], response=replies[0], answer=answers[0], low=0, high=10
+                )
+                got = httpx.post(
+                    f"{url}/chat/completions",
+                    json={
+                        "model": MODEL,
+                        "messages": [{"role": "user", "content": rubric}],
+                        "max_tokens": args.max_tokens,
+                        "temperature": 0.0,
+                    },
+                    timeout=600,
+                ).json()
+                print(
+                    f"\nthe judge's answer to the first rubric: {got['choices'][0]['message']['content']!r}"
+                )
             first = next(iter(seconds.values()))
             print("\nratio of the first mode's seconds per response to each mode's: "
                   + ", ".join(f"{k}: {first / v:.1f}x" for k, v in seconds.items()))  # fmt: skip

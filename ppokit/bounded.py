@@ -18,7 +18,8 @@ Two ways, for two kinds of code:
 :func:`counting_interrupts` tells a Ctrl-C from a ``KeyboardInterrupt`` that code raised
 itself (:func:`interrupts` counts the former). :func:`in_threads` is the one way calls that
 wait on something else (a server, a sandbox) run several at once, each bounded by its own
-timeout.
+timeout, and :class:`Threads` the one way such a call runs while the caller goes on (its
+result asked for later).
 
 This module is torch-free and imports nothing of ppokit.
 """
@@ -32,11 +33,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["GRACE", "TimedOut", "counting_interrupts", "deadline", "in_threads", "interrupts"]
+__all__ = [
+    "GRACE",
+    "Started",
+    "Threads",
+    "TimedOut",
+    "counting_interrupts",
+    "deadline",
+    "in_threads",
+    "interrupts",
+]
 
 T = TypeVar("T")
 
@@ -174,3 +184,33 @@ def in_threads(
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     return out
+
+
+class Started:
+    """A call begun on :class:`Threads`: :meth:`result` waits for it (what it raised is
+    raised there), :meth:`cancel` drops it if it has not begun."""
+
+    def __init__(self, future: Future[Any]) -> None:
+        self._future = future
+
+    def result(self) -> Any:
+        return self._future.result()
+
+    def cancel(self) -> None:
+        self._future.cancel()
+
+
+class Threads:
+    """At most ``workers`` threads called ``name`` for calls that wait on something else
+    (each bounded by its own timeout, or its worker process's), run while the caller goes
+    on: :meth:`start` begins one. :meth:`close` drops the calls not begun; one under way
+    ends on its own bound (a Ctrl-C on the caller's thread is not held up by it)."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix=name)
+
+    def start(self, fn: Callable[..., Any], *args: Any) -> Started:
+        return Started(self._pool.submit(fn, *args))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -87,6 +87,13 @@ class PromptSource(ABC):
         self.drawn += n
         return rows
 
+    def put_back(self, n: int) -> None:
+        """The last ``n`` rows drawn go back: the next :meth:`next_rows` gives them again
+        (the stream is the same whatever was drawn and put back)."""
+        if not 0 <= n <= self.drawn:
+            raise ValueError(f"cannot put back {n} of {self.drawn} rows drawn")
+        self.drawn -= n
+
     def state_dict(self) -> dict[str, Any]:
         return {"source": self.kind, "seed": self.seed, "drawn": self.drawn}
 

@@ -397,6 +397,15 @@ class RolloutSpec(_Strict):
         description="with a filter: at most this many batches of prompts_per_round prompts "
         "are generated in a round to fill it with groups that pass",
     )
+    overlap_scoring: bool = Field(
+        True,
+        description="with a filter that can draw several generation batches: the rewards "
+        "that wait (a reward that declares itself blocking: http, judge, code_tests; one in "
+        "train.reward_workers > 1 processes) score a batch on a thread while the engine "
+        "generates the next, which goes back unused (its prompts to the data stream, the "
+        "random state restored) when the round is full; results in the rows' order, so a "
+        "run is the same with it off; without an environment of several turns",
+    )
     filter_exhausted: Literal["train", "error"] = Field(
         "train",
         description="when max_generation_batches leave the round short of groups that pass "
@@ -530,6 +539,15 @@ class TrainSpec(_Strict):
         description="seconds one call of a reward may take in its worker "
         "process, killed at the bound (null: no bound, run in the trainer's process)",
     )
+    reward_workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="worker processes each reward runs in (with reward_timeout set): a "
+        "batch is split over them at group boundaries, the scores joined in the rows' order "
+        "(for rewards that spend CPU in Python; a reward whose score of a response reads "
+        "other groups' responses keeps 1)",
+    )
     component_timeout: float | None = Field(
         600.0,
         gt=0,
@@ -538,6 +556,15 @@ class TrainSpec(_Strict):
         "truncation rule, advantage, critic target, position mask or prompt weight may take "
         "before it is interrupted and the run stops (null: no bound)",
     )
+
+    @model_validator(mode="after")
+    def _workers(self) -> TrainSpec:
+        if self.reward_workers > 1 and self.reward_timeout is None:
+            raise ValueError(
+                f"reward_workers: {self.reward_workers} needs reward_timeout set (null runs "
+                "the rewards in the trainer's process, no worker processes)"
+            )
+        return self
 
 
 #: A k of pass@k.

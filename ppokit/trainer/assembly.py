@@ -104,7 +104,8 @@ def create(spec: Spec, path: str, kind: str, comp: Any) -> tuple[Where, Any]:
     if kind == "environment":
         return here, CheckedEnvironment(here, component, spec.rollout.environment_timeout)
     if kind == "reward":
-        return here, checked(kind, here, component, spec.train.reward_timeout)
+        workers = spec.train.reward_workers
+        return here, checked(kind, here, component, spec.train.reward_timeout, workers=workers)
     bound = spec.train.component_timeout if kind in BOUNDED_KINDS else None
     return here, checked(kind, here, component, bound)
 

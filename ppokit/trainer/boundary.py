@@ -4,9 +4,13 @@ made one line and what it returns checked (:mod:`ppokit.trainer.contract`).
 Where each kind runs, and what bounds it (the one place for bounds is :mod:`ppokit.bounded`):
 
 - a **reward** (``train.reward_timeout``) and an **environment**
-  (``rollout.environment_timeout``) run in a worker process of their own
-  (:class:`ppokit.workers.WorkerPool`, one process each), killed when a call runs over; with
-  the timeout null they run in the trainer's process, unbounded, on copies of their inputs;
+  (``rollout.environment_timeout``) run in worker processes of their own
+  (:class:`ppokit.workers.WorkerPool`: one process each, a reward ``train.reward_workers``,
+  over which its batch is split at group boundaries), killed when a call runs over; with
+  the timeout null they run in the trainer's process, unbounded, on copies of their inputs.
+  A reward's call is :meth:`Checked.reply` (what a scoring thread may run, see
+  :mod:`ppokit.trainer.scoring`) and its checks :meth:`Checked.scores_of` (on the trainer's
+  thread, which counts into the round's non-finite counter);
 - a **rollout engine**'s ``generate``, ``sync`` and ``close`` (``rollout.engine_timeout``)
   and the components called once a round on the round's tensors (group filter, rollout
   correction, truncation rule, advantage, critic target, position mask, prompt weight:
@@ -31,9 +35,11 @@ import copy
 import dataclasses
 import functools
 import inspect
+import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import torch
 from torch import Tensor
 
 from ppokit import distributed
@@ -72,8 +78,13 @@ __all__ = [
     "checked",
     "code_of",
     "failure",
+    "finish",
+    "join_answers",
+    "reply",
     "reraise",
     "scored",
+    "split_groups",
+    "waits",
 ]
 
 #: The kinds called once a round on the round's tensors, bounded in the trainer's process by
@@ -193,10 +204,10 @@ def call_in_worker(
         raise ComponentError(f"{where}: cannot send its inputs: {one_line(exc)}") from exc
 
 
-def start_pool(where: Where, target: Any, setting: str) -> WorkerPool:
-    """A worker process for ``target``, or one line saying why it cannot cross."""
+def start_pool(where: Where, target: Any, setting: str, size: int = 1) -> WorkerPool:
+    """``size`` worker processes for ``target``, or one line saying why it cannot cross."""
     try:
-        return WorkerPool(target, name=f"ppokit-{where.slot}")
+        return WorkerPool(target, size=size, name=f"ppokit-{where.slot}")
     except Exception as exc:
         raise ComponentError(
             f"{where} cannot be sent to a worker process ({one_line(exc)}); set {setting}: "
@@ -296,6 +307,7 @@ class Checked:
         component: Any,
         timeout: float | None = None,
         setting: str = "",
+        workers: int = 1,
     ) -> None:
         self.kind = kind
         self.where = where
@@ -308,7 +320,7 @@ class Checked:
         self._unit = COUNTED.get(RETURNS[kind])
         self.pool: WorkerPool | None = None
         if kind == "reward" and timeout is not None:
-            self.pool = start_pool(where, RewardInWorker(component), self.setting)
+            self.pool = start_pool(where, RewardInWorker(component), self.setting, workers)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.kind == "reward":
@@ -327,22 +339,45 @@ class Checked:
         _unchanged(self.where, versions)
         return self._checked(out, args, kwargs)
 
+    @property
+    def waits(self) -> bool:
+        """Whether a reward's call mostly waits on something outside the trainer's threads:
+        it declares itself ``blocking`` (a server, a sandbox) or runs in several worker
+        processes (``train.reward_workers``)."""
+        blocking = bool(optional(self.component, "reward", "blocking"))
+        return blocking or (self.pool is not None and self.pool.size > 1)
+
     def scored(self, *args: Any, **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:
-        """A reward's call (in its worker process, or here on its own copies of its
+        """A reward's call (in its worker processes, or here on its own copies of its
         inputs): its scores (float32 [B]) and its flags (a
         :class:`~ppokit.components.reward.Scored`'s, float32 [B] each; none for bare
         scores)."""
+        return self.scores_of(self.reply(*args, **kwargs), args, kwargs)
+
+    def reply(self, *args: Any, **kwargs: Any) -> Any:
+        """A reward's answer as it returned it, unchecked: in its worker processes (the
+        batch split at group boundaries over them, the answers joined in the rows'
+        order), or here on its own copies of its inputs. Safe on any thread: it counts
+        nothing."""
         versions = _versions(args, kwargs)
         if self.pool is not None:
-            call = Call(None, args, kwargs)
-            code = self.code
-            out = call_in_worker(
-                self.where, self.pool, [call], self.timeout, self.setting, code=code
-            )[0]
+            pieces = split_groups(args, kwargs, self.pool.size)
+            calls = [Call(None, a, k) for a, k, _ in pieces]
+            outs = call_in_worker(
+                self.where, self.pool, calls, self.timeout, self.setting, code=self.code
+            )
+            out = outs[0] if len(outs) == 1 else join_answers(outs, [n for _, _, n in pieces])
         else:  # its own copies: what it changes, no other reward sees
             mine, theirs = copy.deepcopy((args, kwargs))
             out = call_here(self.where, self.component, mine, theirs)
         _unchanged(self.where, versions)
+        return out
+
+    def scores_of(
+        self, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """A reward's answer ``out`` (:meth:`reply`) checked against its contract and
+        counted into the round's non-finite counter: its scores and flags."""
         flags: dict[str, Tensor] = {}
         if isinstance(out, Scored):
             n = len(responses_of(args, kwargs))
@@ -386,19 +421,110 @@ def scored(
     """A reward's scores (as it returned them) and its flags (float32 [B] each, see
     :class:`~ppokit.components.reward.Scored`) for ``responses`` and their ``fields``;
     ``fn``: a reward behind the boundary (:class:`Checked`) or a bare one."""
+    return finish(fn, where, reply(fn, prompts, responses, fields), prompts, responses, fields)
+
+
+def reply(fn: Any, prompts: list[str], responses: list[str], fields: dict[str, list[Any]]) -> Any:
+    """A reward's answer for ``responses``, unchecked (:meth:`Checked.reply`; a bare reward
+    called as it is)."""
     if isinstance(fn, Checked):
-        return fn.scored(prompts, responses, **fields)
-    out = fn(prompts, responses, **fields)
+        return fn.reply(prompts, responses, **fields)
+    return fn(prompts, responses, **fields)
+
+
+def finish(
+    fn: Any,
+    where: Where | str,
+    out: Any,
+    prompts: list[str],
+    responses: list[str],
+    fields: dict[str, list[Any]],
+) -> tuple[Any, dict[str, Tensor]]:
+    """A reward's answer ``out`` (:func:`reply`) as its scores and flags, checked when
+    the reward is behind the boundary (:meth:`Checked.scores_of`)."""
+    if isinstance(fn, Checked):
+        return fn.scores_of(out, (prompts, responses), fields)
     if isinstance(out, Scored):
         return out.scores, as_flags(out.flags, len(responses), where)
     return out, {}
 
 
+def waits(fn: Any) -> bool:
+    """Whether a reward mostly waits on something outside the trainer's threads
+    (:attr:`Checked.waits`; a bare reward: its ``blocking`` member)."""
+    if isinstance(fn, Checked):
+        return fn.waits
+    return bool(getattr(fn, "blocking", False))
+
+
+def split_groups(
+    args: tuple[Any, ...], kwargs: dict[str, Any], parts: int
+) -> list[tuple[tuple[Any, ...], dict[str, Any], int]]:
+    """A reward's call ``(prompts, responses, **fields)`` as at most ``parts`` calls of
+    about equal size, each cut where the prompt changes (a group, the responses to one
+    prompt, stays whole): (args, kwargs, rows) each, in the rows' order."""
+    prompts = list(args[0]) if args else list(kwargs.get("prompts", []))
+    b = len(prompts)
+    if parts <= 1 or b <= 1 or len(args) != 2:
+        return [(args, kwargs, b)]
+    starts = [i for i in range(1, b) if prompts[i] != prompts[i - 1]]
+    cuts: list[int] = []
+    for j in range(1, parts):
+        at = next((s for s in starts if s >= round(b * j / parts)), None)
+        if at is not None and at not in cuts:
+            cuts.append(at)
+    edges = [0, *cuts, b]
+    out = []
+    for lo, hi in itertools.pairwise(edges):
+        piece = slice(lo, hi)
+        a = tuple(list(x)[piece] for x in args)
+        k = {
+            key: list(v)[piece] if isinstance(v, (list, tuple)) and len(v) == b else v
+            for key, v in kwargs.items()
+        }
+        out.append((a, k, hi - lo))
+    return out
+
+
+def join_answers(outs: list[Any], sizes: list[int]) -> Any:
+    """The answers of a call's pieces (:func:`split_groups`) as one answer, in the rows'
+    order: their scores concatenated, and their flags (a piece without a flag: False on
+    its rows). A piece whose scores are not one per row is returned as it is, for the
+    contract to refuse."""
+    scores: list[Any] = []
+    flags: dict[str, list[Any]] = {}
+    for out, n in zip(outs, sizes, strict=True):
+        got = out.scores if isinstance(out, Scored) else out
+        if isinstance(got, Tensor) and got.dim() == 1 and got.numel() == n:
+            got = got.tolist()
+        if not isinstance(got, (list, tuple)) or len(got) != n:
+            return out
+        scores.append(list(got))
+    for i, out in enumerate(outs):
+        if isinstance(out, Scored):
+            for name, values in out.flags.items():
+                if isinstance(values, Tensor):
+                    values = values.tolist()
+                flags.setdefault(name, [[False] * m for m in sizes])[i] = list(values)
+    joined = [s for piece in scores for s in piece]
+    if any(isinstance(out, Scored) for out in outs):
+        return Scored(joined, {k: [f for piece in v for f in piece] for k, v in flags.items()})
+    if all(isinstance(out, Tensor) for out in outs):
+        return torch.tensor(joined, dtype=torch.float32)
+    return joined
+
+
 def checked(
-    kind: str, where: Where, component: Any, timeout: float | None = None, setting: str = ""
+    kind: str,
+    where: Where,
+    component: Any,
+    timeout: float | None = None,
+    setting: str = "",
+    workers: int = 1,
 ) -> Checked:
-    """``component`` behind the boundary of its ``kind`` (see :class:`Checked`)."""
-    return Checked(kind, where, component, timeout, setting)
+    """``component`` behind the boundary of its ``kind`` (see :class:`Checked`; ``workers``:
+    a reward's worker processes)."""
+    return Checked(kind, where, component, timeout, setting, workers)
 
 
 class CheckedEngine:

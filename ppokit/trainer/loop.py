@@ -639,10 +639,15 @@ def _run_round(
         result = rollouts.round(state, r + 1, train_actor)
     else:
         draw = _drawer(setup, source, format_prompts)
+
+        def put_back() -> None:  # the last batch drawn, generated ahead and not needed
+            source.put_back(spec.rollout.prompts_per_round)
+
         rows, formatted = draw()
         result = run_round(
-            setup, state, rows, formatted, round_no=r + 1, train_actor=train_actor, draw=draw
-        )
+            setup, state, rows, formatted, round_no=r + 1, train_actor=train_actor, draw=draw,
+            put_back=put_back,
+        )  # fmt: skip
     values = read_once(result.metrics)  # the round's one host read
     tokens = values.pop("tokens", None) or 0.0
     record: dict[str, Any] = {ROUND: r + 1, **values, **result.timings}

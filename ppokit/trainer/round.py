@@ -45,7 +45,7 @@ from ppokit import distributed
 from ppokit.trainer.checks import count, counting
 from ppokit.trainer.episodes import episode_metrics
 from ppokit.trainer.estimation import estimate_round, round_batch
-from ppokit.trainer.groups import Draw, Filled, fill
+from ppokit.trainer.groups import Draw, Filled, PutBack, fill
 from ppokit.trainer.metrics import Meter, peak_memory_gb
 from ppokit.trainer.microbatches import MicroBatches
 from ppokit.trainer.rollout import Rollout
@@ -89,6 +89,7 @@ def run_round(
     round_no: int,
     train_actor: bool = True,
     draw: Draw | None = None,
+    put_back: PutBack | None = None,
     rollout: Rollout | None = None,
     scores: Tensor | Scores | None = None,
     update: bool = True,
@@ -96,7 +97,8 @@ def run_round(
     sync: bool = True,
 ) -> RoundResult:
     """Round ``round_no`` (1-based) on the data ``rows`` and their ``formatted`` prompts,
-    and the batches ``draw`` gives while ``rollout.filter`` has passed too few groups.
+    and the batches ``draw`` gives while ``rollout.filter`` has passed too few groups
+    (``put_back``: the last of them goes back unused, see :func:`~ppokit.trainer.groups.fill`).
     ``train_actor`` False: a critic-only round (``train.critic_warmup_rounds``).
     ``rollout``, ``scores``: the first batch's responses (``rollout.n`` per prompt) and
     their rewards R (or :class:`~ppokit.trainer.scoring.Scores` with each reward's),
@@ -120,7 +122,7 @@ def run_round(
         got = fill(
             rows, formatted, sample=sample, scorer=setup.scorer, group_filter=parts.filter,
             settings=spec.rollout, timings=timings, phase=setup.reporter.phase, draw=draw,
-            rollout=rollout, scores=scores,
+            put_back=put_back, lookahead=setup.lookahead, rollout=rollout, scores=scores,
         )  # fmt: skip
         groups = n if n > 1 and "group_ids" in parts.requires else None
         metrics = generated_metrics(got, groups, device)

@@ -18,6 +18,7 @@ from ppokit.trainer.assembly import Assembly, CheckedEngine
 from ppokit.trainer.checks import Guard
 from ppokit.trainer.episodes import Sampler
 from ppokit.trainer.forwards import Forwards
+from ppokit.trainer.groups import Lookahead
 from ppokit.trainer.models import Models
 from ppokit.trainer.objective import Objective
 from ppokit.trainer.optim import Optimizers
@@ -44,6 +45,8 @@ class Setup:
     #: log π_old from a forward pass (``rollout.logp_old``), else the engine's log μ
     recompute_logp_old: bool
     reporter: Reporter = field(default_factory=Silent)
+    #: when a round generates a batch ahead while one is scored (rollout.overlap_scoring)
+    lookahead: Lookahead = field(default_factory=Lookahead)
 
     @classmethod
     def start(
@@ -122,6 +125,7 @@ class Setup:
         try:
             self.engine.close()
         finally:
+            self.scorer.close()
             self.assembly.close()
 
 

@@ -3,7 +3,10 @@
 The second process's prompts of a and b score a constant (never informative) while every
 prompt of the first process can pass, so the second needs more batches than the first: both
 draw the same number of batches, end with the same number of groups (their share), and log
-the same whole-round counts.
+the same whole-round counts. The reward declares itself blocking, so each process scores a
+batch on a thread while it generates the next ahead (rollout.overlap_scoring): the processes
+decide alike when to generate ahead, and a batch that goes back leaves the data position as
+the batches used.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def rank_constant() -> Any:
             for text, symbol in zip(responses, answer, strict=True)
         ]
 
+    reward.blocking = True  # type: ignore[attr-defined]
     return reward
 
 
@@ -84,11 +88,14 @@ def _worker(rank: int, port: int, folder: str) -> None:
             rows = source.next_rows(PROMPTS)[world.share(PROMPTS)]
             return rows, format_prompts(rows, lrn.models.tokenizer, spec.data)
 
+        def put_back() -> None:
+            source.put_back(PROMPTS)
+
         own: list[int] = []
         records = []
         for r in range(1, ROUNDS + 1):
             rows, formatted = draw()
-            result = lrn.round(rows, formatted, r, draw=draw)
+            result = lrn.round(rows, formatted, r, draw=draw, put_back=put_back)
             if result.data is not None:  # the round had an update
                 own.append(result.data.batch.batch_size)
             record = {k: float(v) for k, v in result.metrics.items() if k.startswith("rollout/")}
@@ -102,6 +109,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
                     ).all()
                 ),
                 policy_loss=float(result.metrics["policy_loss"]),
+                discarded="time_discarded" in result.timings,
             )
             records.append(record)
         Path(f"{folder}/rank{rank}.json").write_text(json.dumps(records))
@@ -128,6 +136,7 @@ def test_whole_round_counts_and_equal_shares(two_processes: Path) -> None:
             "drawn",
             "own_rows",
             "policy_loss",  # the whole minibatch's loss, the same on both
+            "discarded",  # a batch generated ahead went back on both or neither
         ):
             assert first[key] == second[key], key
         assert first["rollout/kept_groups"] == PROMPTS  # the whole round
@@ -138,3 +147,4 @@ def test_whole_round_counts_and_equal_shares(two_processes: Path) -> None:
         total_batches += int(first["rollout/generation_batches"])
         assert first["drawn"] == total_batches * PROMPTS  # every process drew every batch
     assert total_batches > ROUNDS  # the second process's constant prompts needed more
+    assert any(r["discarded"] for r in ranks[0])  # a batch was generated ahead, not needed

@@ -11,6 +11,10 @@ name of what the trainer passes (:data:`RESERVED_FIELDS`). A reward ignores the 
 not use and raises a :class:`~ppokit.errors.UserError` naming a field it needs but did not
 get. Each reward gets its own copies of its inputs.
 
+Optional member: ``blocking`` (default False), True for a reward whose call mostly waits on
+something else (``http``, ``judge``, ``code_tests``): the round scores one generation batch
+on a thread while the engine generates the next (``rollout.overlap_scoring``).
+
 This module is the torch-free catalogue; the tensor code is
 :mod:`ppokit.components.reward.impl`.
 """
@@ -53,7 +57,14 @@ class Reward(Protocol):
     ) -> Tensor | Sequence[float] | Scored: ...
 
 
-CONTRACT = Contract("scores")
+CONTRACT = Contract(
+    "scores",
+    optional={
+        "blocking": "True: a call mostly waits on something else (a server, a sandbox): it "
+        "scores a generation batch on a thread while the engine generates the next "
+        "(rollout.overlap_scoring)"
+    },
+)
 
 #: What the trainer passes to every reward beside the data columns (``completions``:
 #: TRL's name for the responses; ``self``: a reward object's own parameter). A data column of

@@ -232,6 +232,8 @@ class HttpReward:
     ``flags`` when the server serves several rewards), checked: a wrong count or a
     non-number is a failure like a refused connection (not retried)."""
 
+    blocking = True  # its calls wait on a server or a sandbox
+
     def __init__(
         self,
         *,
@@ -348,6 +350,8 @@ class JudgeReward:
     ``max_tokens`` tokens at ``temperature``; the answer's ``choices[0].message.content`` is
     parsed (:func:`parse_score`, :func:`parse_group`). An answer without that field is a
     failure of the server (``on_error``); an answer without a score is ``unparsed``."""
+
+    blocking = True  # its calls wait on a server or a sandbox
 
     def __init__(
         self,

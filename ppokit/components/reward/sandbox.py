@@ -147,6 +147,8 @@ class CodeTestsReward:
     response gets a fresh folder; nothing it writes outlives its sandbox. Flags
     ``timed_out`` (reward/code_tests/timed_out_frac) on responses the timeout stopped."""
 
+    blocking = True  # its calls wait on a server or a sandbox
+
     def __init__(
         self,
         *,
