@@ -35,6 +35,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
@@ -240,10 +241,32 @@ def dumps(target: Any) -> bytes:
     return cloudpickle.dumps(target, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[no-any-return]
 
 
+#: The longest temporary folder under which multiprocessing's sockets still fit: a socket's
+#: path has at most 107 bytes on Linux, and theirs lie two names (about 35 bytes) below it.
+SOCKET_FOLDER_MAX = 70
+
+
+def _short_socket_folder() -> None:
+    """multiprocessing keeps its sockets (the forkserver's) in a folder of its own, made
+    once a process under tempfile's; under a long ``TMPDIR`` their paths pass the bound
+    (``OSError: AF_UNIX path too long``), so that folder is then made under /tmp."""
+    if len(os.fsencode(tempfile.gettempdir())) <= SOCKET_FOLDER_MAX:
+        return
+    if not os.access("/tmp", os.W_OK | os.X_OK):
+        return
+    previous = tempfile.tempdir
+    tempfile.tempdir = "/tmp"
+    try:
+        util.get_temp_dir()  # made now, and kept for the process
+    finally:
+        tempfile.tempdir = previous
+
+
 def _context() -> Any:
     """multiprocessing's forkserver context, its server started (once a process)."""
     from multiprocessing import forkserver
 
+    _short_socket_folder()
     ctx = get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
     forkserver.ensure_running()

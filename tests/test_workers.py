@@ -215,3 +215,29 @@ def test_a_script_that_starts_a_pool_at_its_top_level_is_not_run_again(tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[0, 2, 4, 6]"
     assert marks.read_text() == "ran\n"
+
+
+def test_a_pool_starts_under_a_long_temporary_folder(tmp_path) -> None:
+    """Under a TMPDIR too long for a socket's path (107 bytes) the pool still starts and
+    answers: multiprocessing's sockets go to a folder under /tmp."""
+    import subprocess
+    import sys
+
+    long = tmp_path / ("t" * 60) / ("u" * 60)
+    long.mkdir(parents=True)
+    code = (
+        "from ppokit.workers import Call, WorkerPool\n"
+        "def twice(x):\n"
+        "    return 2 * x\n"
+        "with WorkerPool(twice) as pool:\n"
+        "    print(pool.call(Call(None, (21,), {}), 60))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(long)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "42"
