@@ -276,19 +276,25 @@ class Scorer:
         """The scores and the transcripts of a rollout of ``B // len(rows)`` responses per
         data row. A multi-turn rollout's R adds the episode's turn rewards (its part
         ``environment``, weight 1)."""
-        scores, transcripts = self.start_rollout(rows, ro)
-        return self.rollout_scores(ro, scores.result()), transcripts
+        expanded, (texts, lengths, truncated, transcripts) = self._decoded(rows, ro)
+        scores = self.score(expanded, texts, lengths, truncated, transcripts)
+        return self.rollout_scores(ro, scores), transcripts
 
     def start_rollout(
         self, rows: list[dict[str, Any]], ro: Rollout, overlap: bool = False
     ) -> tuple[Pending, list[str]]:
         """:meth:`rollout` begun (the responses decoded, :meth:`start`); finish it with
         :meth:`rollout_scores`."""
-        n = ro.response_ids.shape[0] // max(1, len(rows))
-        expanded = [row for row in rows for _ in range(n)]
-        texts, lengths, truncated, transcripts = self.decode(ro)
+        expanded, (texts, lengths, truncated, transcripts) = self._decoded(rows, ro)
         pending = self.start(expanded, texts, lengths, truncated, transcripts, overlap)
         return pending, transcripts
+
+    def _decoded(
+        self, rows: list[dict[str, Any]], ro: Rollout
+    ) -> tuple[list[dict[str, Any]], tuple[list[str], list[int], list[bool], list[str]]]:
+        """Each data row once per response of it, and the rollout decoded."""
+        n = ro.response_ids.shape[0] // max(1, len(rows))
+        return [row for row in rows for _ in range(n)], self.decode(ro)
 
     @staticmethod
     def rollout_scores(ro: Rollout, scores: Scores) -> Scores:
