@@ -25,24 +25,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.round import make_learner
+from benchmarks.trl_grpo import LONG
 from ppokit.data import make_prompt_source
 from ppokit.spec import load_spec
-from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.asynchronous import AsyncRollouts
 from ppokit.trainer.loop import cpu_cores
 from ppokit.trainer.metrics import read_once
-from ppokit.trainer.models import build_models
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.round import run_round
-from ppokit.trainer.setup import Setup, State
+from ppokit.trainer.setup import Setup
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "specs" / "smollm2_arithmetic_cpu.yaml"
@@ -50,30 +52,12 @@ ENGINES = {
     "hf": "rollout.engine=hf",
     "vllm-bf16": "rollout.engine={name: vllm, dtype: bfloat16}",
 }
-#: docs/results.md's long responses: generation about half of hf's round.
-LONG = [
-    "model.lora=null",
-    "rollout.max_new_tokens=256",
-    "rollout.prompts_per_round=4",
-    "train.actor_lr=1e-6",
-    "data.system_prompt=You are a careful calculator. Think step by step, then give the "
-    "result as \\boxed{N}.",
-]
 #: torch's thread setting before vLLM makes it a no-op (each learner's rounds set theirs).
 SET_THREADS = torch.set_num_threads
 
 
 def _load() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _learner(spec_path: Path, overrides: list[str]) -> tuple[Setup, State]:
-    spec = load_spec(spec_path, overrides)
-    random.seed(spec.seed)
-    torch.manual_seed(spec.seed)
-    assembly = Assembly.from_spec(spec)
-    models = build_models(spec, assembly.head_size)
-    return Setup.start(spec, models, assembly), State.create(spec, models)
 
 
 def _draw(setup: Setup) -> Any:
@@ -107,10 +91,10 @@ def main() -> None:
         *args.set,
     ]
     SET_THREADS(args.sync_threads)  # vLLM computes with the threads it finds as it starts
-    sync = _learner(args.spec, [*base, "rollout.max_staleness=0"])
+    sync = make_learner(load_spec(args.spec, [*base, "rollout.max_staleness=0"]))
     SET_THREADS(split)
-    stale = _learner(
-        args.spec, [*base, "rollout.max_staleness=1", f"rollout.engine_threads={split}"]
+    stale = make_learner(
+        load_spec(args.spec, [*base, "rollout.max_staleness=1", f"rollout.engine_threads={split}"])
     )
     draw = _draw(sync[0])
     rollouts = AsyncRollouts(stale[0], _draw(stale[0]), start=0, threads=split)

@@ -27,20 +27,21 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.round import make_learner
 from ppokit.data import make_prompt_source
 from ppokit.spec import load_spec
-from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.metrics import read_once
-from ppokit.trainer.models import build_models
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.round import run_round
-from ppokit.trainer.setup import Setup, State
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "specs" / "smollm2_arithmetic_cpu.yaml"
@@ -60,17 +61,6 @@ TINY_32 = [
 ]
 
 
-def _learner(spec_path: Path, overrides: list[str]) -> tuple[Setup, State]:
-    import random
-
-    spec = load_spec(spec_path, overrides)
-    random.seed(spec.seed)
-    torch.manual_seed(spec.seed)
-    assembly = Assembly.from_spec(spec)
-    models = build_models(spec, assembly.head_size)
-    return Setup.start(spec, models, assembly), State.create(spec, models)
-
-
 def _load() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -81,7 +71,7 @@ def rounds(args: argparse.Namespace) -> None:
     learners = {}
     for name in names:
         begin = time.perf_counter()
-        learners[name] = _learner(args.spec, [*base, ENGINES[name]])
+        learners[name] = make_learner(load_spec(args.spec, [*base, ENGINES[name]]))
         print(f"{name}: started in {time.perf_counter() - begin:.1f} s", flush=True)
     spec = next(iter(learners.values()))[0].spec
     r = spec.rollout
