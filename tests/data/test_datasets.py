@@ -30,6 +30,7 @@ from ppokit.data import (
 from ppokit.errors import MissingDependency, UserError
 from ppokit.spec import DataSpec, load_spec
 from ppokit.trainer.prompts import chat_messages, format_prompts
+from tests.helpers.data import assert_resumes
 
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
@@ -365,20 +366,11 @@ def test_resume_draws_the_same_rows(
     parquet: Path, seed: int, shuffle: bool, chunks: list[int], split: int
 ) -> None:
     spec = _spec(parquet, shuffle=shuffle)
-    uninterrupted = make_prompt_source(spec, seed)
-    expected = [uninterrupted.next_rows(n) for n in chunks]
-
+    drawn = make_prompt_source(spec, seed)
+    expected = [drawn.next_rows(n) for n in chunks]
     whole = make_prompt_source(spec, seed).next_rows(sum(chunks))
     assert [r for chunk in expected for r in chunk] == whole  # chunking changes nothing
-
-    first = make_prompt_source(spec, seed)
-    got = [first.next_rows(n) for n in chunks[:split]]
-    state = json.loads(json.dumps(first.state_dict()))
-    resumed = make_prompt_source(spec, seed + 1)  # the state carries the seed
-    resumed.load_state_dict(state)
-    got += [resumed.next_rows(n) for n in chunks[split:]]
-    assert got == expected
-    assert resumed.state_dict() == uninterrupted.state_dict()
+    assert_resumes(spec, seed, chunks, split)
 
 
 def test_state_names_the_source_and_the_data(parquet: Path, tmp_path: Path) -> None:

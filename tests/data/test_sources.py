@@ -17,6 +17,7 @@ from ppokit.data import (
 from ppokit.errors import UserError
 from ppokit.spec import DataSpec, SpecError, validate_spec
 from ppokit.trainer.prompts import format_prompts
+from tests.helpers.data import assert_resumes
 from tests.trainer.test_prompts import TEMPLATE, chat_tokenizer
 
 
@@ -80,17 +81,7 @@ def test_resume_draws_the_same_rows(
     spec = _specs(jsonl)[which]
     if spec.source == "demo":
         spec = DataSpec(source="arithmetic", options={"terms": 3})
-    uninterrupted = make_prompt_source(spec, seed)
-    expected = [uninterrupted.next_rows(n) for n in chunks]
-
-    first = make_prompt_source(spec, seed)
-    got = [first.next_rows(n) for n in chunks[:split]]
-    state = json.loads(json.dumps(first.state_dict()))
-    resumed = make_prompt_source(spec, seed + 1)  # the state carries the seed
-    resumed.load_state_dict(state)
-    got += [resumed.next_rows(n) for n in chunks[split:]]
-    assert got == expected
-    assert resumed.state_dict() == uninterrupted.state_dict()
+    assert_resumes(spec, seed, chunks, split)
 
 
 def test_demo_source_resumes_and_passes_options() -> None:
