@@ -82,6 +82,14 @@ def alive(pid: int) -> bool:
     return True
 
 
+def all_end(pids: list[int], seconds: float) -> bool:
+    """Whether every process of ``pids`` has ended within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    return not any(alive(pid) for pid in pids)
+
+
 def wait_for(paths: list[Path], seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not all(p.exists() for p in paths):
@@ -120,10 +128,7 @@ def test_the_runs_of_a_stopped_sweep_end_with_it(
         if sweep.poll() is None:
             sweep.kill()
             sweep.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
-        time.sleep(0.05)
-    assert not any(alive(pid) for pid in pids)
+    assert all_end(pids, 10)
     # started again, it finishes every run
     _, runs, completed = run_sweep(
         [spec],
@@ -296,10 +301,7 @@ def test_the_runs_of_a_killed_sweep_end_with_it_and_a_restart_completes(tmp_path
         if sweep.poll() is None:
             sweep.kill()
             sweep.wait()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
-        time.sleep(0.05)
-    assert not any(alive(pid) for pid in pids)
+    assert all_end(pids, 15)
     _, runs, completed = run_sweep(
         [spec],
         [0, 1],
