@@ -5,9 +5,31 @@ every run (``derandomize``: the seed is a hash of the test), so the README's tes
 tests what CI tested; a failure prints the example and a ``@reproduce_failure`` blob.
 ``explore`` (``pytest --hypothesis-profile=explore``, with ``--hypothesis-seed=N`` to repeat a
 run): fresh random examples each run, to look for inputs the fixed ones miss.
+
+``pytest -n auto`` (pyproject's addopts: pytest-xdist) runs a worker per core, at most
+:data:`MAX_WORKERS` and one per :data:`GIB_PER_WORKER` GiB of memory: an end-to-end test
+starts processes and models of its own (two ranks, a vLLM engine), so more workers than that
+only contend. ``-n 0`` runs the suite in one process.
 """
 
+from __future__ import annotations
+
+import os
+
+import pytest
 from hypothesis import settings
+
+#: The most workers ``-n auto`` starts.
+MAX_WORKERS = 4
+#: The memory a worker may need at its peak (a test's vLLM engine or two ranks beside it).
+GIB_PER_WORKER = 6
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min(cores or 1, MAX_WORKERS, int(memory // GIB_PER_WORKER)))
+
 
 settings.register_profile("ppokit", derandomize=True, print_blob=True, database=None)
 settings.register_profile("explore", derandomize=False, print_blob=True)

@@ -3,6 +3,7 @@ with the example plugin and two broken plugins installed (built once per session
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,12 +21,23 @@ from tests.helpers import (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The runner's terminal size is not the tests' (pytest-xdist's workers set
+    ``COLUMNS=80``): what they print lays out as on a user's pipe, from the modules they
+    import (ppokit.cli sizes its console then) to the commands they run."""
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def conversion_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The tests' own cache of converted models (``PPOKIT_CACHE``, for every process they
-    start): a run of the suite converts SmolLM2's GGUF file once, and never reads a cache
-    of the machine's."""
-    folder = tmp_path_factory.mktemp("ppokit-cache")
+    start): a run of the suite converts SmolLM2's GGUF file once, shared by pytest-xdist's
+    workers (an entry is renamed into place whole), and never reads a cache of the
+    machine's."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "ppokit-cache"
+    folder.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PPOKIT_CACHE", str(folder))
         yield folder

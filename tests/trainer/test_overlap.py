@@ -277,6 +277,7 @@ def test_lookahead_by_hand() -> None:
     assert ahead.worth(0, 4) and ahead.worth(1, 4) and not ahead.worth(2, 4)
 
 
+@pytest.mark.usefixtures("ctrl_c")
 def test_ctrl_c_while_a_reward_is_scored_ends_the_wait() -> None:
     """A Ctrl-C on the trainer's thread while it waits for a reward on a scoring thread is
     a KeyboardInterrupt there at once; closing the reward ends its worker and the thread."""
