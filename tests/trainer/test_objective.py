@@ -220,6 +220,22 @@ def _setup(
     return spec, lrn, data, scores
 
 
+def _assert_every_partition_trains_the_objective(
+    spec: Spec, lrn: Trainee, data: UpdateData, scores: Tensor
+) -> None:
+    """The loss of the whole batch, of a shuffled one in micro-batches of uneven sizes and of
+    some of its rows in micro-batches of 2 is the stated objective of those rows."""
+    b = len(REWARDS)
+    perm = torch.randperm(b, generator=torch.Generator().manual_seed(1))
+    expected = objective(spec, lrn, data, scores, torch.arange(b))["objective"]
+    for micro in (b, 5, 1):
+        total = accumulate(lrn, data, perm, micro, train_actor=True)
+        torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-6)
+    rows = torch.tensor([0, 5, 9, 10, 6])
+    loss = accumulate(lrn, data, rows, 2, train_actor=True)
+    torch.testing.assert_close(loss, objective(spec, lrn, data, scores, rows)["objective"])
+
+
 @pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
 def test_the_trainer_loss_is_the_explained_objective(tmp_path, aggregation: str) -> None:
     spec, lrn, data, scores = _setup(
@@ -269,15 +285,7 @@ def test_a_correction_enters_the_objective_as_design_says(
     assert not torch.equal(c, data.batch.maskf), "the correction acts on this batch"
     if correction != "token_tis":
         assert (mask & (c == 0)).any(), "it rejects some tokens"
-    b = len(REWARDS)
-    perm = torch.randperm(b, generator=torch.Generator().manual_seed(1))
-    expected = objective(spec, lrn, data, scores, torch.arange(b))["objective"]
-    for micro in (b, 5, 1):
-        total = accumulate(lrn, data, perm, micro, train_actor=True)
-        torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-6)
-    rows = torch.tensor([0, 5, 9, 10, 6])
-    loss = accumulate(lrn, data, rows, 2, train_actor=True)
-    torch.testing.assert_close(loss, objective(spec, lrn, data, scores, rows)["objective"])
+    _assert_every_partition_trains_the_objective(spec, lrn, data, scores)
 
 
 @pytest.mark.parametrize(
@@ -308,15 +316,7 @@ def test_a_stale_batch_trains_the_decoupled_objective(
     assert (batch.logp_old - batch.logp_rollout).abs().max() > 1e-3  # π_old is not μ
     if correction != "none":
         assert not torch.equal(data.correction, batch.maskf), "the correction acts"
-    b = len(REWARDS)
-    perm = torch.randperm(b, generator=torch.Generator().manual_seed(1))
-    expected = objective(spec, lrn, data, scores, torch.arange(b))["objective"]
-    for micro in (b, 5, 1):
-        total = accumulate(lrn, data, perm, micro, train_actor=True)
-        torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-6)
-    rows = torch.tensor([0, 5, 9, 10, 6])
-    loss = accumulate(lrn, data, rows, 2, train_actor=True)
-    torch.testing.assert_close(loss, objective(spec, lrn, data, scores, rows)["objective"])
+    _assert_every_partition_trains_the_objective(spec, lrn, data, scores)
     if aggregation != "token_mean":
         return
     _, lrn, data, _ = _setup(tmp_path, *extra, "rollout.logp_old=rollout", stale=True)
