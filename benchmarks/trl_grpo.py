@@ -52,6 +52,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ppokit.children import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "specs" / "smollm2_arithmetic_cpu.yaml"
 #: The 256-token round of docs/results.md: every weight trained, 4 prompts x 4 samples.
@@ -141,6 +143,8 @@ def _batches(spec: Any, steps: int) -> list[list[dict[str, Any]]]:
 def _ppokit_worker(args: argparse.Namespace, name: str, conn: Any) -> None:
     import random
 
+    die_with_parent()
+
     import torch
 
     from ppokit.trainer.assembly import Assembly
@@ -220,6 +224,7 @@ def _peft_config(spec: Any) -> Any:
 
 
 def _trl_worker(args: argparse.Namespace, name: str, conn: Any) -> None:
+    die_with_parent()
     import torch
 
     torch.set_num_threads(args.threads)
@@ -320,7 +325,9 @@ def _start(args: argparse.Namespace, name: str) -> tuple[Any, Any]:
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
     target = _trl_worker if name.startswith("trl") else _ppokit_worker
-    process = ctx.Process(target=target, args=(args, name, theirs), daemon=True)
+    # not a daemon: a learner starts processes of its own (the reward's worker process); it
+    # ends with the driver (die_with_parent), and the driver stops it when done
+    process = ctx.Process(target=target, args=(args, name, theirs))
     process.start()
     return process, ours
 
@@ -376,6 +383,25 @@ def main() -> None:
     running: dict[str, tuple[Any, Any]] = {}
     rows: dict[str, list[dict[str, Any]]] = {}
     peaks: dict[str, float] = {}
+    try:
+        _drive(args, names, running, rows, peaks)
+    finally:
+        for process, _ in running.values():
+            if process.is_alive():
+                process.terminate()
+    print(f"load after: {_load()}")
+    _report(rows)
+
+
+def _drive(
+    args: argparse.Namespace,
+    names: list[str],
+    running: dict[str, tuple[Any, Any]],
+    rows: dict[str, list[dict[str, Any]]],
+    peaks: dict[str, float],
+) -> None:
+    """Starts the learners one at a time (each through its warm-up step, while they fit the
+    memory), then steps them in turn."""
     for name in names:  # started one at a time, each through its warm-up step
         need = max(peaks.values(), default=0.0)
         held = sum(peaks.values())
@@ -388,13 +414,13 @@ def main() -> None:
             )
             continue
         begin = time.perf_counter()
-        process, conn = _start(args, name)
+        process, conn = running[name] = _start(args, name)
         _receive(conn, process, name)
         print(f"{name}: started in {time.perf_counter() - begin:.0f} s", flush=True)
         conn.send(0)
         row = _receive(conn, process, name)
         _show(name, 0, row)
-        running[name], rows[name], peaks[name] = (process, conn), [row], row["peak_gb"]
+        rows[name], peaks[name] = [row], row["peak_gb"]
     for i in range(1, args.steps):  # interleaved
         for name, (process, conn) in running.items():
             conn.send(i)
@@ -404,7 +430,10 @@ def main() -> None:
     for process, conn in running.values():
         conn.send("stop")
         process.join(timeout=120)
-    print(f"load after: {_load()}")
+
+
+def _report(rows: dict[str, list[dict[str, Any]]]) -> None:
+    """The medians of each learner's measured steps, and TRL's best over each."""
     measured = {n: x[1:] for n, x in rows.items() if len(x) > 1}
     if not measured:
         return
