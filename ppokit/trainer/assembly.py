@@ -34,7 +34,6 @@ from ppokit.trainer.boundary import (
     Checked,
     CheckedEngine,
     CheckedEnvironment,
-    checked,
     scored,
 )
 from ppokit.trainer.contract import CONTRACTS, Where, as_flags, as_scores, optional
@@ -66,7 +65,6 @@ __all__ = [
     "aggregate",
     "as_flags",
     "as_scores",
-    "checked",
     "create",
     "denominator",
     "optional",
@@ -105,9 +103,9 @@ def create(spec: Spec, path: str, kind: str, comp: Any) -> tuple[Where, Any]:
         return here, CheckedEnvironment(here, component, spec.rollout.environment_timeout)
     if kind == "reward":
         workers = spec.train.reward_workers
-        return here, checked(kind, here, component, spec.train.reward_timeout, workers=workers)
+        return here, Checked(kind, here, component, spec.train.reward_timeout, workers=workers)
     bound = spec.train.component_timeout if kind in BOUNDED_KINDS else None
-    return here, checked(kind, here, component, bound)
+    return here, Checked(kind, here, component, bound)
 
 
 def rewards_of(spec: Spec) -> list[tuple[str, Reward, float]]:

@@ -75,7 +75,6 @@ __all__ = [
     "InWorker",
     "RewardInWorker",
     "call_here",
-    "checked",
     "code_of",
     "failure",
     "finish",
@@ -512,19 +511,6 @@ def join_answers(outs: list[Any], sizes: list[int]) -> Any:
     if all(isinstance(out, Tensor) for out in outs):
         return torch.tensor(joined, dtype=torch.float32)
     return joined
-
-
-def checked(
-    kind: str,
-    where: Where,
-    component: Any,
-    timeout: float | None = None,
-    setting: str = "",
-    workers: int = 1,
-) -> Checked:
-    """``component`` behind the boundary of its ``kind`` (see :class:`Checked`; ``workers``:
-    a reward's worker processes)."""
-    return Checked(kind, where, component, timeout, setting, workers)
 
 
 class CheckedEngine:

@@ -119,24 +119,18 @@ def score_texts(
     return start_texts(rewards, prompts, responses, fields, device).result()
 
 
+@dataclass
 class Pending:
     """A batch's scoring under way (:func:`start_texts`): :meth:`result` calls the rewards
-    that were not started, waits for those that were, and checks every answer, in the
-    rewards' order, on the calling thread."""
+    that were not started, waits for those that were (``started``: by the reward's index),
+    and checks every answer, in the rewards' order, on the calling thread."""
 
-    def __init__(
-        self,
-        rewards: list[tuple[str, Any, float]],
-        prompts: list[str],
-        responses: list[str],
-        fields: dict[str, list[Any]],
-        device: torch.device,
-        started: dict[int, Started],
-    ) -> None:
-        self.rewards = rewards
-        self.prompts, self.responses, self.fields = prompts, responses, fields
-        self.device = device
-        self.started = started
+    rewards: list[tuple[str, Any, float]]
+    prompts: list[str]
+    responses: list[str]
+    fields: dict[str, list[Any]]
+    device: torch.device
+    started: dict[int, Started]
 
     def result(self) -> Scores:
         """The batch's :class:`Scores` (what a reward raised is raised here, its one line)."""

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ppokit.components.group_filter import Groups
 from ppokit.errors import ComponentError
-from ppokit.trainer.assembly import Where, checked
+from ppokit.trainer.assembly import Checked, Where
 from tests.helpers.components import make, names
 
 BUILTINS = ("none", "informative", "not_all_truncated", "pass_rate")
@@ -132,8 +132,8 @@ def test_the_contract_check_names_a_bad_filter() -> None:
     groups = groups_of(torch.zeros(3, 2))
     for out in (torch.ones(3), torch.ones(2, dtype=torch.bool), [True, True, True]):
         with pytest.raises(ComponentError, match=r"rollout.filter \(bad, plugin ppokit-test\)"):
-            checked("group_filter", where, lambda _g, out=out: out)(groups)
-    good = checked("group_filter", where, lambda g: torch.ones(g.size, dtype=torch.bool))
+            Checked("group_filter", where, lambda _g, out=out: out)(groups)
+    good = Checked("group_filter", where, lambda g: torch.ones(g.size, dtype=torch.bool))
     assert good(groups).tolist() == [True] * 3
 
 

@@ -30,7 +30,7 @@ from ppokit.errors import MissingDependency, UserError
 from ppokit.runfolder import read_run_spec
 from ppokit.serve import ScoreService, build_app, load_rewards
 from ppokit.spec import SpecError, validate_spec
-from ppokit.trainer.assembly import Where, checked, rewards_of, scored
+from ppokit.trainer.assembly import Checked, Where, rewards_of, scored
 from tests.helpers.components import make
 from tests.helpers.servers import ChatStub, run_app, silent_socket
 
@@ -210,7 +210,7 @@ def test_on_error_zero_flags_the_failed_chunks_through_the_boundary() -> None:
     reward/http/failed_frac)."""
     url = f"http://127.0.0.1:{_free_port()}/score"
     reward = make("reward", "http", url=url, on_error="zero", chunk_size=2, **FAST)
-    wrapped = checked("reward", Where("reward", "http", "ppokit"), reward, timeout=30)
+    wrapped = Checked("reward", Where("reward", "http", "ppokit"), reward, timeout=30)
     got, flags = scored(wrapped, "reward", ["p"] * 3, ["a"] * 3, {})
     assert torch.equal(got, torch.zeros(3)) and torch.equal(flags["failed"], torch.ones(3))
 
@@ -248,7 +248,7 @@ def test_the_unparsed_fraction_reaches_the_rounds_metrics(chat) -> None:
     url, stub = chat
     stub.reply = lambda messages: "no score here"
     judge = make("reward", "judge", url=url, model="m", unparsed=-1.0, **FAST)
-    wrapped = checked("reward", Where("reward", "judge", "ppokit"), judge, timeout=30)
+    wrapped = Checked("reward", Where("reward", "judge", "ppokit"), judge, timeout=30)
     got, flags = scored(wrapped, "reward", ["p"] * 2, ["a", "b"], {})
     assert torch.equal(got, torch.full((2,), -1.0))
     assert torch.equal(flags["unparsed"], torch.ones(2))

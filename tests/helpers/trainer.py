@@ -38,6 +38,19 @@ SMALL = [
 ]
 
 
+#: GRPO with dynamic sampling (the ``informative`` group filter, up to 8 generation batches a
+#: round) on the small spec; the test names the reward.
+GROUP_FILTERED = [
+    "advantage=grpo",
+    "critic=null",
+    "rollout.filter=informative",
+    "rollout.n=4",
+    "rollout.max_new_tokens=6",
+    "rollout.max_generation_batches=8",
+    "train.minibatch_size=8",
+]
+
+
 def small_spec(tmp: Path | None = None, *overrides: str) -> Spec:
     out = [f"output.dir={tmp}"] if tmp is not None else []
     return load_spec(DEMO, [*SMALL, *out, *overrides])

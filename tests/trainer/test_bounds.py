@@ -19,7 +19,7 @@ import torch
 from ppokit.components.group_filter import Groups
 from ppokit.components.rollout_engine import Generation, Sampling
 from ppokit.errors import ComponentTimeout
-from ppokit.trainer.assembly import Assembly, CheckedEngine, Where, checked
+from ppokit.trainer.assembly import Assembly, Checked, CheckedEngine, Where
 from tests.helpers.trainer import small_spec
 
 #: Seconds of exponential backtracking in the C matcher of ``re`` (holding the GIL), many
@@ -110,7 +110,7 @@ def test_an_engine_call_is_interrupted_at_its_timeout() -> None:
 
 def test_a_group_filter_is_interrupted_at_its_timeout() -> None:
     where = Where("rollout.filter", "stuck", "test")
-    keep = checked("group_filter", where, Stuck(), 0.3)
+    keep = Checked("group_filter", where, Stuck(), 0.3)
     groups = Groups([{}], ["a"], torch.zeros(1, 1), torch.ones(1, 1), torch.zeros(1, 1, dtype=bool))
     with pytest.raises(ComponentTimeout, match=r"within train\.component_timeout \(0\.3 s\)"):
         keep(groups)

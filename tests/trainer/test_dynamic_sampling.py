@@ -17,7 +17,7 @@ from ppokit.catalogue import NoParams
 from ppokit.data import make_prompt_source
 from ppokit.errors import UserError
 from ppokit.trainer import train
-from ppokit.trainer.assembly import Where, checked
+from ppokit.trainer.assembly import Checked, Where
 from ppokit.trainer.groups import fill
 from ppokit.trainer.metrics import read_metrics
 from ppokit.trainer.prompts import format_prompts
@@ -25,7 +25,7 @@ from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Scores
 from tests.helpers import Plugin
 from tests.helpers.components import make
-from tests.helpers.trainer import learner, small_spec
+from tests.helpers.trainer import GROUP_FILTERED, learner, small_spec
 
 
 # ------------------------------------------------------------- the stopping rule
@@ -53,7 +53,7 @@ class _Parts:
         )
         self.scorer = _Scorer()
         where = Where("rollout.filter", "informative", "ppokit")
-        self.filter = checked("group_filter", where, make("group_filter", "informative"))
+        self.filter = Checked("group_filter", where, make("group_filter", "informative"))
 
     def fill(self, rows: list[dict[str, Any]], formatted: list[str], draw: Any) -> Any:
         return fill(
@@ -236,16 +236,7 @@ def _plugin() -> Plugin:
     )
 
 
-FILTERED = [
-    "reward=half_constant",
-    "advantage=grpo",
-    "critic=null",
-    "rollout.filter=informative",
-    "rollout.n=4",
-    "rollout.max_new_tokens=6",
-    "rollout.max_generation_batches=8",
-    "train.minibatch_size=8",
-]
+FILTERED = ["reward=half_constant", *GROUP_FILTERED]
 
 
 def test_rounds_update_on_informative_groups_only(use_registry, tmp_path) -> None:

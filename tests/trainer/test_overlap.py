@@ -20,12 +20,12 @@ from ppokit.components.reward import Scored
 from ppokit.data import make_prompt_source
 from ppokit.errors import ComponentError, ComponentTimeout
 from ppokit.trainer import train
-from ppokit.trainer.assembly import Where, checked
+from ppokit.trainer.assembly import Checked, Where
 from ppokit.trainer.boundary import join_answers, split_groups
 from ppokit.trainer.metrics import TIMING, read_metrics
 from ppokit.trainer.scoring import start_texts
 from tests.helpers import Plugin
-from tests.helpers.trainer import small_spec
+from tests.helpers.trainer import GROUP_FILTERED, small_spec
 
 CPU = torch.device("cpu")
 
@@ -116,7 +116,7 @@ def test_joined_tensors_and_a_wrong_count() -> None:
 
 @pytest.fixture(scope="module")
 def three_workers() -> Any:
-    reward = checked(
+    reward = Checked(
         "reward", Where("reward", "sleepy", "tests"), Sleepy(), timeout=30.0, workers=3
     )
     yield reward
@@ -152,7 +152,7 @@ def _hangs(prompts: list[str], responses: list[str], **_: Any) -> list[float]:
 
 
 def test_an_error_on_a_scoring_thread_is_one_line() -> None:
-    fails = checked("reward", Where("reward", "fails", "tests"), _fails)
+    fails = Checked("reward", Where("reward", "fails", "tests"), _fails)
     fails.component.blocking = True  # type: ignore[attr-defined]
     threads = Threads(1, "test-score")
     pending = start_texts([("fails", fails, 1.0)], ["p"], ["r"], {}, CPU, threads)
@@ -166,7 +166,7 @@ def test_an_error_on_a_scoring_thread_is_one_line() -> None:
 def test_a_timeout_holds_on_a_scoring_thread() -> None:
     """A reward in its worker process, called on a scoring thread, is stopped at
     train.reward_timeout as on the trainer's thread."""
-    hangs = checked("reward", Where("reward", "hangs", "tests"), _hangs, timeout=0.5, workers=2)
+    hangs = Checked("reward", Where("reward", "hangs", "tests"), _hangs, timeout=0.5, workers=2)
     try:
         assert hangs.waits  # two processes: it waits on them
         threads = Threads(1, "test-score")
@@ -223,17 +223,7 @@ def _plugin() -> Plugin:
     )
 
 
-FILTERED = [
-    "reward=slow_half_constant",
-    "advantage=grpo",
-    "critic=null",
-    "rollout.filter=informative",
-    "rollout.n=4",
-    "rollout.max_new_tokens=6",
-    "rollout.max_generation_batches=8",
-    "train.minibatch_size=8",
-    "train.rounds=2",
-]
+FILTERED = ["reward=slow_half_constant", *GROUP_FILTERED, "train.rounds=2"]
 
 
 def test_a_run_is_the_same_with_and_without_the_overlap(use_registry, tmp_path) -> None:
@@ -285,7 +275,7 @@ def test_ctrl_c_while_a_reward_is_scored_ends_the_wait() -> None:
     import signal
     import threading
 
-    hangs = checked("reward", Where("reward", "hangs", "tests"), _hangs, timeout=60, workers=2)
+    hangs = Checked("reward", Where("reward", "hangs", "tests"), _hangs, timeout=60, workers=2)
     threads = Threads(1, "test-score")
     try:
         pending = start_texts([("hangs", hangs, 1.0)], ["p", "q"], ["r", "s"], {}, CPU, threads)

@@ -21,7 +21,7 @@ from ppokit.cli import app
 from ppokit.components.group_filter import Groups
 from ppokit.components.rollout_engine.impl import HFEngine
 from ppokit.errors import ComponentError
-from ppokit.trainer.assembly import Where, checked
+from ppokit.trainer.assembly import Checked, Where
 from ppokit.trainer.checkpoint import checkpoint_round
 from tests.helpers import Plugin
 from tests.helpers.trainer import SMALL, small_spec
@@ -157,7 +157,7 @@ def test_a_group_filters_exception_is_one_line() -> None:
     where = Where("rollout.filter", "broken", "test")
     groups = Groups([{}], ["a"], torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1, 2, dtype=bool))
     with pytest.raises(ComponentError) as info:
-        checked("group_filter", where, keep, 5.0)(groups)
+        Checked("group_filter", where, keep, 5.0)(groups)
     text = str(info.value)
     assert text.startswith("rollout.filter (broken, plugin test) failed: IndexError: index 5 ")
     assert text.endswith(f"test_user_code.py:{keep.__code__.co_firstlineno + 1})")
