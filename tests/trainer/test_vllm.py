@@ -406,6 +406,11 @@ def test_a_run_with_vllm_learns_the_demo_task(tmp_path: Path) -> None:
     assert first < 0.1 and last > 0.3, (first, last)
     assert all("time_sync" in r for r in records)
     assert all(abs(r["rollout/mismatch_k1"]) < 1e-3 for r in records)  # float32: μ ≈ π_old
+    # the engine closed: torch.set_num_threads, a no-op while vLLM's CPU worker ran, works
+    before = torch.get_num_threads()
+    torch.set_num_threads(before + 1)
+    assert torch.get_num_threads() == before + 1
+    torch.set_num_threads(before)
 
 
 @needs_vllm

@@ -53,6 +53,10 @@ CPU_HEAD_SIZES = VLLM_CPU_HEAD_SIZES
 LORA_RANKS = VLLM_LORA_RANKS
 
 
+#: torch.set_num_threads as it is before an engine starts: vLLM's CPU worker makes it a no-op
+#: while it runs, and :meth:`VLLMEngine.close` puts it back for the rest of the process.
+SET_NUM_THREADS = torch.set_num_threads
+
 #: vLLM's loggers whose warnings say nothing wrong here: the chat-template warmup that a
 #: folder without a tokenizer fails, a rotary embedding's cache that a weight push leaves in
 #: place, and ``torch.set_num_threads`` made a no-op once vLLM has bound its threads.
@@ -360,8 +364,7 @@ class VLLMEngine:
             kwargs["enable_lora"] = True
             kwargs["max_lora_rank"] = lora_rank(int(lora.r if lora is not None else 8))
             kwargs["max_loras"] = 1
-        # vLLM computes with torch's threads as they are now; on a CPU it then makes
-        # torch.set_num_threads a no-op for the rest of the process
+        # vLLM computes with torch's threads as they are now (then see SET_NUM_THREADS)
         with warnings.catch_warnings(), _own_random_state():
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             warnings.filterwarnings("ignore", category=FutureWarning)
@@ -589,4 +592,5 @@ class VLLMEngine:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+        torch.set_num_threads = SET_NUM_THREADS  # the process's thread setting works again
         self.context = None
