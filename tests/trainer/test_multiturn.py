@@ -431,7 +431,7 @@ def test_the_echo_game_learns_on_the_demo_model(tmp_path) -> None:
     root = Path(__file__).resolve().parents[2]
     spec = load_spec(
         root / "examples" / "specs" / "echo_multiturn.yaml",
-        [f"output.dir={tmp_path}", "train.rounds=70", "output.progress=false"],
+        [f"output.dir={tmp_path}", "train.rounds=60", "output.progress=false"],
     )
     train(spec)
     history = read_metrics(tmp_path)
