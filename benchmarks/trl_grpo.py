@@ -76,6 +76,16 @@ PRESETS: dict[str, list[str]] = {
         "train.micro_batch_tokens=1024",
         "train.pack_sequences=true",
     ],
+    "hf-bf16-drop": [
+        "rollout.engine={name: hf, drop_ended: true}",
+        "model.dtype=bfloat16",
+        "train.micro_batch_tokens=2048",
+    ],
+    "hf-bf16-copy": [
+        "rollout.engine={name: hf, dtype: bfloat16, cast_copy: true, drop_ended: true}",
+        "model.dtype=bfloat16",
+        "train.micro_batch_tokens=2048",
+    ],
     "vllm-bf16": [
         "rollout.engine={name: vllm, dtype: bfloat16}",
         "model.dtype=bfloat16",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ppokit import papers
 from ppokit.catalogue import Component, Params
@@ -201,6 +201,26 @@ class HFParams(Params):
         "own, so μ differs from π_old as a fast engine's does (the trainer then recomputes "
         "log π_old)",
     )
+    cast_copy: bool = Field(
+        False,
+        description="with dtype bfloat16 or float16: sample from a copy of the actor held in "
+        "that dtype (its trained weights copied in after every update; the copy's memory "
+        "beside the actor's) instead of the actor under autocast, which casts every weight "
+        "at every decoding step",
+    )
+    drop_ended: bool = Field(
+        False,
+        description="a row that drew its EOS leaves the batch (its KV cache dropped), so each "
+        "decoding step runs over the rows still going, not every row until the longest ends "
+        "as model.generate does (ppokit's own decoding loop; decoder-only models with a "
+        "standard KV cache; a model sharded over processes decodes with model.generate)",
+    )
+
+    @model_validator(mode="after")
+    def _cast_needs_dtype(self) -> HFParams:
+        if self.cast_copy and self.dtype == "auto":
+            raise ValueError("cast_copy needs dtype bfloat16 or float16 (the copy's dtype)")
+        return self
 
 
 HF = Component(
@@ -208,8 +228,9 @@ HF = Component(
     "hf",
     MODULE,
     params=HFParams,
-    summary="Samples with the actor's own model.generate (KV cache), recording log μ of each "
-    "token; asynchronous: with a copy of the actor (of its adapters under LoRA)",
+    summary="Samples with the actor's own model.generate (KV cache), or with drop_ended a "
+    "decoding loop where ended rows leave the batch, recording log μ of each token; "
+    "asynchronous or cast_copy: with a copy of the actor",
     formula=(
         "a_t ~ softmax(filter(z_t / temperature)), log μ(a_t) = log_softmax(z_t / temperature)[a_t];"
         " μ = π_old: the actor itself samples"

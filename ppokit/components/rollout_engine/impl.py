@@ -8,6 +8,7 @@ Unlike the other kinds' tensor modules this one imports ``transformers`` and
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -112,12 +113,14 @@ def generate(
     pad_id: int,
     progress: Callable[[int, int, int], None] | None = None,
     own_generator: bool = False,
+    drop_ended: bool = False,
 ) -> Generation:
-    """``sampling.n`` responses per prompt row from ``model.generate``; stop at EOS. A model
-    sharded over several processes decodes in step with the others (as many steps as the
-    longest: each takes part in the others' forwards). ``progress(step, steps, rows)`` is
-    called before the first step (step 0) and after each decoding step. ``own_generator``:
-    draw from a generator seeded with ``sampling.seed``, not from torch's global one."""
+    """``sampling.n`` responses per prompt row from ``model.generate``, or with
+    ``drop_ended`` from :func:`decode`; stop at EOS. A model sharded over several processes
+    decodes with ``model.generate``, in step with the others (as many steps as the longest:
+    each takes part in the others' forwards). ``progress(step, steps, rows)`` is called before
+    the first step (step 0) and after each decoding step. ``own_generator``: draw from a
+    generator seeded with ``sampling.seed``, not from torch's global one."""
     from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
     from ppokit.distributed import as_forward, gathered, sharded
@@ -132,6 +135,17 @@ def generate(
             generator.seed()
         else:
             generator.manual_seed(sampling.seed)
+    if drop_ended and not sharded(model):
+        if progress is not None:
+            progress(0, sampling.max_new_tokens, prompt_ids.shape[0])
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            done = decode(
+                model, prompt_ids, prompt_mask, sampling, eos_ids, pad_id, progress, generator
+            )
+        model.train(was_training)
+        return done
     config = GenerationConfig(
         do_sample=not sampling.greedy and generator is None,
         max_new_tokens=sampling.max_new_tokens,
@@ -177,18 +191,98 @@ def generate(
     return Generation.from_sequences(response_ids, logp, eos_ids)
 
 
-def frozen_copy(model: nn.Module) -> nn.Module:
+def draw(
+    logits: Tensor, sampling: Sampling, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor | None]:
+    """One token per row of ``[R, V]`` logits and its log μ: the argmax when greedy (no
+    log-prob), else a draw from softmax(filter(z / temperature)) with
+    log μ(a) = log_softmax(z / temperature)[a]."""
+    if sampling.greedy:
+        return logits.argmax(-1), None
+    scaled = logits.float() / sampling.temperature
+    kept = filter_logits(scaled, sampling.top_k, sampling.top_p)
+    token = torch.multinomial(kept.softmax(-1), 1, generator=generator)
+    return token.squeeze(1), F.log_softmax(scaled, -1).gather(-1, token).squeeze(1)
+
+
+def decode(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    sampling: Sampling,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    progress: Callable[[int, int, int], None] | None = None,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Responses to ``[R, L]`` left-padded prompt rows (already repeated ``n`` times), decoded
+    one token a step with a KV cache, where a row that has drawn an EOS leaves the batch: its
+    cache rows are dropped, so each step's forward pass is over the rows still going only
+    (``model.generate`` decodes every row until the longest ends). One host read a step (how
+    many rows go on). Positions count each row's own tokens, as ``model.generate``'s do."""
+    rows, steps = prompt_ids.shape[0], sampling.max_new_tokens
+    device = prompt_ids.device
+    eos = torch.tensor(list(eos_ids), device=device)
+    tokens = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
+    logp = None if sampling.greedy else torch.zeros(rows, steps, device=device)
+    live = torch.arange(rows, device=device)  # the batch rows still decoding
+    mask = prompt_mask.long()
+    position = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=mask,
+        position_ids=position,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    position = position[:, -1]
+    width = 0
+    for step in range(steps):
+        token, token_logp = draw(out.logits[:, -1], sampling, generator)
+        tokens[live, step] = token
+        if logp is not None and token_logp is not None:
+            logp[live, step] = token_logp
+        width = step + 1
+        going = ~torch.isin(token, eos)
+        left = int(going.sum()) if step + 1 < steps else 0  # the step's one host read
+        if progress is not None:
+            progress(step + 1, steps, rows)
+        if left == 0:
+            break
+        cache = out.past_key_values
+        if left < live.shape[0]:
+            keep = going.nonzero().squeeze(1)
+            live, token, mask, position = live[keep], token[keep], mask[keep], position[keep]
+            cache.batch_select_indices(keep)
+        mask = torch.cat([mask, mask.new_ones(left, 1)], 1)
+        position = position + 1
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=mask,
+            position_ids=position[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+    return Generation.from_sequences(
+        tokens[:, :width], None if logp is None else logp[:, :width], eos_ids
+    )
+
+
+def frozen_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
     """A copy of the actor to sample from while the trainer changes the actor: its trainable
     parameters copied, its frozen ones (LoRA's base weights) shared, nothing of it trained;
     a model sharded over several processes gathered whole into a plain module (a
-    collective: every process makes its copy at the same point)."""
+    collective: every process makes its copy at the same point). With a ``dtype``, every
+    weight copied and cast to it (none shared: the actor's stay as they are)."""
     from ppokit.distributed import sharded
 
     if sharded(model):
         plain = _gathered_copy(model)
     else:
-        frozen = {id(p): p for p in model.parameters() if not p.requires_grad}
+        frozen = {} if dtype else {id(p): p for p in model.parameters() if not p.requires_grad}
         plain = copy.deepcopy(model, memo=frozen)
+    if dtype is not None:
+        plain = plain.to(dtype)
     for p in plain.parameters():
         p.requires_grad_(False)
     return plain.eval()
@@ -225,11 +319,14 @@ class HFEngine:
     """It samples from the trainer's actor module itself, so ``sync`` has nothing to do, and
     with ``dtype: auto`` its log-probs are π_old's (``samples_from_policy``). Asynchronous
     (``EngineContext.asynchronous``), it samples from a frozen copy of the actor
-    (:func:`frozen_copy`: under LoRA a copy of the adapters) with generators of its own,
-    and ``sync`` copies the actor's trained parameters into it."""
+    (:func:`frozen_copy`: under LoRA a copy of the adapters) with generators of its own;
+    with ``cast_copy``, from a copy of the whole actor in ``dtype``. ``sync`` copies the
+    actor's trained parameters into a copy."""
 
-    def __init__(self, *, dtype: str) -> None:
+    def __init__(self, *, dtype: str, cast_copy: bool = False, drop_ended: bool = False) -> None:
         self.dtype = dtype
+        self.cast_copy = cast_copy
+        self.drop_ended = drop_ended
         self.context: EngineContext | None = None
         self.model: nn.Module | None = None  # what samples: the actor or its copy
 
@@ -240,13 +337,17 @@ class HFEngine:
     def _autocast(self, context: EngineContext) -> AbstractContextManager[Any]:
         if self.dtype == "auto":
             return context.autocast()
+        if self.cast_copy:  # the weights are in the dtype already
+            return contextlib.nullcontext()
         device = torch.device(context.device).type
         return torch.autocast(device, dtype=getattr(torch, self.dtype))
 
     def start(self, context: EngineContext) -> None:
         self.context = context
         self.model = context.model
-        if context.asynchronous:
+        if self.cast_copy:
+            self.model = frozen_copy(context.model, getattr(torch, self.dtype))
+        elif context.asynchronous:
             self.model = frozen_copy(context.model)
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling) -> Generation:
@@ -263,6 +364,7 @@ class HFEngine:
                 context.pad_id,
                 context.progress,
                 own_generator=context.asynchronous,
+                drop_ended=self.drop_ended,
             )
 
     def sync(self) -> None:
