@@ -33,11 +33,13 @@ def _draw(lrn: Any) -> Any:
     return draw
 
 
-def test_a_stale_batch_was_sampled_by_the_weights_one_update_earlier(tmp_path) -> None:
+@pytest.mark.parametrize("engine", ["hf", "{name: hf, drop_ended: true}"])
+def test_a_stale_batch_was_sampled_by_the_weights_one_update_earlier(tmp_path, engine) -> None:
     """Staleness 1, float32: every trained batch's log μ is the log-probs of the weights one
     update before the trainer's (1e-5) and not the trainer's own; the first two rounds train
-    on samples of the initial weights; the rows record that version."""
-    lrn = learner(small_spec(tmp_path, *STALE))
+    on samples of the initial weights; the rows record that version. With ``model.generate``
+    and with the engine's own loop (``drop_ended``), from the engine's own generator."""
+    lrn = learner(small_spec(tmp_path, *STALE, f"rollout.engine={engine}"))
     actor = lrn.models.actor
     assert lrn.engine.engine.model is not actor  # the engine samples from a copy of its own
     weights = {0: copy.deepcopy(actor)}  # version -> the actor's weights after that many updates
