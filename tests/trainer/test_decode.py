@@ -114,11 +114,13 @@ def test_sampled_draws_are_model_generates_while_no_row_ends(actor: Any, top: An
     torch.testing.assert_close(got.logp, want.logp, atol=1e-5, rtol=1e-5)
 
 
-def test_rollout_logp_is_a_fresh_forwards(tmp_path) -> None:
+@pytest.mark.parametrize("lora", [[], ["model.lora.r=4", "model.lora.alpha=8"]])
+def test_rollout_logp_is_a_fresh_forwards(tmp_path, lora: list[str]) -> None:
     """log μ recorded as each token is drawn is the log-prob a fresh forward pass over the
-    whole response gives, rows that ended early included."""
+    whole response gives, rows that ended early included; the actor with LoRA adapters too."""
     spec = small_spec(
         tmp_path,
+        *lora,
         "rollout.engine={name: hf, drop_ended: true}",
         "rollout.temperature=0.7",
         "rollout.top_k=20",

@@ -12,6 +12,7 @@ import contextlib
 import copy
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from inspect import signature
 from typing import Any
 
 import torch
@@ -228,12 +229,10 @@ def decode(
     live = torch.arange(rows, device=device)  # the batch rows still decoding
     mask = prompt_mask.long()
     position = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
+    last = {"logits_to_keep": 1} if "logits_to_keep" in signature(lm.forward).parameters else {}
     out = model(
-        input_ids=prompt_ids,
-        attention_mask=mask,
-        position_ids=position,
-        use_cache=True,
-        logits_to_keep=1,
+        input_ids=prompt_ids, attention_mask=mask, position_ids=position, use_cache=True, **last
     )
     position = position[:, -1]
     width = 0
