@@ -146,9 +146,10 @@ class _Recorder:
     mode: ClassVar[str] = "ok"
 
     def __init__(self) -> None:
+        from ppokit.components.rollout_engine import HFParams
         from ppokit.components.rollout_engine.impl import HFEngine
 
-        self.inner = HFEngine(dtype="auto")
+        self.inner = HFEngine(**HFParams().model_dump())
 
     def start(self, context: Any) -> None:
         type(self).calls.append("start")

@@ -322,7 +322,7 @@ class HFEngine:
     with ``cast_copy``, from a copy of the whole actor in ``dtype``. ``sync`` copies the
     actor's trained parameters into a copy."""
 
-    def __init__(self, *, dtype: str, cast_copy: bool = False, drop_ended: bool = False) -> None:
+    def __init__(self, *, dtype: str, cast_copy: bool, drop_ended: bool) -> None:
         self.dtype = dtype
         self.cast_copy = cast_copy
         self.drop_ended = drop_ended
