@@ -205,8 +205,8 @@ class HFParams(Params):
         False,
         description="with dtype bfloat16 or float16: sample from a copy of the actor held in "
         "that dtype (its trained weights copied in after every update; the copy's memory "
-        "beside the actor's) instead of the actor under autocast, which casts every weight "
-        "at every decoding step",
+        "beside the actor's) instead of the actor under autocast, which keeps float32 outside "
+        "the matrix products; the trainer then recomputes log π_old",
     )
     drop_ended: bool = Field(
         False,
