@@ -136,11 +136,11 @@ def generate(
             generator.seed()
         else:
             generator.manual_seed(sampling.seed)
+    if progress is not None:  # step 0: the prompts' forward pass begins
+        progress(0, sampling.max_new_tokens, prompt_ids.shape[0])
+    was_training = model.training
+    model.eval()
     if drop_ended and not sharded(model):
-        if progress is not None:
-            progress(0, sampling.max_new_tokens, prompt_ids.shape[0])
-        was_training = model.training
-        model.eval()
         with torch.no_grad():
             done = decode(
                 model, prompt_ids, prompt_mask, sampling, eos_ids, pad_id, progress, generator
@@ -164,13 +164,10 @@ def generate(
     )
     processors = LogitsProcessorList([] if recorder is None else [recorder])
     steps = None
-    if progress is not None:  # step 0: the prompts' forward pass begins
-        progress(0, sampling.max_new_tokens, prompt_ids.shape[0])
+    if progress is not None:
         steps = StoppingCriteriaList(
             [_Steps(progress, prompt_ids.shape[1], sampling.max_new_tokens)]
         )
-    was_training = model.training
-    model.eval()
 
     def run() -> Tensor:
         return model.generate(  # type: ignore[operator]
