@@ -11,7 +11,6 @@ folder's URL needs."""
 from __future__ import annotations
 
 import math
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from ppokit.runfolder import read_run_spec
 from ppokit.serve import ScoreService, build_app, load_rewards
 from ppokit.spec import SpecError, validate_spec
 from ppokit.trainer.assembly import Checked, Where, rewards_of, scored
+from tests.helpers import free_port
 from tests.helpers.components import make
 from tests.helpers.servers import ChatStub, run_app, silent_socket
 
@@ -132,14 +132,8 @@ def _one_line(exc: BaseException, *parts: str) -> None:
         assert part in text, text
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_no_server_is_one_line_naming_the_url_after_the_retries() -> None:
-    url = f"http://127.0.0.1:{_free_port()}/score"
+    url = f"http://127.0.0.1:{free_port()}/score"
     reward = make("reward", "http", url=url, retries=2, backoff=0.01, timeout=2.0)
     with pytest.raises(RemoteError) as info:
         reward(["p"], ["a"])
@@ -208,7 +202,7 @@ def test_a_wrong_answer_stops_the_run_or_scores_zero(chat, raw: bytes, cause: st
 def test_on_error_zero_flags_the_failed_chunks_through_the_boundary() -> None:
     """Through the trainer's boundary the flags are float [B] tensors (the round's
     reward/http/failed_frac)."""
-    url = f"http://127.0.0.1:{_free_port()}/score"
+    url = f"http://127.0.0.1:{free_port()}/score"
     reward = make("reward", "http", url=url, on_error="zero", chunk_size=2, **FAST)
     wrapped = Checked("reward", Where("reward", "http", "ppokit"), reward, timeout=30)
     got, flags = scored(wrapped, "reward", ["p"] * 3, ["a"] * 3, {})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import site
+import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +25,13 @@ from ppokit.hookspecs import Register, hookimpl
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "tests" / "specs"
 EXAMPLE_PLUGIN = ROOT / "plugins" / "ppokit-example"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def one_error_line(stderr: str) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,15 +26,18 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
 
 from ppokit import distributed
+from ppokit.cli import app
 from ppokit.export import export_run
 from ppokit.spec import Spec
 from ppokit.trainer.metrics import TIMING, read_once
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Scores
+from tests.helpers import free_port
+from tests.helpers.ranks import as_process, run_two
 from tests.helpers.trainer import demo_rows, encode, learner, small_spec, with_observations
 
 PROMPTS, N, T = 4, 2, 6
@@ -196,18 +198,6 @@ def _one_update(spec: Spec, rows: list[dict[str, Any]], ro: Rollout) -> tuple[An
     return params, metrics
 
 
-def as_process(rank: int, port: int) -> None:
-    """Make this spawned process process ``rank`` of 2, as torchrun would (one thread)."""
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
-
-
 def _worker(rank: int, port: int, folder: str) -> None:
     as_process(rank, port)
     with distributed.process_group("cpu", 120):
@@ -220,16 +210,10 @@ def _worker(rank: int, port: int, folder: str) -> None:
                 Path(f"{folder}/metrics{i}.json").write_text(json.dumps(metrics))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("two")
-    mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=2, join=True)
+    run_two(_worker, free_port(), str(folder))
     return folder
 
 

@@ -14,16 +14,17 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from ppokit import distributed
 from ppokit.data import make_prompt_source
 from ppokit.spec import Spec
 from ppokit.trainer.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
+from tests.helpers import free_port
+from tests.helpers.ranks import as_process, run_two
 from tests.helpers.trainer import learner
 
-from .test_distributed import CONFIGS, SCORES, _free_port, _own, _rollout, _spec, as_process
+from .test_distributed import CONFIGS, SCORES, _own, _rollout, _spec
 
 #: A separate critic with micro-batches, a shared critic with a clipped grad norm, and LoRA
 #: (the adapters alone are stored; the base weights' sums are checked on every process).
@@ -121,7 +122,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
             run, lrn.models, lrn.state, make_prompt_source(spec.data, spec.seed), 1, "{}\n"
         )
         save_file(_whole(lrn), f"{folder}/{case}-one.safetensors")
-    mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=2, join=True)
+    run_two(_worker, free_port(), str(folder))
     return folder
 
 

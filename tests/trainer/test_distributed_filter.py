@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 
 from ppokit import distributed
-
-from .test_distributed import _free_port, as_process
+from tests.helpers import free_port
+from tests.helpers.ranks import as_process, run_two
 
 PROMPTS, N, ROUNDS = 4, 4, 3
 OVERRIDES = [
@@ -118,7 +117,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("filter")
-    mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=2, join=True)
+    run_two(_worker, free_port(), str(folder))
     return folder
 
 

@@ -13,13 +13,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.fsdp import FSDPModule
 
 from ppokit import distributed
+from tests.helpers import free_port
+from tests.helpers.ranks import as_process, run_two
 from tests.helpers.trainer import demo_rows, learner, small_spec
-
-from .test_distributed import _free_port, as_process
 
 STEPS = 6
 
@@ -68,7 +67,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
 @pytest.fixture(scope="module")
 def generations(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     folder = tmp_path_factory.mktemp("generation")
-    mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=2, join=True)
+    run_two(_worker, free_port(), str(folder))
     return [json.loads((folder / f"generation{r}.json").read_text()) for r in (0, 1)]
 
 

@@ -16,7 +16,6 @@ import importlib.util
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from ppokit.components.reward import JUDGE_TEMPLATE
 from ppokit.components.reward.remote import RemoteError
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.scoring import Scorer
+from tests.helpers import free_port
 from tests.helpers.components import make
 from tests.helpers.trainer import small_spec
 
@@ -48,12 +48,6 @@ MODEL = "tiny-judge"
 START = 600
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def judge_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from ppokit.trainer.models import tiny_model
@@ -63,7 +57,7 @@ def judge_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tokenizer = char_tokenizer()
     tiny_model(tokenizer, {**TINY, "num_key_value_heads": 2}, 0).save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")
-    port = _free_port()
+    port = free_port()
     log = (folder / "server.log").open("w")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(

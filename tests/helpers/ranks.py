@@ -1,0 +1,36 @@
+"""Two CPU processes joined by gloo, as ``torchrun --nproc-per-node 2`` makes them, for the
+tests of the distributed trainer."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+#: What the forkserver imports once, so that a process forked from it starts with them
+#: (``mp.spawn``'s fresh interpreters import them again, about 5 s of CPU a process).
+PRELOAD = ("ppokit.workers", "torch", "transformers", "ppokit.trainer.loop")
+
+
+def as_process(rank: int, port: int) -> None:
+    """Make this process process ``rank`` of 2, as torchrun would (one thread)."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+
+
+def run_two(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(rank, *args)`` on 2 processes forked from multiprocessing's forkserver (the one
+    :mod:`ppokit.workers` shares; its preload is set by whoever starts it first), joined;
+    a process's exception is raised here. ``fn`` must be importable by reference."""
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    mp.start_processes(fn, args=args, nprocs=2, join=True, start_method="forkserver")
