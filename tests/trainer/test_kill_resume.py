@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from ppokit.cli import app
 from ppokit.trainer.metrics import TIMING, read_metrics
 from tests.helpers.trainer import DEMO, SMALL
 
@@ -54,7 +56,8 @@ def _untimed(history: list[dict]) -> list[dict]:
 def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    subprocess.run(_cli(whole), check=True, env=env, capture_output=True)
+    uninterrupted = CliRunner().invoke(app, _cli(whole)[3:])  # in this process: no start-up
+    assert uninterrupted.exit_code == 0, uninterrupted.output
 
     proc = subprocess.Popen(
         _cli(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
