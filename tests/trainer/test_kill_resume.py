@@ -32,19 +32,14 @@ ARGS = [
 ]
 
 
-def _cli(out: Path, *extra: str) -> list[str]:
+def _args(out: Path, *extra: str) -> list[str]:
+    """``ppokit``'s arguments for the run into ``out``."""
     sets = [a for item in ARGS for a in ("--set", item)]
-    return [
-        sys.executable,
-        "-m",
-        "ppokit.cli",
-        "train",
-        str(DEMO),
-        *sets,
-        "--out",
-        str(out),
-        *extra,
-    ]
+    return ["train", str(DEMO), *sets, "--out", str(out), *extra]
+
+
+def _cli(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "ppokit.cli", *_args(out, *extra)]
 
 
 def _untimed(history: list[dict]) -> list[dict]:
@@ -56,7 +51,7 @@ def _untimed(history: list[dict]) -> list[dict]:
 def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    uninterrupted = CliRunner().invoke(app, _cli(whole)[3:])  # in this process: no start-up
+    uninterrupted = CliRunner().invoke(app, _args(whole))  # in this process: no start-up
     assert uninterrupted.exit_code == 0, uninterrupted.output
 
     proc = subprocess.Popen(
