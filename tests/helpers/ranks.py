@@ -11,9 +11,12 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from ppokit import workers
+
 #: What the forkserver imports once, so that a process forked from it starts with them
-#: (``mp.spawn``'s fresh interpreters import them again, about 5 s of CPU a process).
-PRELOAD = ("ppokit.workers", "torch", "transformers", "ppokit.trainer.loop")
+#: (``mp.spawn``'s fresh interpreters import them again, about 5 s of CPU a process): the
+#: workers' own preload, and the trainer.
+PRELOAD = (*workers.PRELOAD, "transformers", "ppokit.trainer.loop")
 
 
 def as_process(rank: int, port: int) -> None:
