@@ -12,6 +12,8 @@ import torch
 import torch.multiprocessing as mp
 
 from ppokit import workers
+from ppokit.cli import app
+from tests.helpers import free_port
 
 #: What the forkserver imports once, so that a process forked from it starts with them
 #: (``mp.spawn``'s fresh interpreters import them again, about 5 s of CPU a process): the
@@ -29,6 +31,20 @@ def as_process(rank: int, port: int) -> None:
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
+
+
+def _train(rank: int, port: int, argv: list[str], environ: dict[str, str]) -> None:
+    os.environ.clear()  # the caller's, not the forkserver's from when it started
+    os.environ.update(environ)
+    as_process(rank, port)
+    app(args=argv, prog_name="ppokit")  # its exit status is the process's
+
+
+def train_on_two(*argv: str) -> None:
+    """``ppokit ARGV`` (a ``train`` command) on 2 processes forked from the forkserver: the
+    run ``--nproc 2`` makes, without the launcher and the interpreters it starts (about 25 s
+    of CPU). For a reference run; the launcher's own runs are the subject of other tests."""
+    run_two(_train, free_port(), list(argv), dict(os.environ))
 
 
 def run_two(fn: Callable[..., None], *args: Any) -> None:

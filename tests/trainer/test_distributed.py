@@ -37,7 +37,7 @@ from ppokit.trainer.metrics import TIMING, read_once
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Scores
 from tests.helpers import free_port
-from tests.helpers.ranks import as_process, run_two
+from tests.helpers.ranks import as_process, run_two, train_on_two
 from tests.helpers.trainer import demo_rows, encode, learner, small_spec, with_observations
 
 PROMPTS, N, T = 4, 2, 6
@@ -329,10 +329,7 @@ def test_demo_on_two_processes_resumes_on_two_and_on_one(tmp_path: Path) -> None
     )
     assert again.returncode == 0, again.stderr[-3000:]
     straight = tmp_path / "straight"  # the same 3 rounds without stopping
-    whole = _ppokit(
-        "train", "--nproc", "2", "--out", str(straight), "--set", "train.rounds=3", *SMALL_RUN
-    )
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    train_on_two("train", "--out", str(straight), "--set", "train.rounds=3", *SMALL_RUN)
 
     def untimed(folder: Path) -> list[dict[str, Any]]:
         lines = (folder / "metrics.jsonl").read_text().splitlines()
@@ -367,11 +364,10 @@ def test_asynchronous_rollouts_on_two_processes(tmp_path: Path) -> None:
     whole copy gathered from the sharded actor, pushed (gathered again) between its
     generations; every round's staleness is the whole round's."""
     run = tmp_path / "run"
-    done = _ppokit(
-        "train", "--nproc", "2", "--out", str(run), "--set", "train.rounds=3",
+    train_on_two(
+        "train", "--out", str(run), "--set", "train.rounds=3",
         "--set", "rollout.max_staleness=1", "--set", "policy.correction=token_tis", *SMALL_RUN,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout/staleness_max"] for r in records] == [0.0, 1.0, 1.0]
     assert records[0]["rollout/mismatch_max"] < 1e-4  # round 1: the initial weights on both

@@ -466,24 +466,16 @@ def test_asynchronous_rounds_sample_from_the_weights_one_push_behind() -> None:
 # ---------------------------------------------------------------------- several processes
 @needs_vllm
 def test_two_processes_each_drive_an_engine_and_push_the_gathered_weights(tmp_path) -> None:
-    """``--nproc 2``: every process starts its own engine (vLLM's external launcher) on its
-    share of the prompts; after each update the sharded weights are gathered and pushed, so
-    log μ stays the trainer's on both (the gathered mismatch of rounds 2 and 3)."""
+    """2 processes, as ``--nproc 2`` makes them (the launcher itself: test_distributed.py):
+    every process starts its own engine (vLLM's external launcher) on its share of the
+    prompts; after each update the sharded weights are gathered and pushed, so log μ stays
+    the trainer's on both (the gathered mismatch of rounds 2 and 3)."""
     import json
-    import subprocess
-    import sys
+
+    from tests.helpers.ranks import train_on_two
 
     overrides = [*VLLM_TINY, ENGINE, "train.rounds=3", "output.progress=false"]
-    sets = [a for o in overrides for a in ("--set", o)]
-    done = subprocess.run(
-        [sys.executable, "-m", "ppokit", "train", "--nproc", "2", "--out", str(tmp_path), *sets],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    train_on_two("train", "--out", str(tmp_path), *[a for o in overrides for a in ("--set", o)])
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["round"] for r in records] == [1, 2, 3]
