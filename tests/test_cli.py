@@ -336,6 +336,38 @@ def test_train_a_spec_with_overrides(fake_trainer: list[dict[str, Any]], tmp_pat
     assert json.loads(result.stdout) == {"rounds": 2}
 
 
+def test_each_process_gets_the_command_with_its_flags(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--nproc 2``: the launcher starts ``ppokit train`` with the spec, its overrides, seed,
+    threads, output folder and every flag (``--resume`` too) on each process, and the
+    launcher's exit status is the command's."""
+    from ppokit import launcher
+
+    seen: list[tuple[int, list[str]]] = []
+
+    def launch(nproc: int, argv: list[str]) -> tuple[int, list[str]]:
+        seen.append((nproc, argv))
+        return 3, []
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    out = str(tmp_path / "o ut")
+    result = invoke(
+        "train", GRPO, "--nproc", "2", "--set", "train.rounds=2", "--seed", "5", "--threads",
+        "1", "--out", out, "--resume", "--allow-spec-change", "--overwrite", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 3, result.stderr
+    assert seen == [
+        (
+            2,
+            [
+                "train", GRPO, "--set", "train.rounds=2", "--seed", "5", "--threads", "1",
+                "--out", out, "--resume", "--allow-spec-change", "--overwrite", "--json",
+            ],
+        )
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("out", [None, "given"])
 def test_a_smoke_run_on_processes_leaves_no_temporary_folder(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, out: str | None
