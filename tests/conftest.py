@@ -17,7 +17,7 @@ from tests.helpers import (
     EXAMPLE_PLUGIN,
     Plugin,
     Venv,
-    write_plugin_dist,
+    path_plugin,
 )
 
 
@@ -78,14 +78,11 @@ def plugin_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     """A throwaway virtualenv with ppokit-example and two broken plugins installed."""
     root = tmp_path_factory.mktemp("venv")
     venv = Venv(root / "env")
-    dists = root / "dists"
-    broken_import = write_plugin_dist(
-        dists, "ppokit-broken-import", "ppokit_broken_import", BROKEN_IMPORT, "broken_import"
+    venv.install(EXAMPLE_PLUGIN)
+    path_plugin(
+        venv.site, "ppokit-broken-import", "ppokit_broken_import", BROKEN_IMPORT, "broken_import"
     )
-    broken_hook = write_plugin_dist(
-        dists, "ppokit-broken-hook", "ppokit_broken_hook", BROKEN_HOOK, "broken_hook"
-    )
-    venv.install(EXAMPLE_PLUGIN, broken_import, broken_hook)
+    path_plugin(venv.site, "ppokit-broken-hook", "ppokit_broken_hook", BROKEN_HOOK, "broken_hook")
     return venv
 
 

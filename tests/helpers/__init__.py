@@ -148,9 +148,10 @@ class Venv:
             capture_output=True,
             text=True,
         ).stdout.strip()
+        self.site = Path(own_site)  # where a one-module plugin goes (path_plugin)
         parents = [p for p in site.getsitepackages() if Path(p).is_dir()]
         lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in parents)
-        (Path(own_site) / "_parent_env.pth").write_text(lines)
+        (self.site / "_parent_env.pth").write_text(lines)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PPOKIT_")}
@@ -190,38 +191,11 @@ class Venv:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-def write_plugin_dist(root: Path, dist: str, module: str, code: str, ep_name: str) -> Path:
-    """A one-module distribution with an entry point in the ``ppokit`` group."""
-    path = root / dist
-    path.mkdir(parents=True)
-    (path / "pyproject.toml").write_text(
-        textwrap.dedent(
-            f"""\
-            [build-system]
-            requires = ["setuptools>=68"]
-            build-backend = "setuptools.build_meta"
-
-            [project]
-            name = "{dist}"
-            version = "0.0.1"
-
-            [project.entry-points.ppokit]
-            {ep_name} = "{module}"
-
-            [tool.setuptools]
-            py-modules = ["{module}"]
-            """
-        )
-    )
-    (path / f"{module}.py").write_text(textwrap.dedent(code))
-    return path
-
-
 def path_plugin(root: Path, dist: str, module: str, code: str, ep_name: str) -> Path:
-    """A folder that, on ``PYTHONPATH``, installs a one-module plugin: the module and a
-    ``.dist-info`` with its entry point in the ``ppokit`` group (found by
-    ``importlib.metadata`` like an installed one; nothing to build, nothing to pip install).
-    Returns the folder."""
+    """A folder that, on ``PYTHONPATH`` (or a virtualenv's :attr:`Venv.site`), installs a
+    one-module plugin: the module and a ``.dist-info`` with its entry point in the
+    ``ppokit`` group (found by ``importlib.metadata`` like one pip installed; nothing to
+    build). Returns the folder."""
     root.mkdir(parents=True, exist_ok=True)
     (root / f"{module}.py").write_text(textwrap.dedent(code))
     info = root / f"{dist.replace('-', '_')}-0.0.1.dist-info"

@@ -30,7 +30,7 @@ from ppokit.registry import (
     name_problem,
     plugin_import_timeout,
 )
-from tests.helpers import Venv, write_plugin_dist
+from tests.helpers import Venv, path_plugin
 
 EXITS = """\
 import sys
@@ -128,19 +128,17 @@ class HostileVenv(Venv):
 def hostile_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     root = tmp_path_factory.mktemp("hostile")
     venv = HostileVenv(root / "env")
-    dists = root / "dists"
-    venv.install(
-        write_plugin_dist(dists, "ppokit-exits", "ppokit_exits", EXITS, "exits"),
-        write_plugin_dist(
-            dists, "ppokit-missing-attr", "ppokit_missing_attr", MISSING_ATTR, "missing_attr"
-        ),
-        write_plugin_dist(dists, "ppokit-prints", "ppokit_prints", PRINTS, "prints"),
-        write_plugin_dist(dists, "ppokit-hangs", "ppokit_hangs", HANGS, "hangs"),
-        write_plugin_dist(dists, "ppokit-os-exit", "ppokit_os_exit", OS_EXIT, "os_exit"),
-        write_plugin_dist(dists, "ppokit-writes-fd1", "ppokit_writes_fd1", WRITES_FD1, "fd1"),
-        write_plugin_dist(dists, "ppokit-escapes", "ppokit_escapes", ESCAPES, "escapes"),
-        write_plugin_dist(dists, "ppokit-loud", "ppokit_loud", FAILS_LOUDLY, "loud"),
-    )
+    for dist, module, code, entry in [
+        ("ppokit-exits", "ppokit_exits", EXITS, "exits"),
+        ("ppokit-missing-attr", "ppokit_missing_attr", MISSING_ATTR, "missing_attr"),
+        ("ppokit-prints", "ppokit_prints", PRINTS, "prints"),
+        ("ppokit-hangs", "ppokit_hangs", HANGS, "hangs"),
+        ("ppokit-os-exit", "ppokit_os_exit", OS_EXIT, "os_exit"),
+        ("ppokit-writes-fd1", "ppokit_writes_fd1", WRITES_FD1, "fd1"),
+        ("ppokit-escapes", "ppokit_escapes", ESCAPES, "escapes"),
+        ("ppokit-loud", "ppokit_loud", FAILS_LOUDLY, "loud"),
+    ]:
+        path_plugin(venv.site, dist, module, code, entry)
     return venv
 
 
