@@ -456,7 +456,7 @@ def load_actor(
     def load() -> tuple[Any, nn.Module]:
         if "gguf_file" not in kwargs:
             AutoConfig.from_pretrained(source, **kwargs)  # the remote-code check, before all
-        gguf = "gguf_file" in kwargs  # a GGUF file is parsed again for each of the three
+        gguf = "gguf_file" in kwargs  # parsed once for the three (trainer.converted)
         report.status("reading the tokenizer" + (" from its GGUF file" if gguf else ""))
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         report.status(

