@@ -1,5 +1,6 @@
-"""Two CPU processes joined by gloo, as ``torchrun --nproc-per-node 2`` makes them, for the
-tests of the distributed trainer."""
+"""Processes forked from multiprocessing's forkserver, with torch, transformers and the
+trainer imported there once: two joined by gloo, as ``torchrun --nproc-per-node 2`` makes
+them, for the tests of the distributed trainer; one ``ppokit`` command of its own."""
 
 from __future__ import annotations
 
@@ -33,11 +34,26 @@ def as_process(rank: int, port: int) -> None:
     torch.set_num_threads(1)
 
 
-def _train(rank: int, port: int, argv: list[str], environ: dict[str, str]) -> None:
+def _ppokit(argv: list[str], environ: dict[str, str]) -> None:
     os.environ.clear()  # the caller's, not the forkserver's from when it started
     os.environ.update(environ)
-    as_process(rank, port)
     app(args=argv, prog_name="ppokit")  # its exit status is the process's
+
+
+def _train(rank: int, port: int, argv: list[str], environ: dict[str, str]) -> None:
+    as_process(rank, port)
+    _ppokit(argv, environ)
+
+
+def start_ppokit(*argv: str) -> multiprocessing.process.BaseProcess:
+    """``ppokit ARGV`` in a process of its own (its pid, signals and exit status) forked from
+    the forkserver, started: a fresh interpreter's start-up (about 8 s of CPU) saved where
+    the start-up is not what a test is about."""
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    context = multiprocessing.get_context("forkserver")
+    proc = context.Process(target=_ppokit, args=(list(argv), dict(os.environ)))
+    proc.start()
+    return proc
 
 
 def train_on_two(*argv: str) -> None:

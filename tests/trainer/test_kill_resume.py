@@ -8,10 +8,7 @@ synchronous run killed at the worst point of its save resumes exactly too
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +17,7 @@ from typer.testing import CliRunner
 
 from ppokit.cli import app
 from ppokit.trainer.metrics import TIMING, read_metrics
+from tests.helpers.ranks import start_ppokit
 from tests.helpers.trainer import DEMO, SMALL
 
 ROUNDS = 6
@@ -38,10 +36,6 @@ def _args(out: Path, *extra: str) -> list[str]:
     return ["train", str(DEMO), *sets, "--out", str(out), *extra]
 
 
-def _cli(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "ppokit.cli", *_args(out, *extra)]
-
-
 def _untimed(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
 
@@ -50,34 +44,29 @@ def _untimed(history: list[dict]) -> list[dict]:
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     uninterrupted = CliRunner().invoke(app, _args(whole))  # in this process: no start-up
     assert uninterrupted.exit_code == 0, uninterrupted.output
 
-    proc = subprocess.Popen(
-        _cli(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    proc = start_ppokit(*_args(killed))  # a process of its own, to be killed
     deadline = time.monotonic() + 300
     metrics = killed / "metrics.jsonl"
     # kill once the round after the first checkpoint is being written (rounds 3..5)
-    while time.monotonic() < deadline and proc.poll() is None:
+    while time.monotonic() < deadline and proc.is_alive():
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
             break
         time.sleep(0.05)
-    if proc.poll() is not None:
+    if not proc.is_alive():
         pytest.skip("the run finished before it could be killed")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    proc.kill()
+    proc.join(timeout=60)
+    assert proc.exitcode == -signal.SIGKILL
     done = len(read_metrics(killed))
     assert 3 <= done < ROUNDS
 
     ahead = killed / "checkpoint" / "ahead"
     assert ahead.is_dir()  # the batch of the round after the checkpoint's
-    result = subprocess.run(
-        _cli(killed, "--resume", "--json"), env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
+    result = CliRunner().invoke(app, _args(killed, "--resume", "--json"))
+    assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["resumed_from"] in (2, 4)
     assert summary["resumed_from"] <= done
