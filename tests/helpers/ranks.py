@@ -34,15 +34,18 @@ def as_process(rank: int, port: int) -> None:
     torch.set_num_threads(1)
 
 
-def _ppokit(argv: list[str], environ: dict[str, str]) -> None:
+def _ppokit(
+    argv: list[str], environ: dict[str, str], rank: int | None = None, port: int = 0
+) -> None:
     os.environ.clear()  # the caller's, not the forkserver's from when it started
     os.environ.update(environ)
+    if rank is not None:
+        as_process(rank, port)
     app(args=argv, prog_name="ppokit")  # its exit status is the process's
 
 
 def _train(rank: int, port: int, argv: list[str], environ: dict[str, str]) -> None:
-    as_process(rank, port)
-    _ppokit(argv, environ)
+    _ppokit(argv, environ, rank, port)
 
 
 def start_ppokit(*argv: str) -> multiprocessing.process.BaseProcess:
@@ -59,8 +62,10 @@ def start_ppokit(*argv: str) -> multiprocessing.process.BaseProcess:
 def train_on_two(*argv: str) -> None:
     """``ppokit ARGV`` (a ``train`` command) on 2 processes forked from the forkserver: the
     run ``--nproc 2`` makes, without the launcher and the interpreters it starts (about 25 s
-    of CPU). For a reference run; the launcher's own runs are the subject of other tests."""
-    run_two(_train, free_port(), list(argv), dict(os.environ))
+    of CPU), one OpenMP thread each as the launcher sets it. For a reference run; the
+    launcher's own runs are the subject of other tests."""
+    environ = {"OMP_NUM_THREADS": "1", **os.environ}
+    run_two(_train, free_port(), list(argv), environ)
 
 
 def run_two(fn: Callable[..., None], *args: Any) -> None:
