@@ -34,18 +34,14 @@ def as_process(rank: int, port: int) -> None:
     torch.set_num_threads(1)
 
 
-def _ppokit(
-    argv: list[str], environ: dict[str, str], rank: int | None = None, port: int = 0
-) -> None:
-    os.environ.clear()  # the caller's, not the forkserver's from when it started
+def _ppokit(rank: int | None, port: int, argv: list[str], environ: dict[str, str]) -> None:
+    """``ppokit ARGV`` in this forked process, under the caller's ``environ`` (not the
+    forkserver's from when it started), as process ``rank`` of 2 unless None."""
+    os.environ.clear()
     os.environ.update(environ)
     if rank is not None:
         as_process(rank, port)
     app(args=argv, prog_name="ppokit")  # its exit status is the process's
-
-
-def _train(rank: int, port: int, argv: list[str], environ: dict[str, str]) -> None:
-    _ppokit(argv, environ, rank, port)
 
 
 def start_ppokit(*argv: str) -> multiprocessing.process.BaseProcess:
@@ -54,7 +50,7 @@ def start_ppokit(*argv: str) -> multiprocessing.process.BaseProcess:
     the start-up is not what a test is about."""
     multiprocessing.set_forkserver_preload(list(PRELOAD))
     context = multiprocessing.get_context("forkserver")
-    proc = context.Process(target=_ppokit, args=(list(argv), dict(os.environ)))
+    proc = context.Process(target=_ppokit, args=(None, 0, list(argv), dict(os.environ)))
     proc.start()
     return proc
 
@@ -65,7 +61,7 @@ def train_on_two(*argv: str) -> None:
     of CPU), one OpenMP thread each as the launcher sets it. For a reference run; the
     launcher's own runs are the subject of other tests."""
     environ = {"OMP_NUM_THREADS": "1", **os.environ}
-    run_two(_train, free_port(), list(argv), environ)
+    run_two(_ppokit, free_port(), list(argv), environ)
 
 
 def run_two(fn: Callable[..., None], *args: Any) -> None:
