@@ -18,6 +18,7 @@ from tests.helpers import (
     Plugin,
     Venv,
     path_plugin,
+    run_temp,
 )
 
 
@@ -35,8 +36,7 @@ def conversion_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     start): a run of the suite converts SmolLM2's GGUF file once, shared by pytest-xdist's
     workers (an entry is renamed into place whole), and never reads a cache of the
     machine's."""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "ppokit-cache"
+    folder = run_temp(tmp_path_factory) / "ppokit-cache"
     folder.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PPOKIT_CACHE", str(folder))

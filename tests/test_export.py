@@ -34,6 +34,7 @@ from ppokit.trainer import train
 from ppokit.trainer.checkpoint import load_weights
 from ppokit.trainer.models import SMOLLM2, build_models, tiny_model, trunk_of
 from ppokit.trainer.tokenizer import char_tokenizer
+from tests.helpers import built_once
 from tests.helpers.trainer import small_spec
 
 #: A reward that differs between responses of a random tiny model.
@@ -95,20 +96,20 @@ print(json.dumps(result))
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two-round tiny runs (with a critic), each exported with --critic."""
-    root = tmp_path_factory.mktemp("export")
-    folders = {}
+def _train_and_export(root: Path) -> None:
     for name, extra in RUNS.items():
-        if "model.lora.r=4" in extra:
-            pytest.importorskip("peft")
         run = root / "runs" / name
         train(small_spec(run, "train.rounds=2", *VARIED_REWARD, *extra))
         summary = export_run(run, root / "out" / name, critic=True)
         assert summary["round"] == 2 and summary["lora_merged"] == ("lora" in name)
-        folders[name] = run
-    return folders
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two-round tiny runs (with a critic), each exported with --critic."""
+    pytest.importorskip("peft")
+    root = built_once(tmp_path_factory, "export", _train_and_export)
+    return {name: root / "runs" / name for name in RUNS}
 
 
 def _load_fresh(folders: list[Path], file: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -127,9 +128,19 @@ def _load_fresh(folders: list[Path], file: Path) -> tuple[dict[str, Any], dict[s
 
 
 @pytest.fixture(scope="module")
-def loaded(runs: dict[str, Path]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def loaded(
+    runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     out = next(iter(runs.values())).parents[1] / "out"
-    return _load_fresh([out / n for n in runs], out.parent / "loaded.safetensors")
+
+    def load(folder: Path) -> None:
+        info, _ = _load_fresh([out / n for n in runs], folder / "loaded.safetensors")
+        (folder / "loaded.json").write_text(json.dumps(info))
+
+    folder = built_once(tmp_path_factory, "export-loaded", load)
+    return json.loads((folder / "loaded.json").read_text()), load_file(
+        folder / "loaded.safetensors"
+    )
 
 
 def _trained(run: Path) -> Any:

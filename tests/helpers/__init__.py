@@ -7,6 +7,7 @@ the components' reference loops."""
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
 from ppokit.catalogue import Component
@@ -32,6 +34,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def run_temp(factory: pytest.TempPathFactory) -> Path:
+    """The test run's own temporary folder: the one pytest-xdist's workers share, or the
+    session's without them."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder ``name`` as ``build(folder)`` fills it, once in a test run.
+
+    A module-scoped fixture runs once per pytest-xdist worker that runs one of its tests,
+    and worksteal may hand a module's tests to both. Built here, the first worker to ask
+    builds under a file lock; the others wait, then read the same folder. A build that
+    failed (no ``.built`` mark) is removed and made again by the next to ask."""
+    from filelock import FileLock
+
+    root = run_temp(factory)
+    folder, mark = root / name, root / name / ".built"
+    with FileLock(root / f"{name}.lock"):
+        if not mark.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            mark.touch()
+    return folder
 
 
 def one_error_line(stderr: str) -> str:

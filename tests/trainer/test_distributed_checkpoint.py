@@ -20,7 +20,7 @@ from ppokit import distributed
 from ppokit.data import make_prompt_source
 from ppokit.spec import Spec
 from ppokit.trainer.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
-from tests.helpers import free_port
+from tests.helpers import built_once, free_port
 from tests.helpers.ranks import as_process, run_two
 from tests.helpers.trainer import learner
 
@@ -111,9 +111,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
                 save_file(from_one, f"{folder}/{case}-one-to-two.safetensors")
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("ckpt")
+def _write_checkpoints(folder: Path) -> None:
     for case, overrides in CASES.items():  # one process writes its checkpoints first
         spec = _spec(overrides)
         lrn = _updated(spec)
@@ -123,7 +121,11 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
         save_file(_whole(lrn), f"{folder}/{case}-one.safetensors")
     run_two(_worker, free_port(), str(folder))
-    return folder
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return built_once(tmp_path_factory, "distributed-checkpoints", _write_checkpoints)
 
 
 def _assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ppokit import distributed
-from tests.helpers import free_port
+from tests.helpers import built_once, free_port
 from tests.helpers.ranks import as_process, run_two
 
 PROMPTS, N, ROUNDS = 4, 4, 3
@@ -116,9 +116,9 @@ def _worker(rank: int, port: int, folder: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("filter")
-    run_two(_worker, free_port(), str(folder))
-    return folder
+    return built_once(
+        tmp_path_factory, "distributed-filter", lambda f: run_two(_worker, free_port(), str(f))
+    )
 
 
 def test_whole_round_counts_and_equal_shares(two_processes: Path) -> None:

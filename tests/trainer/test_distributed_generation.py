@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from ppokit import distributed
-from tests.helpers import free_port
+from tests.helpers import built_once, free_port
 from tests.helpers.ranks import as_process, run_two
 from tests.helpers.trainer import demo_rows, learner, small_spec
 
@@ -66,8 +66,9 @@ def _worker(rank: int, port: int, folder: str) -> None:
 
 @pytest.fixture(scope="module")
 def generations(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    folder = tmp_path_factory.mktemp("generation")
-    run_two(_worker, free_port(), str(folder))
+    folder = built_once(
+        tmp_path_factory, "distributed-generation", lambda f: run_two(_worker, free_port(), str(f))
+    )
     return [json.loads((folder / f"generation{r}.json").read_text()) for r in (0, 1)]
 
 
