@@ -138,9 +138,8 @@ def loaded(
         (folder / "loaded.json").write_text(json.dumps(info))
 
     folder = built_once(tmp_path_factory, "export-loaded", load)
-    return json.loads((folder / "loaded.json").read_text()), load_file(
-        folder / "loaded.safetensors"
-    )
+    info = json.loads((folder / "loaded.json").read_text())
+    return info, load_file(folder / "loaded.safetensors")
 
 
 def _trained(run: Path) -> Any:
