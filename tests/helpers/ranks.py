@@ -7,14 +7,16 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
 from ppokit import workers
 from ppokit.cli import app
-from tests.helpers import free_port
+from tests.helpers import built_once, free_port
 
 #: What the forkserver imports once, so that a process forked from it starts with them
 #: (``mp.spawn``'s fresh interpreters import them again, about 5 s of CPU a process): the
@@ -62,6 +64,14 @@ def train_on_two(*argv: str) -> None:
     launcher's own runs are the subject of other tests."""
     environ = {"OMP_NUM_THREADS": "1", **os.environ}
     run_two(_ppokit, free_port(), list(argv), environ)
+
+
+def written_by_two(
+    factory: pytest.TempPathFactory, name: str, fn: Callable[[int, int, str], None]
+) -> Path:
+    """The folder ``name`` that ``fn(rank, port, folder)`` fills on 2 processes
+    (:func:`run_two`), once in a test run (:func:`tests.helpers.built_once`)."""
+    return built_once(factory, name, lambda folder: run_two(fn, free_port(), str(folder)))
 
 
 def run_two(fn: Callable[..., None], *args: Any) -> None:

@@ -36,8 +36,7 @@ from ppokit.spec import Spec
 from ppokit.trainer.metrics import TIMING, read_once
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Scores
-from tests.helpers import built_once, free_port
-from tests.helpers.ranks import as_process, run_two, train_on_two
+from tests.helpers.ranks import as_process, train_on_two, written_by_two
 from tests.helpers.trainer import demo_rows, encode, learner, small_spec, with_observations
 
 PROMPTS, N, T = 4, 2, 6
@@ -212,9 +211,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return built_once(
-        tmp_path_factory, "distributed-updates", lambda f: run_two(_worker, free_port(), str(f))
-    )
+    return written_by_two(tmp_path_factory, "distributed-updates", _worker)
 
 
 def _close(a: float | None, b: float | None) -> bool:

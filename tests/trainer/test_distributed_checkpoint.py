@@ -120,7 +120,7 @@ def _write_checkpoints(folder: Path) -> None:
             run, lrn.models, lrn.state, make_prompt_source(spec.data, spec.seed), 1, "{}\n"
         )
         save_file(_whole(lrn), f"{folder}/{case}-one.safetensors")
-    run_two(_worker, free_port(), str(folder))
+    run_two(_worker, free_port(), str(folder))  # then two processes write theirs
 
 
 @pytest.fixture(scope="module")

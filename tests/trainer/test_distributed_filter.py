@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from ppokit import distributed
-from tests.helpers import built_once, free_port
-from tests.helpers.ranks import as_process, run_two
+from tests.helpers.ranks import as_process, written_by_two
 
 PROMPTS, N, ROUNDS = 4, 4, 3
 OVERRIDES = [
@@ -116,9 +115,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return built_once(
-        tmp_path_factory, "distributed-filter", lambda f: run_two(_worker, free_port(), str(f))
-    )
+    return written_by_two(tmp_path_factory, "distributed-filter", _worker)
 
 
 def test_whole_round_counts_and_equal_shares(two_processes: Path) -> None:

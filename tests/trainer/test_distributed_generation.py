@@ -16,8 +16,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from ppokit import distributed
-from tests.helpers import built_once, free_port
-from tests.helpers.ranks import as_process, run_two
+from tests.helpers.ranks import as_process, written_by_two
 from tests.helpers.trainer import demo_rows, learner, small_spec
 
 STEPS = 6
@@ -66,9 +65,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
 
 @pytest.fixture(scope="module")
 def generations(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    folder = built_once(
-        tmp_path_factory, "distributed-generation", lambda f: run_two(_worker, free_port(), str(f))
-    )
+    folder = written_by_two(tmp_path_factory, "distributed-generation", _worker)
     return [json.loads((folder / f"generation{r}.json").read_text()) for r in (0, 1)]
 
 
