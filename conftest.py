@@ -10,6 +10,11 @@ run): fresh random examples each run, to look for inputs the fixed ones miss.
 :data:`MAX_WORKERS` and one per :data:`GIB_PER_WORKER` GiB of memory: an end-to-end test
 starts processes and models of its own (two ranks, a vLLM engine), so more workers than that
 only contend. ``-n 0`` runs the suite in one process.
+
+Each worker's torch pool has a thread per core, so the workers' OpenMP threads outnumber the
+cores; an OpenMP thread that spins while it waits for work takes the core another worker's
+test needs. :data:`OMP_WAIT_POLICY` makes them sleep instead (set before any test imports
+torch; a caller's own setting wins).
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ import os
 
 import pytest
 from hypothesis import settings
+
+#: How the tests' OpenMP threads wait (libgomp reads it when torch is first imported).
+OMP_WAIT_POLICY = "PASSIVE"
+os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
 
 #: The most workers ``-n auto`` starts.
 MAX_WORKERS = 4
