@@ -145,7 +145,7 @@ def test_a_server_that_never_answers_times_out() -> None:
         reward = make("reward", "http", url=url, retries=0, timeout=0.3)
         with pytest.raises(RemoteError) as info:
             reward(["p"], ["a"])
-    _one_line(info.value, url, "no answer within 0.3 s")
+    _one_line(info.value, url, "no complete answer within 0.3 s")
 
 
 @pytest.fixture
@@ -311,6 +311,9 @@ def test_an_api_key_comes_from_the_environment(chat, monkeypatch) -> None:
     url, stub = chat
     monkeypatch.delenv("PPOKIT_TEST_KEY", raising=False)
     with pytest.raises(UserError, match="PPOKIT_TEST_KEY is not set"):
+        make("reward", "judge", url=url, model="m", api_key_env="PPOKIT_TEST_KEY", **FAST)
+    monkeypatch.setenv("PPOKIT_TEST_KEY", "sk-te\nst")
+    with pytest.raises(UserError, match=r"PPOKIT_TEST_KEY holds a control character$"):
         make("reward", "judge", url=url, model="m", api_key_env="PPOKIT_TEST_KEY", **FAST)
     monkeypatch.setenv("PPOKIT_TEST_KEY", "sk-test")
     judge = make("reward", "judge", url=url, model="m", api_key_env="PPOKIT_TEST_KEY", **FAST)

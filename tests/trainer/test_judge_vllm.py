@@ -143,7 +143,7 @@ def test_a_group_in_one_request_and_the_scorers_flags(judge_url: str) -> None:
     [
         ({"model": "no-such-model"}, "answered HTTP 404"),
         ({"model": MODEL, "max_tokens": 4096}, "answered HTTP 400"),
-        ({"model": MODEL, "timeout": 0.001}, "no answer within 0.001 s"),
+        ({"model": MODEL, "timeout": 0.001}, "no complete answer within 0.001 s"),
     ],
 )
 def test_the_servers_refusals_are_one_line(judge_url: str, params: dict, cause: str) -> None:

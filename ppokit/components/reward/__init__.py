@@ -229,10 +229,10 @@ class PythonParams(Params):
         return value
 
 
-#: How the rewards that call servers are installed (httpx, tenacity) and served (starlette,
-#: uvicorn).
+#: How the rewards that call servers are installed (tenacity, for their retries) and served
+#: (starlette, uvicorn).
 SERVE_INSTALL = "pip install 'ppokit[serve]'"
-SERVE_PACKAGES = (("httpx", SERVE_INSTALL), ("tenacity", SERVE_INSTALL))
+SERVE_PACKAGES = (("tenacity", SERVE_INSTALL),)
 _URL = re.compile(r"https?://[^\s/?#]+(/[^\s]*)?")
 
 
@@ -245,9 +245,19 @@ def _a_url(value: str) -> str:
 class RemoteParams(Params):
     """How a reward calls its server (every request, each retried apart)."""
 
-    timeout: float = Field(30.0, gt=0, le=3600, description="seconds one request may take")
+    timeout: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="seconds one try of a request may take, whole: from connecting to the "
+        "answer's last byte (each retry has its own)",
+    )
     retries: int = Field(
-        3, ge=0, le=20, description="tries after a failed one (no connection, a timeout, 429, 5xx)"
+        3,
+        ge=0,
+        le=20,
+        description="tries after a failed one (no connection, a timeout, a dropped "
+        "connection, 408, 429, 5xx)",
     )
     backoff: float = Field(
         0.5,
@@ -260,8 +270,9 @@ class RemoteParams(Params):
     concurrency: int = Field(4, ge=1, le=256, description="requests in flight at once")
     on_error: Literal["stop", "zero"] = Field(
         "stop",
-        description="a request that fails after its retries: 'stop' the run (one line naming "
-        "the URL and the cause) or score its responses 0 and flag them (reward/<name>/failed_frac)",
+        description="a request that fails after its retries, or whose answer is wrong, in "
+        "any way: 'stop' the run (one line naming the URL and what happened) or score its "
+        "responses 0 and flag them (reward/<name>/failed_frac)",
     )
     api_key_env: str | None = Field(
         None,

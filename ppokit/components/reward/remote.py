@@ -2,25 +2,40 @@
 reward server, or any that speaks its JSON) and ``judge`` (an LLM behind an
 OpenAI-compatible chat-completions endpoint), over one :class:`Client`.
 
-The client is httpx's, with tenacity's retries: each request has a timeout (its answer read
-in full within it, however slowly the server sends it), a failed one (no connection, a
-timeout, HTTP 408, 429 or 5xx) is tried again after an exponential backoff with random
-jitter, at most ``concurrency`` requests are in flight, and an answer is read up to a bound.
-A request that fails after its retries stops the run with one line naming the URL and the
-cause (:class:`RemoteError`), or, with ``on_error: zero``, scores its responses 0 and flags
-them ``failed``. Nothing waits without a bound. Results are in the order of the responses
-whatever order the answers come in.
+The client is the standard library's :mod:`http.client` under a deadline, with tenacity's
+retries: each try of a request has ``timeout`` seconds for its whole exchange (the host's
+name looked up, the connection and its TLS handshake made, the request sent, the status
+line, headers and body read: before each step the socket may wait only for what is left,
+so a server that trickles its answer a byte at a time is stopped at the timeout as one that
+never answers). A failed try (no connection, a timeout, a dropped connection, HTTP 408,
+429 or 5xx) is tried again after an exponential backoff with random jitter, each try with
+its own ``timeout``; at most ``concurrency`` requests are in flight, and an answer is read
+up to a bound. Connections are kept between requests (one found closed by the server is
+replaced within the try). Every way a request can fail, the answer's checks included (a
+redirect, no HTTP, no JSON, JSON nested too deep, a score that is no finite number, the
+wrong count), is one line naming the URL and what happened (:class:`RemoteError`): it stops
+the run, or, with ``on_error: zero``, scores its responses 0 and flags them ``failed``.
+Nothing waits without a bound. Results are in the order of the responses whatever order the
+answers come in.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import http.client
+import io
+import ipaddress
 import json
 import math
 import os
 import re
+import socket
+import ssl
+import threading
 import time
-from collections.abc import Sequence
+import urllib.parse
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ppokit.bounded import in_threads
@@ -33,27 +48,44 @@ from ppokit.components.reward import (
     SERVE_INSTALL,
     Scored,
 )
-from ppokit.errors import MissingDependency, UserError, one_line
+from ppokit.errors import MissingDependency, UserError, printable
 
 __all__ = ["Client", "HttpReward", "JudgeReward", "RemoteError", "jsonable", "parse_score"]
 
 #: HTTP statuses worth another try: the server is busy, restarting or overloaded.
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+#: Bytes of an error status's body read for its line.
+_SNIPPET = 4096
 
 
 class RemoteError(UserError):
     """A reward that could not be had from its server: one line naming the URL and the cause."""
 
 
-class _Status(Exception):
-    """An HTTP error status (and the start of its body)."""
+class _Failed(Exception):
+    """A try that failed: its message is the user's line of what happened; ``again``:
+    whether another try may help."""
+
+    again = False
+
+
+class _Lost(_Failed):
+    """No connection, a timeout, a connection dropped: worth another try."""
+
+    again = True
+
+
+class _Status(_Failed):
+    """An HTTP error status (and the first line of its body)."""
 
     def __init__(self, status: int, reason: str, body: str) -> None:
-        super().__init__(f"answered HTTP {status} {reason}: {body}".rstrip(": "))
+        line = f"answered HTTP {status} {_said(reason, 80)}".strip()
+        super().__init__(f"{line}: {_said(body)}" if body.strip() else line)
         self.status = status
+        self.again = status in TRANSIENT_STATUS
 
 
-class _Bad(Exception):
+class _Bad(_Failed):
     """An answer that breaks the protocol (too large, no JSON, the wrong shape): no retry."""
 
 
@@ -77,14 +109,201 @@ def _shown(url: str) -> str:
     return re.sub(r"//[^/@]*@", "//", url)
 
 
-def _cause(exc: BaseException, timeout: float) -> str:
-    import httpx
+def _said(text: str, limit: int = 200) -> str:
+    """What a server (or the system) said, as part of one line: its whitespace collapsed,
+    its control characters escaped, at most ``limit`` characters."""
+    text = printable(" ".join(text.split()))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
-    if isinstance(exc, httpx.TimeoutException):
-        return f"no answer within {timeout:g} s ({type(exc).__name__})"
-    if isinstance(exc, httpx.ConnectError):
-        return f"cannot connect ({one_line(exc)})"
-    return one_line(exc)
+
+def _first_line(body: bytes) -> str:
+    text = body.decode("utf-8", "replace")
+    return next((line for line in text.splitlines() if line.strip()), "")
+
+
+def _reason(exc: OSError) -> str:
+    """An OS error's reason in words (``connection refused``), without its class."""
+    if isinstance(exc, socket.gaierror):
+        return f"the host's name does not resolve: {exc.strerror or exc}"
+    text = exc.strerror or str(exc) or "no reason given"
+    return _said(text[:1].lower() + text[1:])
+
+
+def _cause(exc: BaseException, timeout: float) -> _Failed:
+    """A try's failure, from what ``http.client`` or the socket raised."""
+    if isinstance(exc, _Failed):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return _Lost(f"no complete answer within {timeout:g} s")
+    if isinstance(exc, http.client.RemoteDisconnected):
+        return _Lost("closed the connection without an answer")
+    if isinstance(exc, http.client.IncompleteRead):  # cut short, or a broken chunk
+        return _Lost(f"closed the connection or broke off after {len(exc.partial)} bytes")
+    if isinstance(exc, http.client.HTTPException):
+        return _Bad(f"answered no valid HTTP ({_said(str(exc), 120) or 'malformed'})")
+    if isinstance(exc, ssl.SSLError):
+        return _Lost(f"TLS failed ({_said(str(exc.reason or exc))})")
+    if isinstance(exc, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+        return _Lost(f"dropped the connection ({_reason(exc)})")
+    if isinstance(exc, OSError):
+        return _Lost(f"the connection failed ({_reason(exc)})")
+    return _Bad(f"failed ({_said(str(exc), 120) or type(exc).__name__})")
+
+
+#: What a kept connection that the server closed meanwhile raises on its next request.
+_STALE = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+
+
+def _addresses(host: str, port: int, seconds: float) -> list[Any]:
+    """``getaddrinfo`` for a TCP connection, waited for at most ``seconds`` (a name's
+    lookup on its own thread, which ends on the resolver's own timeouts)."""
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(host)
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found: list[Any] = []
+
+    def look() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            found.append(exc)
+
+    thread = threading.Thread(target=look, name="ppokit-resolve", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not found:
+        raise TimeoutError("the host's name was not looked up in time")
+    if isinstance(found[0], OSError):
+        raise found[0]
+    return list(found[0])
+
+
+class _Bounded:
+    """A connected socket whose every send and read waits at most until its connection's
+    deadline (``left``: the seconds left, TimeoutError when none are). Closed for real once
+    the connection and every file made of it are (as :meth:`socket.socket.makefile`'s)."""
+
+    def __init__(self, sock: socket.socket, left: Callable[[], float]) -> None:
+        self._sock, self._left = sock, left
+        self._files, self._closed = 0, False
+
+    def sendall(self, data: Any) -> None:
+        with memoryview(data) as view, view.cast("B") as octets:
+            sent = 0
+            while sent < len(octets):
+                self._sock.settimeout(self._left())
+                sent += self._sock.send(octets[sent : sent + 65536])
+
+    def recv_into(self, buffer: Any) -> int:
+        self._sock.settimeout(self._left())
+        return self._sock.recv_into(buffer)
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        self._files += 1
+        return io.BufferedReader(_Reader(self))
+
+    def release(self) -> None:
+        self._files -= 1
+        if self._closed and self._files <= 0:
+            self._sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._files <= 0:
+            self._sock.close()
+
+    def kill(self) -> None:
+        """Close it now, whatever still reads it."""
+        self._closed = True
+        self._sock.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _Reader(io.RawIOBase):
+    """The raw reads of a :class:`_Bounded` socket, each under its deadline."""
+
+    def __init__(self, sock: _Bounded) -> None:
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._sock.recv_into(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._sock.release()
+        super().close()
+
+
+class _Connection(http.client.HTTPConnection):
+    """One connection to the server (TLS with ``context``) whose every step, from the name's
+    lookup to the answer's last byte, waits at most until ``deadline`` (``time.monotonic``).
+    Its sends and reads go through a :class:`_Bounded` socket."""
+
+    def __init__(self, host: str, port: int, context: ssl.SSLContext | None) -> None:
+        super().__init__(host, port)
+        self.context = context
+        self.deadline = math.inf
+        self.bounded: _Bounded | None = None
+        if context is not None:
+            self.default_port = http.client.HTTPS_PORT  # the Host header's port
+
+    def left(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the deadline passed")
+        return left
+
+    def connect(self) -> None:
+        failure: OSError = OSError("the host's name has no address")
+        try:
+            found = _addresses(self.host, self.port, self.left())
+        except TimeoutError:
+            raise
+        except OSError as exc:
+            raise _Lost(f"cannot connect ({_reason(exc)})") from None
+        for family, kind, proto, _, address in found:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(self.left())
+                sock.connect(address)
+                break
+            except TimeoutError:
+                sock.close()
+                raise
+            except OSError as exc:
+                sock.close()
+                failure = exc
+        else:
+            if isinstance(failure, ConnectionRefusedError):
+                raise _Lost("cannot connect (connection refused)")
+            raise _Lost(f"cannot connect ({_reason(failure)})")
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.context is not None:
+            try:
+                sock.settimeout(self.left())  # the handshake, whole, within what is left
+                sock = self.context.wrap_socket(sock, server_hostname=self.host)
+            except ssl.SSLCertVerificationError as exc:
+                sock.close()
+                why = _said(exc.verify_message or str(exc))
+                raise _Bad(f"cannot connect (TLS: {why})") from None
+            except BaseException:
+                sock.close()
+                raise
+        self.bounded = _Bounded(sock, self.left)
+        self.sock = self.bounded  # type: ignore[assignment]  # what http.client uses of one
+
+    def kill(self) -> None:
+        """Close it now, an answer still being read included."""
+        if self.bounded is not None:
+            self.bounded.kill()
+            self.bounded = None
+        self.close()
 
 
 class Client:
@@ -107,35 +326,60 @@ class Client:
         self.url, self.what = url, what
         self.timeout = timeout
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
-        self.max_bytes = int(max_response_mb * 2**20)
-        self.headers = {"content-type": "application/json"}
+        self.max_mb, self.max_bytes = max_response_mb, int(max_response_mb * 2**20)
+        parts = urllib.parse.urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+            raise UserError(f"{what}: {_shown(url)} is no http:// or https:// URL")
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = port or (http.client.HTTPS_PORT if self.tls else http.client.HTTP_PORT)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.path = urllib.parse.quote(path, safe="/%:@!$&'()*+,;=?~")  # as httpx sent it
+        self.headers = {"content-type": "application/json", "user-agent": "ppokit"}
+        if parts.username is not None:  # as the URL gives them (the key below wins)
+            user = urllib.parse.unquote(parts.username)
+            word = urllib.parse.unquote(parts.password or "")
+            token = base64.b64encode(f"{user}:{word}".encode()).decode()
+            self.headers["authorization"] = f"Basic {token}"
         if api_key_env is not None:
             key = os.environ.get(api_key_env)
             if not key:
                 raise UserError(f"{what}: the environment variable {api_key_env} is not set")
+            if not key.isprintable():  # a header's value, which it would end
+                raise UserError(
+                    f"{what}: the environment variable {api_key_env} holds a control character"
+                )
             self.headers["authorization"] = f"Bearer {key}"
         self.concurrency = concurrency
         self._connect()
 
     def _connect(self) -> None:
-        """The HTTP client (its connections, which no pickle carries: a worker process
-        that receives this client makes its own)."""
+        """The retries, the TLS context and the kept connections (which no pickle
+        carries: a worker process that receives this client makes its own)."""
         try:
-            import httpx
             import tenacity
         except ImportError as exc:
-            raise MissingDependency(exc.name or "httpx", self.what, SERVE_INSTALL) from None
-        self.httpx, self.tenacity = httpx, tenacity
-        self.client = httpx.Client(
-            timeout=self.timeout,
-            limits=httpx.Limits(max_connections=self.concurrency),
-            follow_redirects=False,
-            trust_env=False,  # the URL is the spec's, not a proxy's from the environment
-        )
+            raise MissingDependency(exc.name or "tenacity", self.what, SERVE_INSTALL) from None
+        self.tenacity = tenacity
+        self.context: ssl.SSLContext | None = None
+        if self.tls:
+            try:
+                import certifi
+
+                cafile: str | None = certifi.where()
+            except ImportError:
+                cafile = None
+            self.context = ssl.create_default_context(cafile=cafile)
+        self._idle: list[_Connection] = []
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for unpicklable in ("client", "httpx", "tenacity"):
+        for unpicklable in ("tenacity", "context", "_idle", "_lock"):
             state.pop(unpicklable, None)
         return state
 
@@ -143,34 +387,70 @@ class Client:
         self.__dict__.update(state)
         self._connect()
 
-    def _once(self, body: bytes) -> Any:
-        start = time.monotonic()
-        with self.client.stream("POST", self.url, content=body, headers=self.headers) as r:
-            chunks, size = [], 0
-            for chunk in r.iter_bytes():
-                size += len(chunk)
-                if size > self.max_bytes:
-                    raise _Bad(f"answered more than {self.max_bytes / 2**20:g} MiB")
-                if time.monotonic() - start > self.timeout:
-                    raise self.httpx.ReadTimeout("the answer took too long")
-                chunks.append(chunk)
-            text = b"".join(chunks)
-            if r.status_code >= 400:
-                snippet = " ".join(text[:200].decode("utf-8", "replace").split())
-                raise _Status(r.status_code, r.reason_phrase, snippet)
+    def _take(self) -> _Connection:
+        """A kept connection, or a new one (which connects when used)."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return _Connection(self.host, self.port, self.context)
+
+    def _keep(self, conn: _Connection) -> None:
+        with self._lock:
+            if len(self._idle) < self.concurrency:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _exchange(self, conn: _Connection, body: bytes) -> Any:
+        """One request and its whole answer on ``conn`` (under its deadline)."""
+        conn.request("POST", self.path, body=body, headers=self.headers)
+        r = conn.getresponse()
+        if 300 <= r.status < 400 and r.getheader("location"):
+            where = _shown(r.getheader("location") or "")
+            raise _Bad(f"redirected to {_said(where, 300)}, not followed")
+        if r.status >= 300:
+            raise _Status(r.status, r.reason, _first_line(r.read(_SNIPPET)))
+        if r.length is not None and r.length > self.max_bytes:
+            raise _Bad(f"answered more than {self.max_mb:g} MiB (max_response_mb)")
+        chunks, size = [], 0
+        while chunk := r.read(min(65536, self.max_bytes + 1 - size)):
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _Bad(f"answered more than {self.max_mb:g} MiB (max_response_mb)")
+            chunks.append(chunk)
+        if r.length:  # the connection ended before the length its headers announced
+            total = size + r.length
+            raise _Lost(f"closed the connection after {size} of the answer's {total} bytes")
+        text = b"".join(chunks)
         try:
             return json.loads(text)
-        except ValueError:
-            raise _Bad(f"answered no JSON ({text[:80]!r})") from None
+        except RecursionError:
+            raise _Bad("answered JSON nested too deep") from None
+        except ValueError as exc:  # UnicodeDecodeError included
+            raise _Bad(f"answered no JSON ({_said(str(exc), 120)}; {text[:80]!r})") from None
 
-    def _transient(self, exc: BaseException) -> bool:
-        if isinstance(exc, _Status):
-            return exc.status in TRANSIENT_STATUS
-        return isinstance(exc, self.httpx.TransportError)
+    def _once(self, body: bytes) -> Any:
+        """One try: its whole exchange within ``timeout``. A kept connection that the
+        server closed meanwhile is replaced by a new one, within the same deadline."""
+        deadline = time.monotonic() + self.timeout
+        conn = self._take()
+        while True:
+            kept = conn.sock is not None
+            conn.deadline = deadline
+            try:
+                answer = self._exchange(conn, body)
+            except Exception as exc:
+                conn.kill()
+                if kept and isinstance(exc, _STALE) and time.monotonic() < deadline:
+                    conn = _Connection(self.host, self.port, self.context)
+                    continue
+                raise _cause(exc, self.timeout) from None
+            self._keep(conn)
+            return answer
 
     def post(self, payload: Any) -> Any:
         """The JSON answer to ``payload``, tried ``1 + retries`` times; RemoteError naming
-        the URL and the cause after the last."""
+        the URL and the cause after the last (whatever failed: nothing else is raised)."""
         body = json.dumps(jsonable(payload)).encode()
         t = self.tenacity
         tries = t.Retrying(
@@ -178,7 +458,7 @@ class Client:
             wait=t.wait_exponential_jitter(
                 multiplier=self.backoff, max=self.max_backoff, jitter=self.backoff
             ),
-            retry=t.retry_if_exception(self._transient),
+            retry=t.retry_if_exception(lambda exc: isinstance(exc, _Failed) and exc.again),
             reraise=True,
         )
         attempts = 0
@@ -187,11 +467,10 @@ class Client:
                 with attempt:
                     attempts += 1
                     return self._once(body)
-        except (_Status, _Bad, self.httpx.HTTPError) as exc:
+        except Exception as exc:
+            cause = _cause(exc, self.timeout)
             after = f" (after {attempts} tries)" if attempts > 1 else ""
-            raise RemoteError(
-                f"{self.what}: {_shown(self.url)}: {_cause(exc, self.timeout)}{after}"
-            ) from None
+            raise RemoteError(f"{self.what}: {_shown(self.url)}: {cause}{after}") from None
         raise AssertionError("unreachable")  # tenacity returns or raises
 
     def post_all(self, payloads: list[Any], *, stop: bool) -> list[Any]:
@@ -203,21 +482,51 @@ class Client:
         )
 
     def close(self) -> None:
-        """Close the connections."""
-        self.client.close()
+        """Close the kept connections."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # half-built, or at interpreter exit
+        # no contextlib here: at interpreter exit the modules' names may be gone already
+        try:  # noqa: SIM105
             self.close()
+        except Exception:  # half-built, or at interpreter exit
+            pass
+
+
+def _kind(value: Any) -> str:
+    """A JSON value in words (``true``, ``the text '1'``, ``a list``), for a line."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return f"the text {_said(repr(value), 40)}"
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "an object"
+    if isinstance(value, int):
+        digits = len(str(abs(value))) if value.bit_length() < 10_000 else None
+        return f"an integer of {digits} digits" if digits else "a very large integer"
+    return repr(value)
 
 
 def _numbers(value: Any, n: int, what: str) -> list[float]:
+    """``value`` as ``n`` finite floats, or _Bad naming the first that is not one."""
     if not isinstance(value, list) or len(value) != n:
-        got = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
+        got = f"{len(value)} values" if isinstance(value, list) else _kind(value)
         raise _Bad(f"{what}: expected {n} numbers, got {got}")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        raise _Bad(f"{what}: expected numbers")
-    return [float(v) for v in value]
+    out = []
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _Bad(f"{what}: item {i} is {_kind(v)}, not a number")
+        try:
+            x = float(v)
+        except OverflowError:  # an integer beyond a float's range
+            x = math.inf
+        if not math.isfinite(x):
+            raise _Bad(f"{what}: item {i} is {_kind(v)}, not a finite number")
+        out.append(x)
+    return out
 
 
 def _chunks(n: int, size: int) -> list[slice]:
@@ -229,8 +538,9 @@ class HttpReward:
     """Each request is ``{"prompts": [...], "responses": [...], "fields": {name: [...]}}``
     for a chunk of responses (the data's columns, ``lengths``, ``truncated``), and its
     answer ``{"scores": [...]}`` (one number per response; ``parts: {name: [...]}`` and
-    ``flags`` when the server serves several rewards), checked: a wrong count or a
-    non-number is a failure like a refused connection (not retried)."""
+    ``flags`` when the server serves several rewards), checked: a wrong count, or a score
+    that is no finite number (a text, a bool, NaN, an integer beyond a float's range), is a
+    failure like a refused connection (not retried)."""
 
     blocking = True  # its calls wait on a server or a sandbox
 
