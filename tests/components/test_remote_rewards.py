@@ -212,7 +212,7 @@ def test_on_error_zero_flags_the_failed_chunks_through_the_boundary() -> None:
 # ---------------------------------------------------------------------- judge
 def test_the_judge_is_sent_the_rubric_and_its_scores_are_parsed(chat) -> None:
     url, stub = chat
-    replies = iter(["Thinking... Score: 3", "score = 10", "I cannot tell", "8.5"])
+    replies = iter(["Thinking...\nScore: 3", "score = 10", "I cannot tell", "8.5"])
     stub.reply = lambda messages: next(replies)
     judge = make("reward", "judge", url=url, model="judge-m", system="Be strict.", **FAST)
     judge.client.concurrency = 1  # the replies in the order of the responses
@@ -283,9 +283,11 @@ def test_parse_score_reads_a_number_in_range(low: float, width: float, at: float
 
 
 def test_parse_verdicts_and_groups() -> None:
+    """The verdict is the answer's last line, whole (tests/components/test_judge_parse.py)."""
     args = (0.0, 1.0, ["correct", "yes"], ["incorrect", "no"])
-    assert parse_score("It is Correct.", "verdict", *args) == 1.0
-    assert parse_score("correct? no, INCORRECT", "verdict", *args) == 0.0  # the last word
+    assert parse_score("It is:\nCorrect.", "verdict", *args) == 1.0
+    assert parse_score("correct? no,\nINCORRECT", "verdict", *args) == 0.0
+    assert parse_score("It is Correct.", "verdict", *args) is None  # not the whole line
     assert parse_score("incorrectly phrased", "verdict", *args) is None  # whole words
     assert parse_score("nothing", "verdict", *args) is None
     assert parse_group("Reply 2: 5\nreply #1 - 10\nReply 3: 99", 3, 0, 10) == [1.0, 0.5, None]

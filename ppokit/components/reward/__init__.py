@@ -340,8 +340,10 @@ class JudgeParams(RemoteParams):
     )
     mode: Literal["number", "verdict"] = Field(
         "number",
-        description="'number': the last 'Score: N' (or a bare number) in [low, high], scaled to "
-        "[0, 1]; 'verdict': the last verdict word, positive 1 and negative 0",
+        description="what the answer's last non-empty line must be, whole (earlier lines never "
+        "count): 'number': 'Score: N' (or the answer is N alone), N in [low, high] scaled to "
+        "[0, 1]; 'verdict': a verdict word, positive 1 and negative 0; with group: the final "
+        "block of 'Reply K: N' lines (a K given twice: none)",
     )
     low: float = Field(0.0, description="the lowest score of the rubric")
     high: float = Field(10.0, description="the highest score of the rubric")
