@@ -101,7 +101,8 @@ FAST = {"retries": 0, "timeout": 120.0, "max_tokens": 12}
 def test_a_real_reply_is_parsed_and_an_unparsed_one_counted(judge_url: str) -> None:
     """The tiny model's greedy replies have no score: unparsed, scored `unparsed`; the
     lines of one, made the positive verdicts, score it 1 (a verdict is a whole last line;
-    both judges ask with the same rubric, so the greedy reply is the same)."""
+    both judges ask with the same rubric, its fence's tag included, so the greedy reply is
+    the same)."""
     judge = make(
         "reward", "judge", url=judge_url, model=MODEL, unparsed=-1.0, template=JUDGE_TEMPLATE,
         **FAST,

@@ -387,12 +387,38 @@ def parse_group(text: str, count: int, low: float, high: float) -> list[float | 
     return [None if k in twice else scores.get(k) for k in range(1, count + 1)]
 
 
+def _code(seed: bytes, n: int) -> str:
+    """The ``n``-th code a fence may take in a request whose texts hash to ``seed``."""
+    import hashlib
+
+    return hashlib.sha256(seed + n.to_bytes(8, "big")).hexdigest()[:8]
+
+
+def _fence(texts: Sequence[str]) -> str:
+    """The fence's tag for a request of ``texts``: ``reply-`` and 8 hex digits, the first of
+    :func:`_code`'s that occurs in none of them (in any case), so a reply pasted between
+    ``<tag>`` and ``</tag>`` cannot close its fence or open another. The digits come from
+    SHA-256 over the texts: the same request is sent the same rubric (a judge at
+    temperature 0 answers it alike)."""
+    import hashlib
+
+    whole = hashlib.sha256()
+    for text in texts:
+        data = text.encode("utf-8", "surrogatepass")
+        whole.update(len(data).to_bytes(8, "big") + data)
+    seed, seen, n = whole.digest(), [t.casefold() for t in texts], 0
+    while any((code := _code(seed, n)) in t for t in seen):
+        n += 1
+    return f"reply-{code}"
+
+
 @JUDGE.implementation
 class JudgeReward:
     """One chat-completions request per response (``group``: per run of consecutive
     responses to the same prompt, its replies numbered from 1), asked for
-    ``max_tokens`` tokens at ``temperature``; the answer's ``choices[0].message.content`` is
-    parsed (:func:`parse_score`, :func:`parse_group`). An answer without that field is a
+    ``max_tokens`` tokens at ``temperature``, each response pasted in the rubric inside its
+    fence (:func:`_fence`); the answer's ``choices[0].message.content`` is parsed
+    (:func:`parse_score`, :func:`parse_group`). An answer without that field is a
     failure of the server (``on_error``); an answer without a score is ``unparsed``."""
 
     blocking = True  # its calls wait on a server or a sandbox
@@ -460,19 +486,20 @@ class JudgeReward:
         return cuts
 
     def _text(self, prompts: list[str], responses: list[str], answers: list[Any], c: slice) -> str:
+        """The rubric of the responses ``c``, each pasted inside its fence (``{tag}``,
+        :func:`_fence`), whatever the template."""
         answer = answers[c.start]
-        values = {
-            "prompt": prompts[c.start],
-            "answer": "(none given)" if answer is None else str(answer),
-            "low": self.low,
-            "high": self.high,
-        }
+        gold = "(none given)" if answer is None else str(answer)
+        mine = responses[c]
+        texts = [prompts[c.start], gold, self.template, self.system or "", *mine]
+        tag = _fence([str(t) for t in texts])
+        values = {"prompt": prompts[c.start], "answer": gold, "low": self.low, "high": self.high}
+        fenced = [f"<{tag}>\n{r}\n</{tag}>" for r in mine]
         if self.group:
-            mine = responses[c]
-            listed = "\n\n".join(f"Reply {k + 1}:\n{r}" for k, r in enumerate(mine))
-            return self.template.format(**values, responses=listed, count=len(mine))
+            listed = "\n\n".join(f"Reply {k + 1}:\n{r}" for k, r in enumerate(fenced))
+            return self.template.format(**values, tag=tag, responses=listed, count=len(mine))
         words = {"positive": self.positive[0], "negative": self.negative[0]}
-        return self.template.format(**values, **words, response=responses[c.start])
+        return self.template.format(**values, **words, tag=tag, response=fenced[0])
 
     @staticmethod
     def _content(answer: Any) -> str:
