@@ -31,7 +31,6 @@ from typing import Any
 
 import httpx
 
-from ppokit.components.reward import JUDGE_TEMPLATE
 from ppokit.registry import get_registry
 from ppokit.tasks.arithmetic import make_row
 from ppokit.trainer.models import SMOLLM2, load_actor
@@ -155,9 +154,8 @@ def main() -> None:
                 print(f"| {label} | {requests} | {seconds[label]:.3f} | {unparsed:.2f} | "
                       f"{agreement} |")  # fmt: skip
             if args.show:  # what the judge answered to the first response's rubric
-                rubric = JUDGE_TEMPLATE.format(
-                    prompt=prompts[0], response=replies[0], answer=answers[0], low=0, high=10
-                )
+                number = registry.create("reward", "judge", **common)
+                rubric = number._text(prompts, replies, answers, slice(0, 1))  # its fence too
                 got = httpx.post(
                     f"{url}/chat/completions",
                     json={

@@ -11,6 +11,7 @@ folder's URL needs."""
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -212,7 +213,7 @@ def test_on_error_zero_flags_the_failed_chunks_through_the_boundary() -> None:
 # ---------------------------------------------------------------------- judge
 def test_the_judge_is_sent_the_rubric_and_its_scores_are_parsed(chat) -> None:
     url, stub = chat
-    replies = iter(["Thinking... Score: 3", "score = 10", "I cannot tell", "8.5"])
+    replies = iter(["Thinking...\nScore: 3", "score = 10", "I cannot tell", "8.5"])
     stub.reply = lambda messages: next(replies)
     judge = make("reward", "judge", url=url, model="judge-m", system="Be strict.", **FAST)
     judge.client.concurrency = 1  # the replies in the order of the responses
@@ -223,7 +224,9 @@ def test_the_judge_is_sent_the_rubric_and_its_scores_are_parsed(chat) -> None:
     assert first["model"] == "judge-m" and first["temperature"] == 0.0
     assert first["messages"][0] == {"role": "system", "content": "Be strict."}
     text = first["messages"][1]["content"]
-    assert "2+2?" in text and "Reply:\n4" in text and "Reference answer: 4" in text
+    tag = re.search(r"<(reply-[0-9a-f]{8})>", text).group(1)
+    assert "2+2?" in text and f"\n<{tag}>\n4\n</{tag}>\n" in text
+    assert "Reference answer: 4" in text
     assert "Reference answer: (none given)" in stub.requests[2]["messages"][1]["content"]
 
 
@@ -260,7 +263,9 @@ def test_group_mode_asks_once_per_group(chat) -> None:
     out = judge(["task A", "task A", "task B", "task B"], ["a1", "a2", "b1", "b2"])
     assert len(stub.requests) == 2
     texts = sorted(r["messages"][0]["content"] for r in stub.requests)
-    assert "Task:\ntask A" in texts[0] and "Reply 1:\na1\n\nReply 2:\na2" in texts[0]
+    tag = re.search(r"<(reply-[0-9a-f]{8})>", texts[0]).group(1)
+    assert "Task:\ntask A" in texts[0]
+    assert f"Reply 1:\n<{tag}>\na1\n</{tag}>\n\nReply 2:\n<{tag}>\na2\n</{tag}>" in texts[0]
     assert out.scores == [0.2, 0.9, 0.5, 0.4]  # 11 is out of [0, 10]: unparsed
     assert out.flags["unparsed"] == [False, False, True, False]
 
@@ -283,9 +288,11 @@ def test_parse_score_reads_a_number_in_range(low: float, width: float, at: float
 
 
 def test_parse_verdicts_and_groups() -> None:
+    """The verdict is the answer's last line, whole (tests/components/test_judge_parse.py)."""
     args = (0.0, 1.0, ["correct", "yes"], ["incorrect", "no"])
-    assert parse_score("It is Correct.", "verdict", *args) == 1.0
-    assert parse_score("correct? no, INCORRECT", "verdict", *args) == 0.0  # the last word
+    assert parse_score("It is:\nCorrect.", "verdict", *args) == 1.0
+    assert parse_score("correct? no,\nINCORRECT", "verdict", *args) == 0.0
+    assert parse_score("It is Correct.", "verdict", *args) is None  # not the whole line
     assert parse_score("incorrectly phrased", "verdict", *args) is None  # whole words
     assert parse_score("nothing", "verdict", *args) is None
     assert parse_group("Reply 2: 5\nreply #1 - 10\nReply 3: 99", 3, 0, 10) == [1.0, 0.5, None]

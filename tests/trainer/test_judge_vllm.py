@@ -100,8 +100,9 @@ FAST = {"retries": 0, "timeout": 120.0, "max_tokens": 12}
 
 def test_a_real_reply_is_parsed_and_an_unparsed_one_counted(judge_url: str) -> None:
     """The tiny model's greedy replies have no score: unparsed, scored `unparsed`; the
-    last word of one, made the positive verdict, scores it 1 (both judges ask with the same
-    rubric, so the greedy reply is the same)."""
+    lines of one, made the positive verdicts, score it 1 (a verdict is a whole last line;
+    both judges ask with the same rubric, its fence's tag included, so the greedy reply is
+    the same)."""
     judge = make(
         "reward", "judge", url=judge_url, model=MODEL, unparsed=-1.0, template=JUDGE_TEMPLATE,
         **FAST,
@@ -114,12 +115,12 @@ def test_a_real_reply_is_parsed_and_an_unparsed_one_counted(judge_url: str) -> N
         json={**judge._request(judge._text(prompts, responses, ["4", "4"], slice(0, 1)))},
         timeout=120,
     ).json()["choices"][0]["message"]["content"]
-    words = re.findall(r"\w+", reply)
-    if not words:
+    lines = [line.strip() for line in reply.splitlines() if line.strip()]
+    if not any(re.search(r"\w", line) for line in lines):
         pytest.skip(f"the random model's reply has no word: {reply!r}")
     verdict = make(
         "reward", "judge", url=judge_url, model=MODEL, mode="verdict", template=JUDGE_TEMPLATE,
-        positive=[words[-1]], negative=["zzzzzz"], **FAST,
+        positive=lines, negative=["zzzzzz"], **FAST,
     )  # fmt: skip
     got = verdict(prompts[:1], responses[:1], answer=["4"])
     assert got.scores == [1.0] and got.flags["unparsed"] == [False]

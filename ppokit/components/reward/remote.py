@@ -613,52 +613,122 @@ class HttpReward:
 
 
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
-_SCORE = re.compile(rf"score\s*[:=]?\s*\**\s*({_NUMBER})", re.IGNORECASE)
-_BARE = re.compile(rf"\s*\**\s*({_NUMBER})\s*\**\s*")
-_REPLY = re.compile(rf"reply\s*#?\s*(\d+)\s*[:=\-]\s*\**\s*({_NUMBER})", re.IGNORECASE)
+#: " / H" after a score: the top of the scale, which must be ``high``.
+_OUT_OF = rf"(?:\s*/\s*({_NUMBER}))?"
+# Each pattern is matched whole against one line (fullmatch: one start), and no two
+# quantified neighbours can take the same character, so a failed match gives each character
+# back at most once: linear in the line's length.
+_SCORE = re.compile(rf"(?:final\s+)?score\s*(?:[:=]\s*)?({_NUMBER}){_OUT_OF}", re.IGNORECASE)
+_BARE = re.compile(rf"({_NUMBER}){_OUT_OF}")
+_REPLY = re.compile(rf"reply\s*(?:#\s*)?(\d+)\s*[:=\-]\s*({_NUMBER}){_OUT_OF}", re.IGNORECASE)
+_LABEL = re.compile(r"(?:verdict|answer)\s*:\s*", re.IGNORECASE)
+#: Markdown's bold, italic and code marks, dropped from a line before it is read.
+_MARKS = str.maketrans("", "", "*`")
 
 
-def parse_score(
-    text: str, mode: str, low: float, high: float, positive: Sequence[str], negative: Sequence[str]
-) -> float | None:
-    """The judge's score in [0, 1] read from its answer, or None when there is none: mode
-    ``number``: the last ``Score: N`` (or an answer that is a bare number), N in
-    [low, high], scaled to (N − low) / (high − low); mode ``verdict``: the last of the
-    verdict words (whole words, any case), 1 for a positive one and 0 for a negative."""
-    if mode == "verdict":
-        words = {w.casefold(): 1.0 for w in positive} | {w.casefold(): 0.0 for w in negative}
-        pattern = r"\b(" + "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
-        found = re.findall(pattern + r")\b", text, re.IGNORECASE)
-        return words[found[-1].casefold()] if found else None
-    found = _SCORE.findall(text)
-    if not found:
-        bare = _BARE.fullmatch(text)
-        found = [bare.group(1)] if bare else []
-    if not found:
+def _plain(line: str) -> str:
+    """``line`` as read: without ``*`` and backquotes, leading ``#``, surrounding
+    blanks and trailing ``.`` or ``!``."""
+    return line.translate(_MARKS).strip().lstrip("#").strip().rstrip(".!").rstrip()
+
+
+def _lines(text: str) -> list[str]:
+    """The non-empty lines of ``text`` as read (:func:`_plain`), in order."""
+    return [line for line in map(_plain, text.splitlines()) if line]
+
+
+def _scaled(number: str, out_of: str | None, low: float, high: float) -> float | None:
+    value = float(number)
+    if out_of is not None and float(out_of) != high:
         return None
-    value = float(found[-1])
     if not math.isfinite(value) or not low <= value <= high:
         return None
     return (value - low) / (high - low)
 
 
+def parse_score(
+    text: str, mode: str, low: float, high: float, positive: Sequence[str], negative: Sequence[str]
+) -> float | None:
+    """The judge's score in [0, 1] read from its answer, or None when there is none.
+
+    Only the answer's last non-empty line is read, where the rubric asks for the verdict,
+    and it must be the verdict whole: a score or word anywhere earlier (a judge quoting the
+    reply, say) never counts. A line is read without markdown marks (``*``, backquotes),
+    leading ``#``, surrounding blanks and a trailing ``.`` or ``!``.
+
+    Mode ``number``: that line is ``Score: N`` (``Score N``, ``Score = N``, ``Final score:
+    N``, any case; ``N / high`` allowed), or the whole answer is the number alone; N in
+    [low, high] is scaled to (N − low) / (high − low). Mode ``verdict``: that line is one of
+    the verdict words (any case, optionally after ``Verdict:`` or ``Answer:``), 1 for a
+    positive one and 0 for a negative. Linear in the answer's length."""
+    lines = _lines(text)
+    if not lines:
+        return None
+    last = lines[-1]
+    if mode == "verdict":
+        label = _LABEL.match(last)
+        word = last[label.end() :] if label else last
+        words = {_plain(w).casefold(): 1.0 for w in positive}
+        words |= {_plain(w).casefold(): 0.0 for w in negative}
+        return words.get(word.casefold()) if word else None
+    found = _SCORE.fullmatch(last) or (_BARE.fullmatch(last) if len(lines) == 1 else None)
+    return _scaled(found.group(1), found.group(2), low, high) if found else None
+
+
 def parse_group(text: str, count: int, low: float, high: float) -> list[float | None]:
-    """Each reply's score in [0, 1] from a group answer's ``Reply K: N`` lines (the last
-    line for a K counts; a reply without one, or out of range, is None)."""
-    out: list[float | None] = [None] * count
-    for k, number in _REPLY.findall(text):
-        i, value = int(k) - 1, float(number)
-        if 0 <= i < count and math.isfinite(value) and low <= value <= high:
-            out[i] = (value - low) / (high - low)
-    return out
+    """Each reply's score in [0, 1] from a group answer, None where it has none.
+
+    Only the answer's final block of ``Reply K: N`` lines is read (``Reply #K - N``,
+    ``Reply K = N`` too; blank lines may part them): the lines from the end up to the
+    first non-empty line of another shape, each read as :func:`parse_score` reads a line.
+    A K given twice in that block, out of 1..count, or an N out of [low, high] scores
+    none. Linear in the answer's length."""
+    scores: dict[int, float | None] = {}
+    twice: set[int] = set()
+    for line in reversed(_lines(text)):
+        found = _REPLY.fullmatch(line)
+        if found is None:
+            break
+        digits = found.group(1).lstrip("0")
+        k = int(digits) if 0 < len(digits) <= len(str(count)) else 0
+        if k in scores:
+            twice.add(k)
+        scores[k] = _scaled(found.group(2), found.group(3), low, high)
+    return [None if k in twice else scores.get(k) for k in range(1, count + 1)]
+
+
+def _code(seed: bytes, n: int) -> str:
+    """The ``n``-th code a fence may take in a request whose texts hash to ``seed``."""
+    import hashlib
+
+    return hashlib.sha256(seed + n.to_bytes(8, "big")).hexdigest()[:8]
+
+
+def _fence(texts: Sequence[str]) -> str:
+    """The fence's tag for a request of ``texts``: ``reply-`` and 8 hex digits, the first of
+    :func:`_code`'s that occurs in none of them (in any case), so a reply pasted between
+    ``<tag>`` and ``</tag>`` cannot close its fence or open another. The digits come from
+    SHA-256 over the texts: the same request is sent the same rubric (a judge at
+    temperature 0 answers it alike)."""
+    import hashlib
+
+    whole = hashlib.sha256()
+    for text in texts:
+        data = text.encode("utf-8", "surrogatepass")
+        whole.update(len(data).to_bytes(8, "big") + data)
+    seed, seen, n = whole.digest(), [t.casefold() for t in texts], 0
+    while any((code := _code(seed, n)) in t for t in seen):
+        n += 1
+    return f"reply-{code}"
 
 
 @JUDGE.implementation
 class JudgeReward:
     """One chat-completions request per response (``group``: per run of consecutive
     responses to the same prompt, its replies numbered from 1), asked for
-    ``max_tokens`` tokens at ``temperature``; the answer's ``choices[0].message.content`` is
-    parsed (:func:`parse_score`, :func:`parse_group`). An answer without that field is a
+    ``max_tokens`` tokens at ``temperature``, each response pasted in the rubric inside its
+    fence (:func:`_fence`); the answer's ``choices[0].message.content`` is parsed
+    (:func:`parse_score`, :func:`parse_group`). An answer without that field is a
     failure of the server (``on_error``); an answer without a score is ``unparsed``."""
 
     blocking = True  # its calls wait on a server or a sandbox
@@ -726,19 +796,20 @@ class JudgeReward:
         return cuts
 
     def _text(self, prompts: list[str], responses: list[str], answers: list[Any], c: slice) -> str:
+        """The rubric of the responses ``c``, each pasted inside its fence (``{tag}``,
+        :func:`_fence`), whatever the template."""
         answer = answers[c.start]
-        values = {
-            "prompt": prompts[c.start],
-            "answer": "(none given)" if answer is None else str(answer),
-            "low": self.low,
-            "high": self.high,
-        }
+        gold = "(none given)" if answer is None else str(answer)
+        mine = responses[c]
+        texts = [prompts[c.start], gold, self.template, self.system or "", *mine]
+        tag = _fence([str(t) for t in texts])
+        values = {"prompt": prompts[c.start], "answer": gold, "low": self.low, "high": self.high}
+        fenced = [f"<{tag}>\n{r}\n</{tag}>" for r in mine]
         if self.group:
-            mine = responses[c]
-            listed = "\n\n".join(f"Reply {k + 1}:\n{r}" for k, r in enumerate(mine))
-            return self.template.format(**values, responses=listed, count=len(mine))
+            listed = "\n\n".join(f"Reply {k + 1}:\n{r}" for k, r in enumerate(fenced))
+            return self.template.format(**values, tag=tag, responses=listed, count=len(mine))
         words = {"positive": self.positive[0], "negative": self.negative[0]}
-        return self.template.format(**values, **words, response=responses[c.start])
+        return self.template.format(**values, **words, tag=tag, response=fenced[0])
 
     @staticmethod
     def _content(answer: Any) -> str:
