@@ -398,7 +398,9 @@ class CodeTestsParams(Params):
         10.0, gt=0, le=600, description="wall-clock seconds for one response's program and tests"
     )
     cpu_seconds: int = Field(10, ge=1, le=3600, description="CPU time limit (RLIMIT_CPU)")
-    memory_mb: int = Field(512, ge=32, le=65536, description="address-space limit (RLIMIT_AS)")
+    memory_mb: int = Field(
+        512, ge=32, le=65536, description="address-space limit of each process (RLIMIT_AS)"
+    )
     processes: int = Field(
         16,
         ge=1,
@@ -407,7 +409,13 @@ class CodeTestsParams(Params):
         "counted in its own namespace)",
     )
     file_mb: int = Field(16, ge=1, le=4096, description="largest file it may write (RLIMIT_FSIZE)")
-    disk_mb: int = Field(64, ge=1, le=4096, description="size of its private writable folder")
+    disk_mb: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="size of its one writable file system (/work, holding /tmp and /dev/shm), "
+        "in memory: all it may write",
+    )
     concurrency: int = Field(2, ge=1, le=256, description="responses tested at once")
     python: str = Field(
         "/usr/bin/python3",

@@ -4,11 +4,13 @@ tests it passes.
 
 The sandbox is bubblewrap's (``bwrap``): new user, PID, network, IPC, UTS and cgroup
 namespaces (no network but its own loopback; no process outside it visible or
-signalled), a root holding only ``/usr`` (read-only: the interpreter), ``/proc``, a minimal
-``/dev``, a private size-bounded ``/tmp`` and working folder, and the task's files
-read-only; it ends with the process that started it. Run by root, it runs as ``nobody``.
+signalled; no further user namespace), a read-only root holding only ``/usr`` (the
+interpreter), ``/proc``, a few devices and the task's files; its one writable file system
+is ``/work``, of ``disk_mb`` (``/tmp`` and ``/dev/shm`` are folders in it), and System V
+shared memory and memfds are refused (seccomp). It ends with the process that started it.
+Run by root, it runs as ``nobody``.
 Inside, :data:`HARNESS` sets the resource limits (CPU seconds, address space, processes,
-file size; counted in the sandbox's own namespace), runs the program, then each test (a
+file size, open files; counted in the sandbox's own namespace), runs the program, then each test (a
 Python statement, e.g. an ``assert``) in the program's namespace, and reports each test's
 outcome on its own pipe as it ends. The score is the tests reported passed over the row's
 tests: a program that exits (whatever its status), crashes, hangs or breaks a limit before
@@ -27,13 +29,17 @@ its harness.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
+import resource
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +55,8 @@ UNSAFE_ENV = "PPOKIT_UNSAFE_CODE"
 NOBODY = 65534
 #: The most bytes of test reports read from one sandbox.
 REPORT_BYTES = 1 << 16
+#: The most files a sandboxed process may hold open (RLIMIT_NOFILE).
+OPEN_FILES = 256
 
 #: What runs inside the sandbox: ``harness.py FD LIMITS``; the program in
 #: ``task/program.py``, the tests (a JSON list of statements) in ``task/tests.json``.
@@ -88,13 +96,45 @@ def extract_program(response: str) -> str:
     return blocks[-1] if blocks else response
 
 
-def _bwrap_args(python: Path, task: Path, disk_mb: int) -> list[str]:
-    """bubblewrap's arguments: the namespaces, /usr read-only (and the interpreter's prefix
-    when it lives elsewhere), /bin, /lib, ... as this machine has them, /proc, /dev, a
-    size-bounded /tmp and /work (the working folder), the task read-only at /task."""
-    size = str(disk_mb << 20)
-    args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    args += ["--ro-bind", "/usr", "/usr"]
+#: Per machine: its seccomp architecture, the system calls refused in the sandbox
+#: (``shmget``, ``msgget``, ``memfd_create``, ``memfd_secret``: memory no file system bounds),
+#: and whether the x32 numbers (``nr | 0x40000000``) are to be refused too.
+_REFUSED_CALLS = {
+    "x86_64": (0xC000003E, (29, 68, 319, 447), True),
+    "aarch64": (0xC00000B7, (194, 186, 279, 447), False),
+}
+
+
+def _seccomp_filter() -> bytes | None:
+    """A classic BPF program for bubblewrap's ``--seccomp``: the refused system calls fail
+    with EPERM, as does any call of another architecture (a 32-bit call from a 64-bit
+    process); None on a machine not in _REFUSED_CALLS."""
+    known = _REFUSED_CALLS.get(os.uname().machine)
+    if known is None:
+        return None
+    arch, refused, x32 = known
+    load, equal, at_least, answer = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, JEQ, JGE, RET
+
+    def op(code: int, k: int, to_refuse: int = 0) -> bytes:  # jump: true -> the refusal
+        return struct.pack("=HBBI", code, to_refuse, 0, k)
+
+    tests = ([(at_least, 0x40000000)] if x32 else []) + [(equal, nr) for nr in refused]
+    body = [op(load, 0)]  # the call's number
+    body += [op(code, k, len(tests) - i) for i, (code, k) in enumerate(tests)]
+    body += [op(answer, 0x7FFF0000), op(answer, 0x00050000 | errno.EPERM)]  # allow, refuse
+    head = [op(load, 4), struct.pack("=HBBI", equal, 0, len(body) - 1, arch)]  # arch
+    return b"".join(head + body)
+
+
+def _bwrap_args(python: Path, task: Path, disk_mb: int, seccomp: int | None) -> list[str]:
+    """bubblewrap's arguments: the namespaces (no further user namespace inside), /usr
+    read-only (and the interpreter's prefix when it lives elsewhere), /bin, /lib, ... as
+    this machine has them, /proc, a few devices, one tmpfs of ``disk_mb`` at /work (the
+    working folder) holding /tmp and /dev/shm, the task read-only at /task; then the root
+    and /dev read-only: /work is the one writable place. ``seccomp``: the fd of
+    :func:`_seccomp_filter`'s program."""
+    args = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
+    args += ["--new-session", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr"]
     prefix = python.resolve().parent.parent
     if not str(prefix).startswith("/usr"):
         args += ["--ro-bind", str(prefix), str(prefix)]
@@ -103,12 +143,40 @@ def _bwrap_args(python: Path, task: Path, disk_mb: int) -> list[str]:
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    args += ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/work"]
-    args += ["--ro-bind", str(task), "/task", "--chdir", "/work", "--clearenv"]
+    args += ["--proc", "/proc", "--tmpfs", "/dev"]
+    for device in ("null", "zero", "full", "random", "urandom"):
+        args += ["--dev-bind", f"/dev/{device}", f"/dev/{device}"]
+    for name, target in (("fd", ""), ("stdin", "/0"), ("stdout", "/1"), ("stderr", "/2")):
+        args += ["--symlink", f"/proc/self/fd{target}", f"/dev/{name}"]
+    args += ["--size", str(disk_mb << 20), "--tmpfs", "/work"]
+    args += ["--dir", "/work/.tmp", "--dir", "/work/.shm"]
+    args += ["--symlink", "/work/.tmp", "/tmp", "--symlink", "/work/.shm", "/dev/shm"]
+    args += ["--ro-bind", str(task), "/task", "--remount-ro", "/dev", "--remount-ro", "/"]
+    if seccomp is not None:
+        args += ["--seccomp", str(seccomp)]
+    args += ["--chdir", "/work", "--clearenv"]
     for key, value in (("PATH", "/usr/bin:/bin"), ("HOME", "/work"), ("LANG", "C.UTF-8")):
         args += ["--setenv", key, value]
     return args
+
+
+@contextlib.contextmanager
+def _filter_fd() -> Iterator[int | None]:
+    """The read end of a pipe holding :func:`_seccomp_filter`'s program (None where there
+    is none), closed on leaving."""
+    program = _seccomp_filter()
+    if program is None:
+        yield None
+        return
+    read, write = os.pipe()
+    try:
+        os.write(write, program)  # a few hundred bytes: the pipe holds them
+    finally:
+        os.close(write)
+    try:
+        yield read
+    finally:
+        os.close(read)
 
 
 def _as_nobody() -> dict[str, Any]:
@@ -120,18 +188,26 @@ def _as_nobody() -> dict[str, Any]:
 
 def sandbox_problem(python: str) -> str | None:
     """Why no sandbox can be made here (one line), or None: bwrap missing, or failing to
-    make its namespaces (a kernel without unprivileged user namespaces), or no
-    interpreter."""
+    make its namespaces (a kernel without unprivileged user namespaces, a bubblewrap older
+    than 0.8 without --disable-userns), or no interpreter."""
     if not Path(python).is_file() or not os.access(python, os.X_OK):
         return f"the interpreter {python} is not there"
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return "bubblewrap is not installed (apt-get install bubblewrap)"
-    with tempfile.TemporaryDirectory(prefix="ppokit-sandbox-") as task:
+    with tempfile.TemporaryDirectory(prefix="ppokit-sandbox-") as task, _filter_fd() as fd:
         os.chmod(task, 0o755)
-        cmd = [bwrap, *_bwrap_args(Path(python), Path(task), 1), python, "-I", "-c", "pass"]
+        args = _bwrap_args(Path(python), Path(task), 1, fd)
+        cmd = [bwrap, *args, python, "-I", "-c", "pass"]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, **_as_nobody())
+            done = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                pass_fds=() if fd is None else (fd,),
+                **_as_nobody(),
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"bubblewrap failed to start ({one_line(exc)})"
     if done.returncode != 0:
@@ -178,6 +254,7 @@ class CodeTestsReward:
                 f"the code_tests reward runs programs in a sandbox: {problem}; it refuses to "
                 f"run them unisolated ({how})"
             )
+        hard_files = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         # processes: the sandbox's own init and the harness count too
         self.limits = {
             "RLIMIT_CPU": cpu_seconds,
@@ -185,6 +262,7 @@ class CodeTestsReward:
             "RLIMIT_NPROC": processes + 2,
             "RLIMIT_FSIZE": file_mb << 20,
             "RLIMIT_CORE": 0,
+            "RLIMIT_NOFILE": OPEN_FILES if hard_files < 0 else min(OPEN_FILES, hard_files),
         }
         if not self.isolated and os.geteuid() != 0:  # counted over the user's processes
             self.limits["RLIMIT_NPROC"] += _processes_of(os.getuid())
@@ -204,11 +282,12 @@ class CodeTestsReward:
             )
         return list(value)
 
-    def _command(self, task: Path, fd: int) -> list[str]:
+    def _command(self, task: Path, fd: int, seccomp: int | None) -> list[str]:
         limits = json.dumps(self.limits)
         if self.isolated:
             inside = [self.python, "-I", "/task/harness.py", str(fd), limits, "/task"]
-            return ["bwrap", *_bwrap_args(Path(self.python), task, self.disk_mb), *inside]
+            args = _bwrap_args(Path(self.python), task, self.disk_mb, seccomp)
+            return ["bwrap", *args, *inside]
         return [self.python, "-I", str(task / "harness.py"), str(fd), limits, str(task)]
 
     def run(self, program: str, tests: list[str]) -> tuple[float, bool]:
@@ -236,17 +315,18 @@ class CodeTestsReward:
     def _wait(self, task: Path, fd: int) -> bool:
         cwd = None if self.isolated else str(task)
         env = {"PATH": "/usr/bin:/bin", "HOME": str(task), "LANG": "C.UTF-8"}
-        proc = subprocess.Popen(
-            self._command(task, fd),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            pass_fds=(fd,),
-            start_new_session=True,
-            cwd=cwd,
-            env=env,
-            **_as_nobody(),
-        )
+        with _filter_fd() if self.isolated else contextlib.nullcontext() as seccomp:
+            proc = subprocess.Popen(
+                self._command(task, fd, seccomp),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(fd,) if seccomp is None else (fd, seccomp),
+                start_new_session=True,
+                cwd=cwd,
+                env=env,
+                **_as_nobody(),
+            )
         try:
             proc.wait(self.timeout)
             return False
