@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from ppokit.components.reward import sandbox
 from ppokit.components.reward.sandbox import UNSAFE_ENV, extract_program, sandbox_problem
 from ppokit.errors import UserError
 from tests.helpers.components import make
@@ -145,13 +146,18 @@ def test_hostile_programs_score_zero_and_leave_the_machine_as_it_was(tmp_path: P
 
 
 @needs_sandbox
-def test_writable_places_share_disk_mb() -> None:
+@pytest.mark.parametrize("disable_userns", [True, False], ids=["bwrap-0.8", "seccomp-alone"])
+def test_writable_places_share_disk_mb(monkeypatch, disable_userns: bool) -> None:
     """Every place the program can write (/work, /tmp, /dev/shm; not /, /dev, /task, /usr)
     is one file system of ``disk_mb``: with ``disk_mb: 4`` each takes 1 MiB, then 6 MiB
     more to each stops at 4 MiB in all (the old sandbox let a program write 900 MB of host
     memory through / and /dev/shm). And no memory outside a file system: no user namespace
     of its own (where it could mount a tmpfs of no bound), no System V shared memory (it
-    held 512 MB past ``memory_mb: 128``), no memfd."""
+    held 512 MB past ``memory_mb: 128``), no memfd; threads and processes still start.
+    Without bubblewrap's --disable-userns (before 0.8) the seccomp filter alone refuses the
+    user namespace."""
+    if not disable_userns:
+        monkeypatch.setattr(sandbox, "_disables_userns", lambda bwrap: False)
     program = """
 import os
 PLACES = ["/dev/shm", "/tmp", "/work", "/", "/dev", "/task", "/usr"]
@@ -186,6 +192,11 @@ def memory_file():
     except OSError:
         return False
     return True
+def threads_and_processes():
+    import concurrent.futures, subprocess
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        squares = list(pool.map(abs, [-1, -2]))
+    return squares, subprocess.run(["true"]).returncode, os.waitpid(os.fork() or os._exit(3), 0)[1] >> 8
 """
     tests = [
         "assert first('/dev/shm') == first('/tmp') == first('/work') == 1 << 20",
@@ -194,6 +205,7 @@ def memory_file():
         "assert 3 << 20 < total() <= 4 << 20",
         "assert new_user_namespace() == -1",
         "assert shared_memory() == -1 and memory_file() is False",
+        "assert threads_and_processes() == ([1, 2], 0, 3)",
     ]
     reward = make("reward", "code_tests", disk_mb=4, file_mb=16, timeout=20.0)
     out = reward(["p"], [program], tests=[tests])

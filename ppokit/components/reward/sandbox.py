@@ -17,11 +17,12 @@ check that compares queries only with each other) is flagged ``forgeable``; docs
 has the table of attacks tried.
 
 The sandbox is bubblewrap's (``bwrap``): new user, PID, network, IPC, UTS and cgroup
-namespaces (no network but its own loopback; no process outside it visible or signalled;
-no further user namespace), a read-only root holding only ``/usr`` (the interpreter),
-``/proc``, a few devices and the harness at ``/task``; its one writable file system is
-``/work``, of ``disk_mb`` (``/tmp`` and ``/dev/shm`` are folders in it), and System V
-shared memory and memfds are refused (seccomp). It ends with the process that started it.
+namespaces (no network but its own loopback; no process outside it visible or signalled),
+a read-only root holding only ``/usr`` (the interpreter), ``/proc``, a few devices and the
+harness at ``/task``; its one writable file system is ``/work``, of ``disk_mb`` (``/tmp``
+and ``/dev/shm`` are folders in it), and a seccomp filter refuses memory no file system
+bounds (a user namespace of its own, System V shared memory, memfds; :data:`_SYSCALLS`).
+It ends with the process that started it.
 Run by root, it runs as ``nobody``. Inside, the harness sets the resource limits (CPU
 seconds and address space per process, processes, file size, open files; counted in the
 sandbox's namespace), reads the program and the questions from its stdin (then empty),
@@ -42,6 +43,7 @@ import ast
 import contextlib
 import copy
 import errno
+import functools
 import inspect
 import itertools
 import json
@@ -959,45 +961,74 @@ def _answers(report: bytes, plans: list[_Plan]) -> tuple[list[dict[int, Any]], l
 # --- the sandbox ------------------------------------------------------------------------------
 
 
-#: Per machine: its seccomp architecture, the system calls refused in the sandbox
-#: (``shmget``, ``msgget``, ``memfd_create``, ``memfd_secret``: memory no file system bounds),
-#: and whether the x32 numbers (``nr | 0x40000000``) are to be refused too.
-_REFUSED_CALLS = {
-    "x86_64": (0xC000003E, (29, 68, 319, 447), True),
-    "aarch64": (0xC00000B7, (194, 186, 279, 447), False),
+#: Per machine: its seccomp architecture, whether the x32 numbers (``nr | 0x40000000``) are
+#: to be refused, and the numbers of the system calls the filter refuses (``shmget``,
+#: ``msgget``, ``memfd_create``, ``memfd_secret``: memory no file system bounds;
+#: ``unshare``: a user namespace, where a tmpfs of no bound could be mounted), of
+#: ``clone`` (refused with CLONE_NEWUSER) and of ``clone3`` (ENOSYS: its flags cannot be
+#: read, and the C library then falls back to ``clone``).
+_SYSCALLS = {
+    "x86_64": (0xC000003E, True, (29, 68, 319, 447, 272), 56, 435),
+    "aarch64": (0xC00000B7, False, (194, 186, 279, 447, 97), 220, 435),
 }
 
 
 def _seccomp_filter() -> bytes | None:
-    """A classic BPF program for bubblewrap's ``--seccomp``: the refused system calls fail
-    with EPERM, as does any call of another architecture (a 32-bit call from a 64-bit
-    process); None on a machine not in _REFUSED_CALLS."""
-    known = _REFUSED_CALLS.get(os.uname().machine)
+    """A classic BPF program for bubblewrap's ``--seccomp`` (see _SYSCALLS): the refused
+    calls fail with EPERM, as does any call of another architecture (a 32-bit call from a
+    64-bit process); None on a machine not in _SYSCALLS."""
+    known = _SYSCALLS.get(os.uname().machine)
     if known is None:
         return None
-    arch, refused, x32 = known
-    load, equal, at_least, answer = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, JEQ, JGE, RET
+    arch, x32, refused, clone, clone3 = known
+    load, equal, at_least, has_bits, answer = 0x20, 0x15, 0x35, 0x45, 0x06
+    code: list[tuple[int, int, str | None, str | None]] = []  # (op, k, if true, if false)
+    code += [(load, 4, None, None), (equal, arch, None, "refuse")]  # its architecture
+    code += [(load, 0, None, None)]  # its number
+    code += [(at_least, 0x40000000, "refuse", None)] if x32 else []
+    code += [(equal, nr, "refuse", None) for nr in refused]
+    code += [(equal, clone3, "nosys", None), (equal, clone, None, "allow")]
+    code += [(load, 16, None, None), (has_bits, 0x10000000, "refuse", None)]  # CLONE_NEWUSER
+    results = {
+        "allow": 0x7FFF0000,
+        "refuse": 0x50000 | errno.EPERM,
+        "nosys": 0x50000 | errno.ENOSYS,
+    }
+    at = {label: len(code) + n for n, label in enumerate(results)}
+    code += [(answer, k, None, None) for k in results.values()]
 
-    def op(code: int, k: int, to_refuse: int = 0) -> bytes:  # jump: true -> the refusal
-        return struct.pack("=HBBI", code, to_refuse, 0, k)
+    def jump(label: str | None, i: int) -> int:
+        return 0 if label is None else at[label] - i - 1
 
-    tests = ([(at_least, 0x40000000)] if x32 else []) + [(equal, nr) for nr in refused]
-    body = [op(load, 0)]  # the call's number
-    body += [op(code, k, len(tests) - i) for i, (code, k) in enumerate(tests)]
-    body += [op(answer, 0x7FFF0000), op(answer, 0x00050000 | errno.EPERM)]  # allow, refuse
-    head = [op(load, 4), struct.pack("=HBBI", equal, 0, len(body) - 1, arch)]  # arch
-    return b"".join(head + body)
+    return b"".join(
+        struct.pack("=HBBI", op, jump(yes, i), jump(no, i), k)
+        for i, (op, k, yes, no) in enumerate(code)
+    )
+
+
+@functools.cache
+def _disables_userns(bwrap: str) -> bool:
+    """Whether this bubblewrap has ``--disable-userns`` (0.8 and later)."""
+    try:
+        done = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--disable-userns" in done.stdout + done.stderr
 
 
 def _bwrap_args(python: Path, task: Path, disk_mb: int, seccomp: int | None) -> list[str]:
-    """bubblewrap's arguments: the namespaces (no further user namespace inside), /usr
+    """bubblewrap's arguments: the namespaces (``--disable-userns`` where this bubblewrap
+    has it; the seccomp filter refuses a user namespace anyway), /usr
     read-only (and the interpreter's prefix when it lives elsewhere), /bin, /lib, ... as
     this machine has them, /proc, a few devices, one tmpfs of ``disk_mb`` at /work (the
     working folder) holding /tmp and /dev/shm, the task read-only at /task; then the root
     and /dev read-only: /work is the one writable place. ``seccomp``: the fd of
     :func:`_seccomp_filter`'s program."""
-    args = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
-    args += ["--new-session", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr"]
+    args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    bwrap = shutil.which("bwrap")
+    if bwrap is not None and _disables_userns(bwrap):  # else the seccomp filter's unshare
+        args += ["--unshare-user", "--disable-userns"]
+    args += ["--ro-bind", "/usr", "/usr"]
     prefix = python.resolve().parent.parent
     if not str(prefix).startswith("/usr"):
         args += ["--ro-bind", str(prefix), str(prefix)]
@@ -1051,8 +1082,8 @@ def _as_nobody() -> dict[str, Any]:
 
 def sandbox_problem(python: str) -> str | None:
     """Why no sandbox can be made here (one line), or None: bwrap missing, or failing to
-    make its namespaces (a kernel without unprivileged user namespaces, a bubblewrap older
-    than 0.8 without --disable-userns), or no interpreter."""
+    make its namespaces (a kernel without unprivileged user namespaces), or no
+    interpreter."""
     if not Path(python).is_file() or not os.access(python, os.X_OK):
         return f"the interpreter {python} is not there"
     bwrap = shutil.which("bwrap")
