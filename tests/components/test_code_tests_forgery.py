@@ -308,6 +308,9 @@ FORMS = {
     "assert (r := f(3)) == 9 and r + 1 == 10": True,
     "for a, b in [(1, 1), (2, 4), (3, 9)]:\n    assert f(a) == b": True,
     "for i in range(5):\n    assert f(i) == i * i": True,
+    "ins = [1, 2, 3]\nouts = [1, 4, 9]\nfor i in range(len(ins)):\n    assert f(ins[i]) == outs[i]": True,
+    "table = {2: [4, 'x']}\nassert f(2) == table[2][0] and pair(1)[1:] == ('x',)": True,
+    "assert sorted(h(3), reverse=True) == sorted([0, 2, 1])[::-1]": True,
     "def check(candidate):\n    assert candidate(2) == 4\n    for x in [3, 4]:\n"
     "        assert candidate(x) == x * x\ncheck(f)": True,
     "def check(candidate):\n    assert candidate(2) == 5\ncheck(f)": False,
@@ -362,7 +365,10 @@ MARK = "Zq8w3x"  # an expected value no test's input contains
         "pairs = [(1, 'M'), (2, 'M')]\nfor a, b in pairs:\n    assert f(a) == b",
         "def check(candidate):\n    assert candidate(1) == 'M'\ncheck(f)",
         "assert f(1) + 'M' == 'MM'",
-        "assert str(f(1)) == 'M' or len(f(1)) == 6",
+        "assert str(f(1)) == 'M' or len(f(1)) == len('M')",
+        "assert sorted(f(1)) == sorted(['M', 'N'])",
+        "ins = [1, 2]\nouts = ['M', 'N']\nfor i in range(len(ins)):\n    assert f(ins[i]) == outs[i]",
+        "table = {'k': 'M'}\nassert f('k') == table['k'] and f(2) == table['k'][::-1]",
     ],
 )
 def test_expected_values_are_never_sent(test: str) -> None:

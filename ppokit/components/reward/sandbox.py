@@ -4,9 +4,9 @@ tests it passes.
 
 The verdict is never the sandbox's. Each test (a Python statement or several) is parsed
 here, in ppokit's own process, which never runs the program: every top-level ``assert`` is
-split into its *check* (comparisons, ``and``/``or``/``not``, arithmetic, a few pure
-built-ins such as ``abs``, ``len``, ``sorted``, ``math.isclose``) with its literal operands,
-kept here, and its *queries*, the other operands (``square(3)``), whose source alone goes
+split into its *check* (comparisons, ``and``/``or``/``not``, arithmetic, the test's
+constants and their items, a few pure built-ins such as ``abs``, ``len``, ``sorted``,
+``math.isclose``) with its literal operands, kept here, and its *queries*, the other operands (``square(3)``), whose source alone goes
 into the sandbox. A test's other statements go in as setup. The sandbox answers each query
 with its value in a tagged encoding of plain built-in values (:data:`HARNESS`); ppokit
 decodes them and evaluates each check itself. A program that subverts the harness, writes
@@ -453,8 +453,8 @@ def _over(function: Callable[..., Any]) -> Callable[..., Any]:
     return bounded
 
 
-#: The built-ins a check may call, evaluated here on the queries' values (a call none of
-#: whose arguments holds a query is a query itself: the program may define such a name).
+#: The built-ins a check may call, evaluated here (a test of a function the program names
+#: like one of these is checked with the built-in).
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "abs": lambda v: abs(_number(v)),
     "len": len,
@@ -470,9 +470,6 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "zip": zip,
     "enumerate": enumerate,
     "reversed": reversed,
-}
-#: The constructors a check may call, also on literals alone (``float('inf')``, ``set()``).
-_CONSTRUCTORS: dict[str, Callable[..., Any]] = {
     "int": _int,
     "float": float,
     "complex": complex,
@@ -535,9 +532,14 @@ def _evaluate(node: ast.expr, values: dict[int, Any]) -> Any:
             assert key is not None  # a ** entry is a query, never a check
             out[_evaluate(key, values)] = _evaluate(value, values)
         return out
+    if isinstance(node, ast.Subscript):
+        return _evaluate(node.value, values)[_evaluate(node.slice, values)]
+    if isinstance(node, ast.Slice):
+        parts = (node.lower, node.upper, node.step)
+        return slice(*(None if p is None else _evaluate(p, values) for p in parts))
     if isinstance(node, ast.Call):
         name = _callee(node)
-        function = _FUNCTIONS.get(name) or _CONSTRUCTORS[name]
+        function = _FUNCTIONS[name]
         args = [_evaluate(a, values) for a in node.args]
         kwargs = {k.arg: _evaluate(k.value, values) for k in node.keywords if k.arg}
         return function(*args, **kwargs)
@@ -809,14 +811,24 @@ class _Planner:
                 values.append(self.check(value))
             return ast.Dict(keys=keys, values=values)
         if isinstance(node, ast.Call) and _checkable(node):
-            mark = self.mark()
             args = [self.check(a) for a in node.args]
             keywords = [ast.keyword(arg=k.arg, value=self.check(k.value)) for k in node.keywords]
-            call = ast.Call(func=node.func, args=args, keywords=keywords)
-            if _callee(node) in _CONSTRUCTORS or _has_query(call):
-                return call
-            self.back(mark)  # no query inside: a name the program may define, so a query
+            return ast.Call(func=node.func, args=args, keywords=keywords)
+        if isinstance(node, ast.Subscript):  # of a held value (of a query's: one query)
+            mark = self.mark()
+            value = self.check(node.value)
+            if not _has_query(value):
+                return ast.Subscript(value=value, slice=self.index(node.slice), ctx=ast.Load())
+            self.back(mark)
         return self.query(node)
+
+    def index(self, node: ast.expr) -> ast.expr:
+        if isinstance(node, ast.Slice):
+            parts = [
+                None if p is None else self.check(p) for p in (node.lower, node.upper, node.step)
+            ]
+            return ast.Slice(lower=parts[0], upper=parts[1], step=parts[2])
+        return self.check(node)
 
 
 _ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
@@ -828,8 +840,7 @@ def _starred(elts: list[ast.expr]) -> bool:
 
 def _checkable(node: ast.Call) -> bool:
     """A call of a built-in a check evaluates, without ``*args`` or ``**kwargs``."""
-    name = _callee(node)
-    if name not in _FUNCTIONS and name not in _CONSTRUCTORS:
+    if _callee(node) not in _FUNCTIONS:
         return False
     return not _starred(node.args) and all(k.arg is not None for k in node.keywords)
 
