@@ -2,8 +2,10 @@
 (never by an exit status), and hostile programs in its sandbox, each scoring 0 and leaving
 the machine as it was: a fork bomb, endless output, a memory bomb, reading a file outside
 its folder and the home folder, writing outside it, opening sockets (to this machine and
-beyond), sleeping forever. Without bubblewrap the reward refuses to start unless the spec
-and the run both say unsafe.
+beyond), sleeping forever; and the sandbox's memory is bounded: its writable places share
+``disk_mb``, and it has no memory outside a file system. Without bubblewrap the reward
+refuses to start unless the spec and the run both say unsafe. Programs that forge their
+score: tests/components/test_code_tests_forgery.py.
 
 These tests need bubblewrap (``apt-get install bubblewrap``; CI installs it): without it
 they skip, except where ``PPOKIT_REQUIRE_SANDBOX=1`` (CI sets it): then they fail."""
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from ppokit.components.reward import sandbox
 from ppokit.components.reward.sandbox import UNSAFE_ENV, extract_program, sandbox_problem
 from ppokit.errors import UserError
 from tests.helpers.components import make
@@ -140,6 +143,73 @@ def test_hostile_programs_score_zero_and_leave_the_machine_as_it_was(tmp_path: P
         time.sleep(0.05)
     assert _ours() <= before  # every process of every sandbox is gone
     assert set(Path(tempfile.gettempdir()).glob("ppokit-code-*")) <= temp_before
+
+
+@needs_sandbox
+@pytest.mark.parametrize("disable_userns", [True, False], ids=["bwrap-0.8", "seccomp-alone"])
+def test_writable_places_share_disk_mb(monkeypatch, disable_userns: bool) -> None:
+    """Every place the program can write (/work, /tmp, /dev/shm; not /, /dev, /task, /usr)
+    is one file system of ``disk_mb``: with ``disk_mb: 4`` each takes 1 MiB, then 6 MiB
+    more to each stops at 4 MiB in all (the old sandbox let a program write 900 MB of host
+    memory through / and /dev/shm). And no memory outside a file system: no user namespace
+    of its own (where it could mount a tmpfs of no bound), no System V shared memory (it
+    held 512 MB past ``memory_mb: 128``), no memfd; threads and processes still start.
+    Without bubblewrap's --disable-userns (before 0.8) the seccomp filter alone refuses the
+    user namespace."""
+    if not disable_userns:
+        monkeypatch.setattr(sandbox, "_disables_userns", lambda bwrap: False)
+    program = """
+import os
+PLACES = ["/dev/shm", "/tmp", "/work", "/", "/dev", "/task", "/usr"]
+WRITTEN = dict.fromkeys(PLACES, 0)
+def fill(place, size, name):
+    try:
+        with open(os.path.join(place, name), "wb", buffering=0) as f:
+            while WRITTEN[place] < size:
+                WRITTEN[place] += f.write(b"x" * (256 << 10))
+    except OSError:
+        pass
+for place in PLACES:
+    fill(place, 1 << 20, "first")
+FIRST = dict(WRITTEN)
+for place in PLACES:
+    fill(place, 6 << 20, "more")
+def first(place):
+    return FIRST[place]
+def written(place):
+    return WRITTEN[place]
+def total():
+    return sum(WRITTEN.values())
+def new_user_namespace():
+    import ctypes
+    return ctypes.CDLL(None, use_errno=True).unshare(0x10000000)  # CLONE_NEWUSER
+def shared_memory():
+    import ctypes
+    return ctypes.CDLL(None, use_errno=True).shmget(0, 1 << 20, 0o1600)  # IPC_CREAT | 0600
+def memory_file():
+    try:
+        os.close(os.memfd_create("x"))
+    except OSError:
+        return False
+    return True
+def threads_and_processes():
+    import concurrent.futures, subprocess
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        squares = list(pool.map(abs, [-1, -2]))
+    return squares, subprocess.run(["true"]).returncode, os.waitpid(os.fork() or os._exit(3), 0)[1] >> 8
+"""
+    tests = [
+        "assert first('/dev/shm') == first('/tmp') == first('/work') == 1 << 20",
+        "assert written('/') == written('/dev') == 0",
+        "assert written('/task') == written('/usr') == 0",
+        "assert 3 << 20 < total() <= 4 << 20",
+        "assert new_user_namespace() == -1",
+        "assert shared_memory() == -1 and memory_file() is False",
+        "assert threads_and_processes() == ([1, 2], 0, 3)",
+    ]
+    reward = make("reward", "code_tests", disk_mb=4, file_mb=16, timeout=20.0)
+    out = reward(["p"], [program], tests=[tests])
+    assert out.scores == [1.0]
 
 
 def test_extract_program() -> None:

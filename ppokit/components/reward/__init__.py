@@ -412,13 +412,22 @@ class CodeTestsParams(Params):
     field: str = Field(
         "tests",
         description="data column of the tests: a list of Python statements (asserts), each "
-        "one test, run after the response's program",
+        "one test of the response's program; a top-level assert is checked in ppokit's "
+        "process on the values the program gives its operands",
     )
     timeout: float = Field(
         10.0, gt=0, le=600, description="wall-clock seconds for one response's program and tests"
     )
-    cpu_seconds: int = Field(10, ge=1, le=3600, description="CPU time limit (RLIMIT_CPU)")
-    memory_mb: int = Field(512, ge=32, le=65536, description="address-space limit (RLIMIT_AS)")
+    cpu_seconds: int = Field(
+        10,
+        ge=1,
+        le=3600,
+        description="CPU time limit of each process (RLIMIT_CPU; each test "
+        "runs in a fork of its own)",
+    )
+    memory_mb: int = Field(
+        512, ge=32, le=65536, description="address-space limit of each process (RLIMIT_AS)"
+    )
     processes: int = Field(
         16,
         ge=1,
@@ -427,7 +436,13 @@ class CodeTestsParams(Params):
         "counted in its own namespace)",
     )
     file_mb: int = Field(16, ge=1, le=4096, description="largest file it may write (RLIMIT_FSIZE)")
-    disk_mb: int = Field(64, ge=1, le=4096, description="size of its private writable folder")
+    disk_mb: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="size of its one writable file system (/work, holding /tmp and /dev/shm), "
+        "in memory: all it may write",
+    )
     concurrency: int = Field(2, ge=1, le=256, description="responses tested at once")
     python: str = Field(
         "/usr/bin/python3",
@@ -590,10 +605,18 @@ CODE_TESTS = Component(
             "fraction of responses whose program the wall-clock timeout stopped",
             direction="lower",
         ),
+        Metric(
+            "reward/code_tests/forgeable_frac",
+            "fraction of responses whose row has a test whose verdict the program could "
+            "forge (no top-level assert, an assert in its setup, queries compared only "
+            "with each other)",
+            direction="lower",
+        ),
     ),
     summary="the fraction of the row's tests the response's program passes, in a sandbox",
-    formula="r = (tests passed) / (tests), each test a statement run after the program; "
-    "0 for a program that fails, times out or breaks a limit",
+    formula="r = (tests passed) / (tests), each test's asserts checked in ppokit's process "
+    "on the values the sandboxed program gives their queries; 0 for a program that "
+    "fails, times out or breaks a limit",
     source=cite(("functional correctness by unit tests", papers.HUMANEVAL)),
 )
 
