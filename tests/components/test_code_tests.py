@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from ppokit.components.reward import sandbox
-from ppokit.components.reward.sandbox import UNSAFE_ENV, extract_program, sandbox_problem
+from ppokit.components.reward import bubblewrap
+from ppokit.components.reward.bubblewrap import sandbox_problem
+from ppokit.components.reward.sandbox import UNSAFE_ENV, extract_program
 from ppokit.errors import UserError
 from tests.helpers.components import make
 
@@ -157,7 +158,7 @@ def test_writable_places_share_disk_mb(monkeypatch, disable_userns: bool) -> Non
     Without bubblewrap's --disable-userns (before 0.8) the seccomp filter alone refuses the
     user namespace."""
     if not disable_userns:
-        monkeypatch.setattr(sandbox, "_disables_userns", lambda bwrap: False)
+        monkeypatch.setattr(bubblewrap, "_disables_userns", lambda bwrap: False)
     program = """
 import os
 PLACES = ["/dev/shm", "/tmp", "/work", "/", "/dev", "/task", "/usr"]

@@ -20,15 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppokit.components.reward.sandbox import (
-    MAX_DEPTH,
-    REPORT_BYTES,
-    UNSAFE_ENV,
-    _answers,
-    _decode,
-    _encode,
-    _plan,
-)
+from ppokit.components.reward.plans import plan_test
+from ppokit.components.reward.sandbox import UNSAFE_ENV, _answers
+from ppokit.components.reward.tagged_values import MAX_DEPTH, REPORT_BYTES, decode, encode
 from tests.components.test_code_tests import needs_sandbox
 from tests.helpers.components import make
 
@@ -118,7 +112,7 @@ def _test(fd, t, items, space):
             _send(fd, [t, item[1], ["b", True]])
     _send(fd, [t])
 for name, value in (("_send", _send), ("_test", _test), ("report", lambda fd, b: None),
-                    ("_encode", lambda value, budget, depth=0: ["b", True])):
+                    ("encode", lambda value, budget, depth=0: ["b", True])):
     setattr(main, name, value)
 for obj in gc.get_objects():  # the tests, wherever they are held
     if isinstance(obj, list):
@@ -373,22 +367,22 @@ MARK = "Zq8w3x"  # an expected value no test's input contains
 )
 def test_expected_values_are_never_sent(test: str) -> None:
     """What goes into the sandbox (the plan's items) holds no literal of a check."""
-    plan = _plan(test.replace("M", MARK))
+    plan = plan_test(test.replace("M", MARK))
     assert plan.items is not None and plan.checks and not plan.forgeable
     assert MARK not in json.dumps(plan.items)
 
 
 def test_forgeable_tests_are_flagged() -> None:
-    assert not _plan("assert f(3) == 9").forgeable
-    assert not _plan("assert f(3)").forgeable  # the program cannot tell `not f(3)` from it
-    assert _plan("assert f(3) == g(3)").forgeable  # the program answers both sides
-    assert _plan("check(f)").forgeable  # no top-level assert: it passes by ending
-    assert _plan("assert f(3) == 9\nif f(4) != 16:\n    raise ValueError").forgeable
-    assert _plan("assert f(").items is None
+    assert not plan_test("assert f(3) == 9").forgeable
+    assert not plan_test("assert f(3)").forgeable  # the program cannot tell `not f(3)` from it
+    assert plan_test("assert f(3) == g(3)").forgeable  # the program answers both sides
+    assert plan_test("check(f)").forgeable  # no top-level assert: it passes by ending
+    assert plan_test("assert f(3) == 9\nif f(4) != 16:\n    raise ValueError").forgeable
+    assert plan_test("assert f(").items is None
 
 
 def test_queries_get_a_test_constant_only_where_they_name_it() -> None:
-    plan = _plan("n = 5\nexpected = 25\nassert f(n) == expected")
+    plan = plan_test("n = 5\nexpected = 25\nassert f(n) == expected")
     assert plan.items == [["b", "n", ["i", "0x5"]], ["q", 0, "f(n)"]]
 
 
@@ -428,18 +422,18 @@ def _same(a, b) -> bool:
 @settings(max_examples=200, deadline=None)
 @given(PLAIN)
 def test_plain_values_cross_exactly(value) -> None:
-    line = json.dumps([0, 0, _encode(value, [REPORT_BYTES])])
-    assert _same(_decode(json.loads(line)[2]), value)
+    line = json.dumps([0, 0, encode(value, [REPORT_BYTES])])
+    assert _same(decode(json.loads(line)[2]), value)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(), st.lists, max_leaves=30))
 def test_any_json_decodes_to_plain_values_or_is_refused(data) -> None:
     try:
-        value = _decode(data)
+        value = decode(data)
     except (ValueError, TypeError, OverflowError):
         return
-    _encode(value, [REPORT_BYTES])  # it re-encodes: only plain values are ever built
+    encode(value, [REPORT_BYTES])  # it re-encodes: only plain values are ever built
 
 
 def test_what_cannot_cross() -> None:
@@ -451,11 +445,11 @@ def test_what_cannot_cross() -> None:
         nested = [nested]
     for value in (Other(), [Other()], nested, "x" * (REPORT_BYTES + 1), len, range(3)):
         with pytest.raises(ValueError):
-            _encode(value, [REPORT_BYTES])
+            encode(value, [REPORT_BYTES])
 
 
 def test_the_first_answer_counts_and_junk_is_skipped() -> None:
-    plans = [_plan("assert f(1) == 1"), _plan("assert f(2) == 4")]
+    plans = [plan_test("assert f(1) == 1"), plan_test("assert f(2) == 4")]
     lines = [
         b"[" * 5000,
         b'[0, 0, ["i", "0x1"]]',
@@ -482,13 +476,13 @@ def test_answers_that_would_make_ppokits_check_slow_are_refused() -> None:
     colliding = [k * prime for k in range(1, 30000)]
     started = time.monotonic()
     with pytest.raises(ValueError, match="equal hashes"):
-        _decode(["S", [["i", hex(v)] for v in colliding]])
+        decode(["S", [["i", hex(v)] for v in colliding]])
     with pytest.raises(ValueError, match="equal hashes"):
-        _decode(["d", [[["i", hex(v)], ["n"]] for v in colliding]])
-    assert not _plan("assert set(f(1)) == {1}").passed({0: colliding}, True)
+        decode(["d", [[["i", hex(v)], ["n"]] for v in colliding]])
+    assert not plan_test("assert set(f(1)) == {1}").passed({0: colliding}, True)
     huge = 1 << (REPORT_BYTES * 4 - 8)
     for test in ("assert f(1) % 7 == 1", "assert str(f(1)) == '1'", "assert f(1) * f(1) == 1"):
-        assert not _plan(test).passed({0: huge, 1: huge}, True)
-    assert not _plan("assert 2 ** f(1) == 1").passed({0: 10**9}, True)
-    assert not _plan("assert 'x' * f(1) == 'x'").passed({0: 10**12}, True)
+        assert not plan_test(test).passed({0: huge, 1: huge}, True)
+    assert not plan_test("assert 2 ** f(1) == 1").passed({0: 10**9}, True)
+    assert not plan_test("assert 'x' * f(1) == 'x'").passed({0: 10**12}, True)
     assert time.monotonic() - started < 5  # unguarded, each takes seconds or all memory
