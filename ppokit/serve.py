@@ -11,10 +11,10 @@ set, ``{"status": "ok"}`` alone to a client without it).
 Bounded against clients that send slowly, partly or not at all (``serve``, a guard on
 uvicorn's h11 protocol): at most ``max_connections`` connections are open (beyond, the one
 waiting longest on its client is closed); a request's head (at most 16 KiB) and body arrive
-within ``read_timeout`` seconds of the connection's start or of the previous answer, and
-an answer that fills the socket's buffers is taken within as long (else the connection is
-closed, with a 408 when part of a request came). What waits on a client holds no request
-slot: a request counts once its body is in (``build_app``): at most ``concurrency`` are
+within ``read_timeout`` seconds of the connection's start or of the previous answer, else
+the connection is closed (with a 408 when part of a request came), an answer its client
+has not taken by then dropped with it. What waits on a client holds no request slot: a
+request counts once its body is in (``build_app``): at most ``concurrency`` are
 parsed and scored at once, on worker threads (each reward call under the spec's
 ``train.reward_timeout``), and at most ``max_pending`` more wait (beyond: 503). A body
 larger than ``max_request_mb`` is refused (413) before it is read in full, and the bodies
@@ -741,8 +741,8 @@ def reward_server_command(
         READ_TIMEOUT,
         "--read-timeout",
         min=0.01,
-        help="Seconds a client has to send a request in full, or to take a large answer "
-        "(then: its connection is closed).",
+        help="Seconds a client has to send a request in full from its connection's start "
+        "or its previous answer (then: 408, closed; an answer not taken by then is dropped).",
     ),
     shutdown_timeout: float = typer.Option(
         SHUTDOWN_SECONDS,
