@@ -3,7 +3,9 @@ the worker processes of :mod:`ppokit.workers`) and ties their lives to their par
 
 - :func:`python_command`: a child imports ppokit from where its parent did and nothing from
   the working directory (``python -m`` would put the working directory first on
-  ``sys.path``, so that a ``typer.py`` planted there would run in every child).
+  ``sys.path``, so that a ``typer.py`` planted there would run in every child); any
+  ``python -c`` child likewise with :func:`off_the_working_directory` (multiprocessing's
+  forkserver and resource tracker: :mod:`ppokit.workers`).
 - :func:`die_with_parent`: on Linux, the kernel signals the child when its parent ends
   (``PR_SET_PDEATHSIG``), even when the parent is killed with SIGKILL.
 - :func:`keep_tree`: a process that runs code it does not control in a child, and keeps
@@ -32,12 +34,14 @@ from typing import NoReturn
 
 __all__ = [
     "PARENT",
+    "ROOT",
     "become_subreaper",
     "child_env",
     "descendants",
     "die_with_parent",
     "end_descendants",
     "keep_tree",
+    "off_the_working_directory",
     "python_command",
     "reap",
     "tie_to_parent",
@@ -50,15 +54,19 @@ _PR_SET_PDEATHSIG = 1
 #: linux/prctl.h: PR_SET_CHILD_SUBREAPER.
 _PR_SET_CHILD_SUBREAPER = 36
 
-#: What a child's Python runs first: the working directory off ``sys.path`` (``-c`` put it
-#: there as ''), then ppokit's command line on the arguments that follow.
-_MAIN = (
-    "import sys\n"
-    "if sys.path and sys.path[0] == '':\n"
-    "    del sys.path[0]\n"
-    "from ppokit.cli import main\n"
-    "main(sys.argv[1:])\n"
-)
+#: The folder ppokit is imported from: a child finds the same ppokit there.
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def off_the_working_directory(code: str) -> str:
+    """``code`` for ``python -c``, run with the working directory off ``sys.path`` (``-c``
+    puts it first, as ''): the folder ppokit was imported from in its place, so the child
+    finds the same ppokit and nothing planted where it runs (``import sys`` is built in)."""
+    return f"import sys\nif sys.path and sys.path[0] == '':\n    sys.path[0] = {ROOT!r}\n{code}"
+
+
+#: What a child's Python runs: ppokit's command line on the arguments that follow.
+_MAIN = off_the_working_directory("from ppokit.cli import main\nmain(sys.argv[1:])\n")
 
 
 def python_command(args: list[str]) -> list[str]:
@@ -72,10 +80,9 @@ def child_env(env: Mapping[str, str], parent: int | None = None) -> dict[str, st
     ppokit was imported from (so the child finds the same ppokit without the working
     directory); with ``parent``, the child ends when that process ends (:data:`PARENT`)."""
     out = dict(env)
-    root = str(Path(__file__).resolve().parent.parent)
     paths = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths:
-        out["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    if ROOT not in paths:
+        out["PYTHONPATH"] = os.pathsep.join([ROOT, *paths])
     if parent is not None:
         out[PARENT] = str(parent)
     else:

@@ -69,7 +69,7 @@ from multiprocessing import connection, get_context, util
 from typing import Any
 
 from ppokit.bounded import TimedOut
-from ppokit.children import keep_tree
+from ppokit.children import keep_tree, off_the_working_directory
 from ppokit.errors import one_line, raised_at
 
 __all__ = [
@@ -443,7 +443,8 @@ def _context() -> Any:
     _short_socket_folder()
     ctx = get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
-    forkserver.ensure_running()
+    with _launching():
+        forkserver.ensure_running()
     return ctx
 
 
@@ -451,26 +452,34 @@ _LAUNCHING = threading.Lock()
 
 
 @contextlib.contextmanager
-def _without_main() -> Iterator[None]:
-    """multiprocessing's preparation of a new process without the parent's main module
-    (whose import a spawned or forkserver child repeats: a script that starts a run at its
-    top level would start it again there)."""
+def _launching() -> Iterator[None]:
+    """multiprocessing's new processes started as ppokit starts its own: without the
+    parent's main module (whose import a spawned or forkserver child repeats: a script that
+    starts a run at its top level would start it again there), and the interpreters it
+    starts with ``-c`` (the forkserver, the resource tracker) with the working directory off
+    their ``sys.path`` (:func:`ppokit.children.off_the_working_directory`: a ``torch.py``
+    planted where a run starts would run in the forkserver, which preloads torch)."""
     from multiprocessing import spawn
 
-    original = spawn.get_preparation_data
+    prepare, start = spawn.get_preparation_data, util.spawnv_passfds
 
     def prepared(name: str) -> dict[str, Any]:
-        data = original(name)
+        data = prepare(name)
         data.pop("init_main_from_path", None)
         data.pop("init_main_from_name", None)
         return data
 
+    def started(path: Any, args: Sequence[Any], passfds: Any) -> int:
+        if len(args) >= 2 and args[-2] == "-c":
+            args = [*args[:-1], off_the_working_directory(args[-1])]
+        return start(path, args, passfds)  # type: ignore[no-any-return]
+
     with _LAUNCHING:
-        spawn.get_preparation_data = prepared
+        spawn.get_preparation_data, util.spawnv_passfds = prepared, started
         try:
             yield
         finally:
-            spawn.get_preparation_data = original
+            spawn.get_preparation_data, util.spawnv_passfds = prepare, start
 
 
 #: The pools of this process, closed as its main thread ends (:func:`_close_pools`).
@@ -546,7 +555,7 @@ class WorkerPool:
             name=f"{self.name}-{i}",
             daemon=False,
         )
-        with _without_main():
+        with _launching():
             process.start()
         theirs.close()
         worker = self._workers[i] = _Worker(process, mine)

@@ -456,3 +456,38 @@ def test_a_call_in_flight_when_its_pool_closes_says_so() -> None:
     assert not thread.is_alive()
     assert [type(e) for e in got] == [WorkerDied]
     assert str(got[0]) == "its worker process was stopped: its pool closed"
+
+
+# ------------------------------------------------------------- the working directory
+#: A process that starts a pool from a working directory someone else wrote, as ``ppokit``
+#: runs (its script's folder first on ``sys.path``, not the working directory).
+FROM_THEIR_FOLDER = """
+import sys
+del sys.path[0]
+from ppokit.workers import Call, WorkerPool
+with WorkerPool(int) as pool:
+    print(pool.call(Call(None, ("7",)), timeout=120))
+"""
+
+
+def test_nothing_planted_in_the_working_directory_runs_in_the_forkserver(tmp_path: Path) -> None:
+    """A ``torch.py`` planted where a run starts is not what the forkserver imports (it
+    preloads torch), nor a ``multiprocessing`` package: the worker answers, nothing planted ran."""
+    ran = tmp_path / "planted-ran"
+    plant = f"from pathlib import Path\nPath({str(ran)!r}).write_text(__name__)\n"
+    (tmp_path / "torch.py").write_text(plant)
+    (tmp_path / "multiprocessing").mkdir()
+    (tmp_path / "multiprocessing" / "__init__.py").write_text(plant)
+    paths = [str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    done = subprocess.run(
+        [sys.executable, "-c", FROM_THEIR_FOLDER],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["7"]
+    assert not ran.exists(), f"{ran.read_text()} planted in the working directory ran"
