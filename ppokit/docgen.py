@@ -51,6 +51,7 @@ EXAMPLES = frozenset(
         "echo_multiturn",
         "smollm2_calculator_cpu",
         "smollm2_judge_cpu",
+        "smollm2_code_cpu",
     }
 )
 #: The paper methods of examples/specs (by file stem), in the order of variants.md: the one

@@ -232,3 +232,40 @@ def test_without_isolation_it_refuses_unless_spec_and_run_say_unsafe(monkeypatch
     reward = make("reward", "code_tests", unsafe=True, timeout=10.0)
     assert not reward.isolated
     assert reward(["p"] * 2, [ADD, "add = None"], tests=[TESTS] * 2).scores == [1.0, 0.0]
+
+
+#: A solution of each of examples/data/code_tasks.jsonl's functions, in its rows' order.
+EXAMPLE_SOLUTIONS = [
+    "def square(x):\n    return x * x\n",
+    "def add(a, b):\n    return a + b\n",
+    "def is_even(n):\n    return n % 2 == 0\n",
+    "def reverse_string(s):\n    return s[::-1]\n",
+    "def count_vowels(s):\n    return sum(c in 'aeiou' for c in s)\n",
+    "import math\ndef factorial(n):\n    return math.factorial(n)\n",
+    "def largest(xs):\n    return max(xs)\n",
+    "def fizzbuzz(n):\n    return 'Fizz' * (n % 3 == 0) + 'Buzz' * (n % 5 == 0) or str(n)\n",
+    "def sum_digits(n):\n    return sum(int(d) for d in str(n))\n",
+    "def is_palindrome(s):\n    return s == s[::-1]\n",
+    "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
+    "import math\ndef gcd(a, b):\n    return math.gcd(a, b)\n",
+]
+
+
+@needs_sandbox
+def test_the_example_code_tasks_are_solvable_and_checked_in_ppokit() -> None:
+    """examples/data/code_tasks.jsonl (examples/specs/smollm2_code_cpu.yaml's data): each
+    row's tests pass a solution, each test is checked in ppokit's process (none forgeable),
+    and a response answering every row with another row's solution scores under 1."""
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "data" / "code_tasks.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == len(EXAMPLE_SOLUTIONS)
+    reward = make("reward", "code_tests", timeout=10.0, concurrency=2)
+    tests = [row["tests"] for row in rows]
+    right = reward([r["prompt"] for r in rows], EXAMPLE_SOLUTIONS, tests=tests)
+    assert right.scores == [1.0] * len(rows)
+    assert right.flags["forgeable"] == [False] * len(rows)
+    shifted = EXAMPLE_SOLUTIONS[1:] + EXAMPLE_SOLUTIONS[:1]
+    wrong = reward([r["prompt"] for r in rows], shifted, tests=tests)
+    assert max(wrong.scores) < 1.0
