@@ -42,7 +42,7 @@ from typing import Any, TypedDict, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from ppokit.components.reward import RESERVED_FIELDS
-from ppokit.errors import MissingDependency, UserError, one_line
+from ppokit.errors import MissingDependency, UserError, clipped, one_line
 from ppokit.registry import format_validation_error
 from ppokit.spec import ArithmeticOptions, DataSpec, DemoOptions
 
@@ -158,8 +158,7 @@ class ArithmeticSource(GeneratedSource):
 
 # -------------------------------------------------------------------- data rows
 def _preview(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clipped(repr(value), limit)
 
 
 def _chat_prompt(messages: list[Any], column: str, where: str) -> tuple[str, list[dict[str, Any]]]:

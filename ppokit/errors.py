@@ -51,6 +51,18 @@ def printable(text: str) -> str:
     )
 
 
+def clipped(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters: cut, ``...`` at its end, when longer."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def said(text: str, limit: int = 200) -> str:
+    """What another program said (a server, the system, a client), as part of one line: its
+    whitespace collapsed, its control characters escaped (:func:`printable`), at most
+    ``limit`` characters (:func:`clipped`)."""
+    return clipped(printable(" ".join(text.split())), limit)
+
+
 def one_line(exc: BaseException) -> str:
     """An exception as one line of an error message: ``Type: message``, the message's
     whitespace (newlines included) collapsed and its control characters escaped

@@ -51,7 +51,7 @@ from typing import Any
 import typer
 
 from ppokit.components.reward import RESERVED_FIELDS, SERVE_INSTALL
-from ppokit.errors import MissingDependency, UserError, one_line, printable
+from ppokit.errors import MissingDependency, UserError, clipped, one_line, said
 from ppokit.guarded_http import CLOSED, Connections, guarded
 
 __all__ = [
@@ -106,19 +106,15 @@ class BadRequest(ValueError):
     """A request that breaks the protocol (HTTP 400)."""
 
 
-def _clip(text: str, size: int = _LONGEST) -> str:
-    return text if len(text) <= size else text[: size - 3] + "..."
-
-
 def _name(name: str) -> str:
     """A client's name (a field's) as a message shows it: quoted, escaped, clipped."""
-    return repr(_clip(name, 60))
+    return repr(clipped(name, 60))
 
 
 def _served(text: str) -> str:
     """An error as the reward server tells its client: the boundary's words for a run
     (a reward that timed out stops it) left out, one line, clipped."""
-    return _clip(" ".join(text.replace(" and the run stops", "").split()))
+    return said(text.replace(" and the run stops", ""), _LONGEST)
 
 
 def _texts(data: dict[str, Any], key: str) -> list[str]:
@@ -292,7 +288,7 @@ def build_app(
 
     def told(request: Request, status: int, what: str) -> None:
         line = f"{_where(request.scope)} {request.method} {request.scope['path']} {status} {what}"
-        say(_clip(printable(line), 2 * _LONGEST))
+        say(said(line, 2 * _LONGEST))
 
     def refuse(request: Request, status: int, message: str, close: bool = False) -> Response:
         told(request, status, message)
@@ -369,7 +365,7 @@ def build_app(
             request,
             status,
             f"the reward server answers POST /score and GET /health, not "
-            f"{_clip(request.method, 20)} {_clip(request.scope['path'], 80)}",
+            f"{clipped(request.method, 20)} {clipped(request.scope['path'], 80)}",
         )
 
     inner = Starlette(
@@ -402,7 +398,7 @@ def build_app(
                 status = 503
             else:
                 line, status = f"the reward server failed: {one_line(exc)}", 500
-            say(_clip(printable(f"{where} {status} {line}"), 2 * _LONGEST))
+            say(said(f"{where} {status} {line}", 2 * _LONGEST))
             if not started:
                 response = _error(status, line, close=True)
                 with contextlib.suppress(Exception):  # the connection is gone

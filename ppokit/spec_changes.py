@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ppokit.errors import UserError
+from ppokit.errors import UserError, clipped
 from ppokit.runfolder import (
     CHECKPOINT,
     CHECKPOINT_OLD,
@@ -81,7 +81,7 @@ def run_spec_path(out: Path) -> Path | None:
 
 def _short(value: Any) -> str:
     text = json.dumps(value, default=str)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return clipped(text, 40)
 
 
 def resume_spec_changes(out: Path, new: dict[str, Any], allow: bool) -> list[tuple[str, Any, Any]]:

@@ -28,7 +28,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task
 from rich.table import Column, Table
 from rich.text import Text
 
-from ppokit.errors import UserError, printable
+from ppokit.errors import UserError, clipped, printable
 from ppokit.metrics_table import (
     EVAL_PREFIX,
     REWARD,
@@ -304,7 +304,7 @@ class Display:
             else:
                 line = f"ppokit: {what}"
         width = self.console.width
-        return line if len(line) <= width else line[: width - 3] + "..."
+        return clipped(line, width)
 
     def _gen_text(self, now: float) -> str:
         assert self.gen is not None

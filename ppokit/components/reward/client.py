@@ -35,7 +35,7 @@ from typing import Any
 
 from ppokit.bounded import in_threads
 from ppokit.components.reward import SERVE_INSTALL
-from ppokit.errors import MissingDependency, UserError, printable
+from ppokit.errors import MissingDependency, UserError, said
 
 __all__ = [
     "TRANSIENT_STATUS",
@@ -43,7 +43,6 @@ __all__ = [
     "Client",
     "RemoteError",
     "jsonable",
-    "said",
     "shown",
 ]
 
@@ -102,13 +101,6 @@ def jsonable(value: Any) -> Any:
 def shown(url: str) -> str:
     """The URL without a user name or password in it."""
     return re.sub(r"//[^/@]*@", "//", url)
-
-
-def said(text: str, limit: int = 200) -> str:
-    """What a server (or the system) said, as part of one line: its whitespace collapsed,
-    its control characters escaped, at most ``limit`` characters."""
-    text = printable(" ".join(text.split()))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _body_line(body: bytes) -> str:

@@ -26,7 +26,8 @@ from ppokit.components.reward import (
     JUDGE_VERDICT_TEMPLATE,
     Scored,
 )
-from ppokit.components.reward.client import BadAnswer, Client, RemoteError, said, shown
+from ppokit.components.reward.client import BadAnswer, Client, RemoteError, shown
+from ppokit.errors import said
 
 __all__ = ["HttpReward", "JudgeReward", "RemoteError", "parse_group", "parse_score"]
 
