@@ -50,7 +50,7 @@ from typing import Any
 
 import typer
 
-from ppokit.components.reward import RESERVED_FIELDS, SERVE_INSTALL
+from ppokit.components.reward import RESERVED_FIELDS, SERVE_INSTALL, TRAINER_FIELDS
 from ppokit.errors import MissingDependency, UserError, clipped, one_line, said
 from ppokit.guarded_http import CLOSED, Connections, guarded
 
@@ -92,9 +92,6 @@ READ_TIMEOUT = 30.0
 SHUTDOWN_SECONDS = 30.0
 #: The deepest nesting of a request's JSON (the body's object is level 1, a field's list 3).
 MAX_DEPTH = 100
-#: The fields the trainer sends a reward beside the data's columns, which an ``http``
-#: reward passes on in ``fields`` (``Scorer.start`` in :mod:`ppokit.trainer.scoring`).
-TRAINER_FIELDS = ("lengths", "truncated", "transcripts")
 #: Field names a request may not use: what a reward's call takes itself (its texts, TRL's
 #: ``completions``, a reward object's ``self``), which a field of that name would shadow.
 REFUSED_FIELDS = tuple(name for name in RESERVED_FIELDS if name not in TRAINER_FIELDS)

@@ -66,18 +66,13 @@ CONTRACT = Contract(
     },
 )
 
+#: The fields the trainer passes every reward beside the data's columns
+#: (``Scorer.start`` in :mod:`ppokit.trainer.scoring`); an ``http`` reward passes them on.
+TRAINER_FIELDS: tuple[str, ...] = ("lengths", "truncated", "transcripts")
 #: What the trainer passes to every reward beside the data columns (``completions``:
 #: TRL's name for the responses; ``self``: a reward object's own parameter). A data column of
 #: one of these names is refused: it would shadow them.
-RESERVED_FIELDS: tuple[str, ...] = (
-    "prompts",
-    "responses",
-    "completions",
-    "lengths",
-    "truncated",
-    "transcripts",
-    "self",
-)
+RESERVED_FIELDS: tuple[str, ...] = ("prompts", "responses", "completions", *TRAINER_FIELDS, "self")
 MODULE = "ppokit.components.reward.impl"
 
 __all__ = [
@@ -86,6 +81,7 @@ __all__ = [
     "JUDGE_VERDICT_TEMPLATE",
     "RESERVED_FIELDS",
     "SERVE_INSTALL",
+    "TRAINER_FIELDS",
     "CodeTestsParams",
     "DemoParams",
     "ExactMatchParams",
