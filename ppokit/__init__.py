@@ -6,7 +6,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from ppokit.catalogue import Component, NoParams, Params
+from ppokit.catalogue import Component, NoParams, Params, Task, Variant
 from ppokit.hookspecs import hookimpl
 from ppokit.registry import get_registry
 from ppokit.trainer import train
@@ -20,6 +20,8 @@ __all__ = [
     "NoParams",
     "Params",
     "RolloutBatch",
+    "Task",
+    "Variant",
     "__version__",
     "get_registry",
     "hookimpl",

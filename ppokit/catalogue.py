@@ -1,4 +1,5 @@
-"""A component's catalogue entry: everything known about it before its tensor code is imported.
+"""The catalogue entries: a component's, and a variant's and a task's, everything known about
+each before any tensor code is imported.
 
 One :class:`Component` states each fact once: kind, name, the module its implementation lives
 in (imported only when the component is created), the params model (defaults and bounds),
@@ -11,13 +12,18 @@ Built-ins and plugins use the same shape: a torch-free module of entries, regist
 ``ppokit_register`` with ``register(entry)``, and a tensor module whose classes take the
 parameters as keyword arguments without defaults.
 
+A :class:`Variant` (a paper method: the part of a spec its paper sets) and a :class:`Task`
+(prompts, reward, held-out split, the generation length it needs) are registered through the
+same ``register(entry)`` as components; a spec names them (``variant: dapo``, ``task: demo``)
+and sets only what differs (``ppokit.spec.compose``).
+
 Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -27,11 +33,15 @@ from ppokit.metrics_table import Metric
 
 __all__ = [
     "LOG_RATIO_BOUND",
+    "TASK_SECTIONS",
+    "VARIANT_REFUSED",
     "Component",
     "Contract",
     "Gamma",
     "NoParams",
     "Params",
+    "Task",
+    "Variant",
     "implementation_of",
 ]
 
@@ -156,3 +166,87 @@ class Component:
         if self.source:
             parts.append(f"Source: {self.source}")
         return "\n\n".join(parts)
+
+
+#: What a variant leaves to the task, the model and the run (a spec path, or a section):
+#: a variant that sets one of them is refused when it is registered.
+VARIANT_REFUSED: tuple[str, ...] = (
+    "seed",
+    "variant",
+    "task",
+    "data",
+    "reward",
+    "eval",
+    "output",
+    "health",
+    "model.actor",
+    "model.tiny",
+    "model.lora",
+    "model.device",
+    "rollout.max_new_tokens",
+)
+#: The sections a task may set: its prompts, reward(s), held-out split, generation length
+#: (and environment) and the health signs its answers make meaningless.
+TASK_SECTIONS: tuple[str, ...] = ("data", "reward", "eval", "rollout", "health")
+
+
+def _settings_problem(settings: Any, refused: Iterable[str], allowed: Iterable[str] = ()) -> str:
+    """Why ``settings`` is not a spec fragment this entry may set ("" if it is)."""
+    if not isinstance(settings, Mapping) or not all(isinstance(k, str) for k in settings):
+        return f"settings must be a mapping of spec sections, got {type(settings).__name__}"
+    allowed = tuple(allowed)
+    for key in settings:
+        if allowed and key not in allowed:
+            return f"settings set {key!r}: a task sets only " + ", ".join(allowed)
+    for path in refused:
+        head, _, rest = path.partition(".")
+        section = settings.get(head) if rest else None
+        if (not rest and head in settings) or (isinstance(section, Mapping) and rest in section):
+            return f"settings set {path!r}, which the task, the model or the run sets"
+    return ""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The catalogue entry of a variant: a paper method, as the part of a spec it sets.
+
+    ``settings`` is a spec fragment (the algorithm's slots and sections: advantage, critic,
+    policy, kl, truncation, the rollout settings the method defines such as ``n`` and
+    ``filter``, and the training settings its paper prescribes), merged under the task and
+    the spec file; a value may be ``${path}``, read from the merged spec (``${rollout.
+    max_new_tokens}``, with ``+ - * //`` and numbers). ``base`` names a variant this one
+    extends: its settings are merged over the base's. ``papers`` are :class:`ppokit.papers.
+    Paper` objects (or text); ``choices`` says what the method chooses and ``scaled`` what
+    it scales down from its paper and why.
+    """
+
+    name: str
+    title: str
+    settings: Mapping[str, Any]
+    papers: tuple[Any, ...] = ()
+    choices: str = ""
+    scaled: str = ""
+    base: str = ""
+
+    def problem(self) -> str:
+        """Why this entry cannot be registered ("" if it can)."""
+        return _settings_problem(self.settings, VARIANT_REFUSED)
+
+
+@dataclass(frozen=True)
+class Task:
+    """The catalogue entry of a task: where its prompts come from, how an answer is scored,
+    its held-out split and the generation length it needs, as a spec fragment (``data``,
+    ``reward``, ``eval``, ``rollout``: ``max_new_tokens`` and an environment's settings, and
+    ``health``: a sign its answers make meaningless). ``about`` describes the prompts and the
+    answer format; ``source`` cites where the task comes from."""
+
+    name: str
+    title: str
+    settings: Mapping[str, Any]
+    about: str = ""
+    source: str = ""
+
+    def problem(self) -> str:
+        """Why this entry cannot be registered ("" if it can)."""
+        return _settings_problem(self.settings, (), TASK_SECTIONS)

@@ -1,5 +1,5 @@
-"""The ``ppokit`` command line: list, show, validate, explain, schema, docs, plugins,
-new-plugin, train, compare, eval, export.
+"""The ``ppokit`` command line: list, variants, tasks, show, validate, explain, schema, docs,
+plugins, new-plugin, new-spec, train, compare, eval, export.
 
 Mistakes a user can make (a bad spec, an unknown component, a missing file, a broken plugin
 under ``PPOKIT_STRICT_PLUGINS=1``) print one red line each on stderr and exit with status 1,
@@ -48,13 +48,16 @@ from ppokit.registry import (
 )
 from ppokit.serve import reward_server_command
 from ppokit.spec import (
+    DEFAULT_TASK,
     DEMO_SOURCE,
     DEMO_SPEC,
+    Composed,
     Spec,
     SpecError,
-    apply_overrides,
-    load_spec,
+    annotated_yaml,
+    compose,
     read_demo_spec,
+    spec_mapping,
     spec_warnings,
     validate_spec,
 )
@@ -179,14 +182,71 @@ def list_components(
     out.print(table)
 
 
+def _entry_table(word: str, as_json: bool) -> None:
+    from ppokit.named import entry_rows
+
+    rows = entry_rows(word)
+    _warn_failed_plugins()
+    if as_json:
+        _print_json(rows)
+        return
+    columns = ["name", "papers" if word == "variant" else "title", "sets", "plugin"]
+    table = Table(*columns, box=None, pad_edge=False)
+    for row in rows:
+        table.add_row(*(_show(str(row[c])) for c in columns))
+    out.print(table)
+
+
+@app.command()
+@user_errors
+def variants(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
+    """List the registered variants (paper methods): name, paper, what it sets, plugin."""
+    _entry_table("variant", as_json)
+
+
+@app.command()
+@user_errors
+def tasks(as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
+    """List the registered tasks: name, what it is, what it sets, plugin."""
+    _entry_table("task", as_json)
+
+
+def _show_entry(word: str, name: str, as_json: bool) -> None:
+    from ppokit.named import show_entry
+
+    data = show_entry(word, name)
+    if as_json:
+        _print_json(data)
+        return
+    out.print(f"[bold]{word} {_show(name)}[/bold]  {_show(data['title'])}")
+    out.print(f"plugin: {_show(data['plugin'])} {_show(data['version'] or '')}".rstrip())
+    for label, key in (("paper", "papers"), ("extends", "base"), ("source", "source")):
+        values = data.get(key)
+        for value in values if isinstance(values, list) else [values] if values else []:
+            out.print(f"{label}: {_show(value)}")
+    for key in ("choices", "scaled", "about"):
+        if data.get(key):
+            out.print(f"{key}: {_show(data[key])}")
+    out.print("settings:")
+    for line in data["settings"].splitlines():
+        out.print("  " + _show(line))
+    if data.get("explain"):
+        out.print(f"\nthe objective it assembles (on the {DEFAULT_TASK} task):")
+        out.print(_show(data["explain"]).rstrip())
+
+
 @app.command()
 @user_errors
 def show(
-    kind: str = typer.Argument(..., help="Component kind."),
-    name: str = typer.Argument(..., help="Component name."),
+    kind: str = typer.Argument(..., help="Component kind, or 'variant' or 'task'."),
+    name: str = typer.Argument(..., help="Component, variant or task name."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """Show one component: parameters, formula, required batch fields, source, plugin."""
+    """Show one component (parameters, formula, required batch fields, source, plugin), or
+    one variant or task (its papers, settings and, for a variant, the objective)."""
+    if kind in ("variant", "task"):
+        _show_entry(kind, name, as_json)
+        return
     info = get_registry().info(kind, name)
     rows = param_rows(info.params)
     data = {
@@ -219,14 +279,31 @@ def show(
 
 
 # ---------------------------------------------------------------------- specs
+def _composed(spec_path: Path | None, overrides: list[str]) -> tuple[Composed, Spec]:
+    """The spec file (or variant or task name; None: the packaged demo spec) composed with
+    its variant, task and ``overrides``, and validated."""
+    if spec_path is None:
+        data, source = read_demo_spec(), DEMO_SOURCE
+    else:
+        data, source = spec_mapping(spec_path), str(spec_path)
+    label = source if spec_path is None or spec_path.exists() else "the command line"
+    try:
+        composed = compose(data, overrides, label=label)
+        return composed, validate_spec(composed.data)
+    except SpecError as exc:
+        raise SpecError(exc.errors, source=exc.source or source) from None
+
+
 def _load(spec_path: Path, overrides: list[str]) -> Spec:
-    return load_spec(spec_path, overrides)
+    return _composed(spec_path, overrides)[1]
 
 
 @app.command()
 @user_errors
 def validate(
-    specs: list[Path] = typer.Argument(..., help="Spec files (YAML).", metavar="SPEC..."),
+    specs: list[Path] = typer.Argument(
+        ..., help="Spec files (YAML), or variant or task names.", metavar="SPEC..."
+    ),
     overrides: list[str] = typer.Option([], "--set", "-s", help=SET_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
@@ -258,7 +335,9 @@ def validate(
 @app.command()
 @user_errors
 def explain(
-    spec_path: Path = typer.Argument(..., help="Spec file (YAML).", metavar="SPEC"),
+    spec_path: Path = typer.Argument(
+        ..., help="Spec file (YAML), or a variant or task name.", metavar="SPEC"
+    ),
     overrides: list[str] = typer.Option([], "--set", "-s", help=SET_HELP),
 ) -> None:
     """Write out the actor and critic objectives a spec assembles."""
@@ -350,6 +429,27 @@ def new_plugin(
     out.print(f"next: {_show(install_hint(root))}")
 
 
+@app.command("new-spec")
+@user_errors
+def new_spec(
+    variant: str = typer.Argument(..., help="The variant ('ppokit variants' lists them)."),
+    task: str = typer.Option(DEFAULT_TASK, "--task", help="The task ('ppokit tasks')."),
+    model: str = typer.Option("tiny", "--model", help="The actor (model.actor)."),
+    out_file: Path | None = typer.Option(
+        None, "--out", help="Write the spec to this new file (default: standard output)."
+    ),
+) -> None:
+    """Write a commented spec to start from: VARIANT on a task and a model."""
+    from ppokit.named import new_spec as make
+    from ppokit.named import write_new_spec
+
+    write_new_spec(make(variant, task, model), out_file)
+    if out_file is not None:
+        err.print(
+            f"wrote {_show(str(out_file))}; train it with: ppokit train {_show(str(out_file))}"
+        )
+
+
 def install_hint(root: Path) -> str:
     """``pip install -e './ppokit-NAME[test]' && python -m pytest ppokit-NAME/tests``: the
     scaffold installed with its test extra (pytest, hypothesis), then its tests."""
@@ -364,7 +464,10 @@ def install_hint(root: Path) -> str:
 @user_errors
 def train(
     spec_path: Path | None = typer.Argument(
-        None, help="Spec file (YAML); default: the packaged demo spec.", metavar="[SPEC]"
+        None,
+        help="Spec file (YAML), or a variant name (on the demo task) or a task name; "
+        "default: the packaged demo spec.",
+        metavar="[SPEC]",
     ),
     overrides: list[str] = typer.Option([], "--set", "-s", help=SET_HELP),
     out_dir: str | None = typer.Option(None, "--out", help="Output directory (output.dir)."),
@@ -391,7 +494,8 @@ def train(
         False,
         "--print-spec",
         help="Print the spec that would run (YAML: the demo spec when no SPEC is given, with "
-        "--set, --out, --seed, --threads and --smoke applied) and exit without training.",
+        "--set, --out, --seed, --threads and --smoke applied), each value with where it comes "
+        "from (default, variant, task, the file or --set), and exit without training.",
     ),
     nproc: int = typer.Option(
         1,
@@ -410,21 +514,20 @@ def train(
         extra.append(f"seed={seed}")
     if threads is not None:
         extra.append(f"model.threads={threads}")
-    if spec_path is None:
-        data = apply_overrides(read_demo_spec(), extra)
-        try:
-            spec = validate_spec(data)
-        except SpecError as exc:
-            raise SpecError(exc.errors, source=DEMO_SOURCE) from None
-    else:
-        spec = _load(spec_path, extra)
+    composed, spec = _composed(spec_path, extra)
     if print_spec:
         if smoke:
             from ppokit.trainer.loop import smoke_spec
 
             spec = smoke_spec(spec, out_dir or "<a new temporary directory>")
+            for path in _changed_paths(composed.data, spec):
+                composed.mark(path, "--smoke")
         source = f"the packaged demo spec ({DEMO_SPEC})" if spec_path is None else spec_path
-        typer.echo(f"# ppokit train: {source}, resolved\n" + spec.to_yaml(), nl=False)
+        typer.echo(
+            f"# ppokit train: {source}, resolved; each value's comment says where it comes "
+            "from\n" + annotated_yaml(spec, composed),
+            nl=False,
+        )
         return
     if nproc > 1:  # the spec is valid: each process reads it again
         argv = ["train", *_train_args(spec_path, overrides, seed, threads)]
@@ -475,6 +578,20 @@ def train(
         raise typer.Exit(130) from None
     if as_json and result.get("main", True):
         _print_json(result)
+
+
+def _changed_paths(data: dict[str, Any], spec: Spec) -> list[str]:
+    """The section values ``spec`` (a smoke run's) holds that differ from the validated
+    ``data``."""
+    before = validate_spec(data).model_dump()
+    after = spec.model_dump()
+    return [
+        f"{section}.{key}"
+        for section, values in after.items()
+        if isinstance(values, dict) and isinstance(before.get(section), dict)
+        for key, value in values.items()
+        if before[section].get(key) != value
+    ]
 
 
 def _train_args(

@@ -79,6 +79,13 @@ class _Writer:
 def _rollout(w: _Writer, spec: Spec, source: str | None) -> None:
     r = spec.rollout
     w.line(f"ppokit run{': ' + source if source else ''}")
+    named = [f"{word} {getattr(spec, word)}" for word in ("variant", "task") if getattr(spec, word)]
+    for word in ("variant", "task"):
+        name = getattr(spec, word)
+        if name and w.registry.has_entry(word, name):
+            named[named.index(f"{word} {name}")] += ": " + w.registry.entry(word, name).title
+    for text in named:
+        w.line(text)
     w.line(
         f"model {spec.model.actor!r}; each round samples {r.n} response(s) for each of "
         f"{r.prompts_per_round} prompts (up to {r.max_new_tokens} new tokens, "

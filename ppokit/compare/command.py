@@ -196,9 +196,14 @@ def _summary(
 # ---------------------------------------------------------------------- command
 def compare_command(
     specs: list[Path] | None = typer.Argument(
-        None, help="Spec files (YAML) to compare.", metavar="SPEC..."
+        None,
+        help="Spec files (YAML), or variant names (on the demo task or --task), to compare.",
+        metavar="SPEC...",
     ),
     seeds: str = typer.Option("0-2", "--seeds", help="Seeds: 3, 0-4 or 0,2,5."),
+    task: str | None = typer.Option(
+        None, "--task", help="Run every spec on this task (as --set task=TASK)."
+    ),
     overrides: list[str] = typer.Option(
         [], "--set", "-s", help="Override a value of every spec: path=value (repeatable)."
     ),
@@ -238,6 +243,8 @@ def compare_command(
         if out_dir is None:
             raise UserError("--out DIR is required: where the runs and the summary go")
         seed_list = parse_seeds(seeds)
+        if task is not None:
+            overrides = [*overrides, f"task={task}"]
         summary, runs, completed = run_sweep(specs, seed_list, out_dir, overrides, jobs, threshold)
     except (UserError, SpecError) as exc:
         raise fail(error_lines(exc)) from None

@@ -4,7 +4,8 @@ Each ``ppokit.components.<kind>`` package holds, side by side, the torch-free ca
 its kind (the call convention as a ``typing.Protocol``, the params models and one
 :class:`~ppokit.catalogue.Component` entry per component, in ``__init__.py``) and the tensor
 code (``impl.py``, imported only when a component is created). This module registers every
-entry through the same ``ppokit_register`` hook as an installed plugin.
+entry through the same ``ppokit_register`` hook as an installed plugin, and with them the
+built-in variants (:mod:`ppokit.variants`) and tasks (:mod:`ppokit.tasks`).
 
 Nothing here imports torch.
 """
@@ -55,6 +56,12 @@ KIND_PACKAGES = tuple(importlib.import_module(f"ppokit.components.{kind}") for k
 
 @hookimpl
 def ppokit_register(register: Register) -> None:
+    from ppokit import tasks, variants
+
     for package in KIND_PACKAGES:
         for entry in package.ENTRIES:
             register(entry)
+    for variant in variants.ENTRIES:
+        register(variant)
+    for task in tasks.ENTRIES:
+        register(task)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from ppokit import hookspecs
 from ppokit.bounded import TimedOut, deadline
-from ppokit.catalogue import Component
+from ppokit.catalogue import Component, Task, Variant
 from ppokit.errors import one_line, printable
 from ppokit.metrics_table import declare
 from ppokit.registry.errors import (
@@ -38,22 +38,48 @@ BUILTIN_PLUGIN = "ppokit"
 KNOWN_PLUGINS: dict[tuple[str, str], str] = {
     ("regression_loss", "hlgauss"): "ppokit-hlgauss",
     ("advantage", "lite_ppo"): "ppokit-example",
+    ("variant", "ppo_hlgauss"): "ppokit-hlgauss",
 }
 ENTRY_POINT_GROUP = "ppokit"
 
 
-def _check_unique(infos: list[ComponentInfo]) -> None:
-    """A plugin may register each (kind, name) once."""
+def _check_unique(infos: list[ComponentInfo | EntryInfo]) -> None:
+    """A plugin may register each (kind, name) once, and each variant and task name once."""
     seen: set[tuple[str, str]] = set()
     for info in infos:
-        key = (info.kind, info.name)
+        key = (
+            (_word(info.entry), info.name)
+            if isinstance(info, EntryInfo)
+            else (info.kind, info.name)
+        )
         if key in seen:
-            raise RegistryError(f"{info.kind} {info.name!r} is registered twice by this plugin")
+            raise RegistryError(f"{key[0]} {info.name!r} is registered twice by this plugin")
         seen.add(key)
 
 
 def _normalise(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
+
+
+#: The entries that are not components, by the word the registry and the CLI use for them.
+NAMED_ENTRIES: dict[str, type[Variant] | type[Task]] = {"variant": Variant, "task": Task}
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """A registered variant or task: its catalogue entry and the plugin that registered it."""
+
+    entry: Variant | Task
+    plugin: str
+    version: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def title(self) -> str:
+        return printable(self.entry.title)
 
 
 @dataclass
@@ -66,6 +92,8 @@ class PluginRecord:
     components: list[tuple[str, str]] = field(default_factory=list)
     error: str | None = None
     traceback: str | None = None
+    #: the variants and tasks it registered, as ("variant" | "task", name)
+    entries: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -77,6 +105,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._components: dict[tuple[str, str], ComponentInfo] = {}
+        self._entries: dict[tuple[str, str], EntryInfo] = {}
         self._conflicts: dict[tuple[str, str], list[str]] = {}
         self.plugins: dict[str, PluginRecord] = {}
         self.pm = pluggy.PluginManager("ppokit")
@@ -117,7 +146,9 @@ class Registry:
             self._add(info, record)
         return record
 
-    def _run_hook(self, name: str, plugin: object, version: str | None) -> list[ComponentInfo]:
+    def _run_hook(
+        self, name: str, plugin: object, version: str | None
+    ) -> list[ComponentInfo | EntryInfo]:
         """The components a plugin's ``ppokit_register`` hook registers (not yet added)."""
         self.pm.register(plugin, name=name)
         for caller in self.pm.get_hookcallers(plugin) or []:
@@ -130,15 +161,18 @@ class Registry:
             for impl in self.pm.hook.ppokit_register.get_hookimpls()
             if impl.plugin_name == name
         ]
-        pending: list[ComponentInfo] = []
+        pending: list[ComponentInfo | EntryInfo] = []
 
-        def register(entry: Component, *args: Any, **facts: Any) -> None:
-            if not isinstance(entry, Component) or args or facts:
+        def register(entry: Component | Variant | Task, *args: Any, **facts: Any) -> None:
+            if not isinstance(entry, (Component, Variant, Task)) or args or facts:
                 raise RegistryError(
-                    "register(entry) takes one ppokit.Component (kind, name, factory, ...), "
+                    "register(entry) takes one ppokit.Component, ppokit.Variant or ppokit.Task, "
                     f"got {type(entry).__name__}" + (" and more arguments" if args or facts else "")
                 )
-            pending.append(self._make_info(entry, name, version))
+            if isinstance(entry, Component):
+                pending.append(self._make_info(entry, name, version))
+            else:
+                pending.append(_entry_info(entry, name, version))
 
         for impl in impls:
             impl.function(*(register for _ in impl.argnames))
@@ -166,18 +200,23 @@ class Registry:
         declare(entry.metrics)
         return ComponentInfo(entry, plugin, version)
 
-    def _add(self, info: ComponentInfo, record: PluginRecord) -> None:
-        key = (info.kind, info.name)
-        record.components.append(key)
+    def _add(self, info: ComponentInfo | EntryInfo, record: PluginRecord) -> None:
+        store: dict[tuple[str, str], Any]
+        if isinstance(info, EntryInfo):
+            key, store = (_word(info.entry), info.name), self._entries
+            record.entries.append(key)
+        else:
+            key, store = (info.kind, info.name), self._components
+            record.components.append(key)
         if key in self._conflicts:
             self._conflicts[key].append(info.plugin)
             return
-        existing = self._components.get(key)
+        existing = store.get(key)
         if existing is not None:
             self._conflicts[key] = [existing.plugin, info.plugin]
-            del self._components[key]
+            del store[key]
             return
-        self._components[key] = info
+        store[key] = info  # type: ignore[assignment]
 
     def load_entry_points(self, only: set[str] | None = None) -> None:
         """Load installed plugins of the ``ppokit`` entry-point group (``only``: by name).
@@ -293,6 +332,33 @@ class Registry:
                 f"unknown {kind} {name!r}{suggest(str(name), self.names(kind))}"
             ) from None
 
+    # ------------------------------------------------------- variants and tasks
+    def entries(self, word: str) -> list[EntryInfo]:
+        """The registered variants (``word='variant'``) or tasks (``'task'``), in the order
+        they were registered (the built-ins first)."""
+        return [info for key, info in self._entries.items() if key[0] == word]
+
+    def has_entry(self, word: str, name: str) -> bool:
+        return (word, name) in self._entries
+
+    def entry(self, word: str, name: str) -> EntryInfo:
+        """The variant or task ``name``; RegistryError (one line, close names) if none or
+        if several plugins register it."""
+        key = (word, name)
+        if key in self._conflicts:
+            raise RegistryError(
+                f"{word} {name!r} is registered by more than one plugin ("
+                + ", ".join(self._conflicts[key])
+                + "); uninstall one or choose with PPOKIT_LOAD_PLUGINS"
+            )
+        if key not in self._entries:
+            dist = KNOWN_PLUGINS.get(key)
+            if dist is not None:
+                raise RegistryError(f"unknown {word} {name!r}: {_known_plugin_hint(dist)}")
+            names = [n for w, n in self._entries if w == word]
+            raise RegistryError(f"unknown {word} {name!r}{suggest(str(name), names)}")
+        return self._entries[key]
+
     def create(self, kind: str, name: str, **params: Any) -> Any:
         """Build a component from validated parameters."""
         info = self.info(kind, name)
@@ -305,6 +371,23 @@ class Registry:
         values = {k: getattr(model, k) for k in type(model).model_fields}
         component = info.load()(**values)
         return component
+
+
+def _word(entry: Variant | Task) -> str:
+    return "variant" if isinstance(entry, Variant) else "task"
+
+
+def _entry_info(entry: Variant | Task, plugin: str, version: str | None) -> EntryInfo:
+    """A variant's or task's registration, checked: its name, its base's, its settings."""
+    word = _word(entry)
+    problem = name_problem(entry.name, f"{word} name")
+    if problem is None and isinstance(entry, Variant) and entry.base:
+        problem = name_problem(entry.base, "base variant name")
+    if problem is None and entry.problem():
+        problem = f"{word} {entry.name!r}: {entry.problem()}"
+    if problem is not None:
+        raise RegistryError(problem)
+    return EntryInfo(entry, plugin, version)
 
 
 def _known_plugin_hint(dist: str) -> str:

@@ -3,7 +3,8 @@ training and output settings.
 
 A component slot takes a name (``advantage: gae``) or a mapping with the name and its
 parameters (``advantage: {name: gae, lam: 0.95}``). Validation runs in two passes and
-reports every error at once, each with its path in the spec:
+reports every error at once, each with its path in the spec (after a named variant and task
+are merged under the file: :mod:`ppokit.spec.compose`):
 
 1. structure (pydantic, ``extra="forbid"`` everywhere);
 2. components: each name against the registry (with close-name suggestions), its parameters
@@ -14,6 +15,16 @@ Nothing here imports torch or transformers.
 """
 
 from ppokit.spec.checks import MAX_ROUND_POSITIONS, spec_warnings, validate_spec
+from ppokit.spec.compose import (
+    DEFAULT_TASK,
+    Composed,
+    annotated_yaml,
+    compose,
+    leaves,
+    load_spec,
+    named_spec,
+    spec_mapping,
+)
 from ppokit.spec.files import (
     DEMO_SOURCE,
     DEMO_SPEC,
@@ -48,10 +59,11 @@ from ppokit.spec.models import (
     TinySpec,
     TrainSpec,
 )
-from ppokit.spec.overrides import apply_overrides, load_spec
+from ppokit.spec.overrides import apply_overrides
 
 __all__ = [
     "CPU_BF16_MIN_PARAMETERS",
+    "DEFAULT_TASK",
     "DEMO_SOURCE",
     "DEMO_SPEC",
     "GENERATED_SOURCES",
@@ -62,6 +74,7 @@ __all__ = [
     "MAX_SPEC_NODES",
     "ArithmeticOptions",
     "ComponentSpec",
+    "Composed",
     "CriticSpec",
     "DataSpec",
     "DemoOptions",
@@ -79,11 +92,16 @@ __all__ = [
     "SpecError",
     "TinySpec",
     "TrainSpec",
+    "annotated_yaml",
     "apply_overrides",
+    "compose",
+    "leaves",
     "load_spec",
+    "named_spec",
     "parse_spec_text",
     "read_demo_spec",
     "read_spec_file",
+    "spec_mapping",
     "spec_warnings",
     "validate_spec",
 ]

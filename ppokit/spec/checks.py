@@ -27,6 +27,7 @@ from ppokit.registry import (
 from ppokit.slots import FIELDS, SLOTS
 from ppokit.spec.files import MAX_SPEC_DEPTH, MAX_SPEC_NODES, measure
 from ppokit.spec.models import GENERATED_SOURCES, ComponentSpec, RewardSpec, Spec, SpecError
+from ppokit.spec.references import resolve_references
 
 #: Response positions a round may hold (B x max_new_tokens): each needs several float32
 #: [B, T] tensors and a row of hidden states, so beyond this no machine has the memory. An
@@ -298,6 +299,7 @@ def validate_spec(data: Any, registry: Registry | None = None) -> Spec:
         raise SpecError([f"the spec must be a mapping, got {type(data).__name__}"])
     if measure(data, MAX_SPEC_NODES)[1] > MAX_SPEC_DEPTH:
         raise SpecError([f"the spec nests deeper than {MAX_SPEC_DEPTH} levels"])
+    data = resolve_references(data)
     registry = registry or get_registry()
     bad = {path: value for path, value in _non_finite(data)}
     nan_errors = [f"{path}: {value} is not a finite number" for path, value in bad.items()]

@@ -647,6 +647,16 @@ class EvalSpec(_Strict):
 class Spec(_Strict):
     """A full ppokit run."""
 
+    variant: str | None = Field(
+        None,
+        description="the variant (paper method) the spec starts from: its settings are merged "
+        "under the task's and the spec's own ('ppokit variants' lists them)",
+    )
+    task: str | None = Field(
+        None,
+        description="the task the spec runs on (prompts, reward, generation length), merged "
+        "over the variant's settings and under the spec's own ('ppokit tasks' lists them)",
+    )
     seed: int = Field(
         0, ge=0, le=(1 << 63) - 1, description="seed of initialisation, sampling and data order"
     )

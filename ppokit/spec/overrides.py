@@ -1,19 +1,14 @@
-"""The ``--set path=value`` language, and ``load_spec``: read, override, validate."""
+"""The ``--set path=value`` language."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from ppokit.registry import (
-    Registry,
-)
 from ppokit.slots import SLOTS, slot
-from ppokit.spec.checks import validate_spec
-from ppokit.spec.files import load_yaml, read_spec_file
-from ppokit.spec.models import Spec, SpecError
+from ppokit.spec.files import load_yaml
+from ppokit.spec.models import SpecError
 
 
 def _slot_of(prefix: str) -> str | None:
@@ -106,18 +101,3 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     if errors:
         raise SpecError(errors)
     return data
-
-
-def load_spec(
-    path: str | Path | None = None,
-    overrides: Sequence[str] = (),
-    registry: Registry | None = None,
-    base: dict[str, Any] | None = None,
-) -> Spec:
-    """Read, override and validate a spec file (``path=None``: start from ``base`` or {})."""
-    data = read_spec_file(path) if path is not None else copy.deepcopy(base or {})
-    try:
-        data = apply_overrides(data, overrides)
-        return validate_spec(data, registry)
-    except SpecError as exc:
-        raise SpecError(exc.errors, source=str(path) if path is not None else None) from None

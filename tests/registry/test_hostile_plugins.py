@@ -512,7 +512,7 @@ def test_the_known_plugins_table_matches_the_bundled_plugins() -> None:
     registered = {
         (kind, name): record.distribution
         for record in registry.plugins.values()
-        for kind, name in record.components
+        for kind, name in [*record.components, *record.entries]
     }
     assert registered == KNOWN_PLUGINS
 
