@@ -364,8 +364,8 @@ def docs(
         False, "--check", help="Write nothing; exit 1 naming each out-of-date file."
     ),
 ) -> None:
-    """Generate components.md, variants.md and spec.md from the code and examples/specs
-    (run in the project root)."""
+    """Generate components.md, variants.md and spec.md from the registry (in a checkout: the
+    built-ins and the plugins kept in plugins/; elsewhere: the installed ones)."""
     stale = write_docs(out_dir, check=check)
     if check and stale:
         raise fail([f"{path}: out of date; run 'ppokit docs'" for path in stale])

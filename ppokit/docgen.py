@@ -1,11 +1,12 @@
-"""``ppokit docs``: docs/components.md, variants.md and spec.md, generated from the registry,
-the spec's models, the slot table and examples/specs.
+"""``ppokit docs``: docs/components.md, variants.md and spec.md, generated from the registry
+(its components and variants), the spec's models and the slot table.
 
 The prose lives in the Markdown templates of ``ppokit/templates/docs``; this module fills their
 placeholders and states no fact of its own. :func:`param_rows` is the parameter table of
-``ppokit show`` and of the docs alike. The output does not depend on the installed plugins:
-components.md and spec.md read the built-ins only, and components of a method spec that the
-built-ins lack come from the plugins kept in ``plugins/``, loaded from source.
+``ppokit show`` and of the docs alike. In a checkout the output does not depend on the
+installed plugins: components.md and spec.md read the built-ins only, and variants.md the
+built-ins and the plugins kept in ``plugins/``, loaded from source; elsewhere variants.md
+lists the installed plugins' variants too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import types
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
-from itertools import takewhile
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from unittest import mock
@@ -31,34 +31,15 @@ from pydantic_core import to_jsonable_python
 from rich.table import Table
 from rich.text import Text
 
+from ppokit.catalogue import Variant
 from ppokit.errors import UserError, printable
 from ppokit.registry import BUILTIN_PLUGIN, KINDS, ComponentInfo, Registry, build_registry
 from ppokit.slots import FIELDS, SLOTS, Slot
-from ppokit.spec import ComponentSpec, Spec, load_spec
+from ppokit.spec import DEFAULT_TASK, ComponentSpec, Spec, compose, validate_spec
 
-__all__ = ["EXAMPLES", "METHODS", "ParamRow", "builtin_registry", "generate", "header_comment"]
-__all__ += ["method_paths", "method_registry", "param_rows", "params_markdown", "params_table"]
-__all__ += ["write_docs"]
+__all__ = ["ParamRow", "builtin_registry", "generate", "method_registry", "param_rows"]
+__all__ += ["params_markdown", "params_table", "variants_registry", "write_docs"]
 
-#: Example specs that are no paper method (not in variants.md).
-EXAMPLES = frozenset(
-    {
-        "smollm2_arithmetic_ppo",
-        "smollm2_arithmetic_cpu",
-        "smollm2_arithmetic_async_cpu",
-        "smollm2_arithmetic_ppo_cpu",
-        "smollm2_gsm8k_style",
-        "echo_multiturn",
-        "smollm2_calculator_cpu",
-        "smollm2_judge_cpu",
-        "smollm2_code_cpu",
-    }
-)
-#: The paper methods of examples/specs (by file stem), in the order of variants.md: the one
-#: list of them (the tests require each; a method spec not listed follows, sorted).
-METHODS: tuple[str, ...] = ("ppo", "vc_ppo", "vapo", "grpo", "grpo_tis", "dr_grpo", "dapo", "rloo")
-METHODS += ("reinforce_pp", "reinforce_pp_baseline", "remax", "opo", "gspo", "cispo")
-METHODS += ("ppo_hlgauss",)
 DASH, SECTION = "—", "(section defaults)"
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*(?:\|\s*(.*?)\s*)?\}\}")
 _SCALARS = {int: "integer", float: "number", str: "string", bool: "boolean", Any: "any"}
@@ -218,19 +199,12 @@ def method_registry(root: Path | None = None) -> tuple[Registry, list[str]]:
 
 
 # ---------------------------------------------------------------------- variants.md
-def method_paths(root: Path | None = None) -> list[Path]:
-    """The method specs of examples/specs, in METHODS' order, then the others sorted."""
-    paths = {p.stem: p for p in (root or Path.cwd()).glob("examples/specs/*.yaml")}
-    names = [n for n in METHODS if n in paths] + sorted(set(paths) - set(METHODS))
-    return [paths[n] for n in names if n not in EXAMPLES]
-
-
-def header_comment(path: Path) -> list[str]:
-    """The comment lines heading a spec file, without their ``#``."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [
-        line[1:].removeprefix(" ").rstrip() for line in takewhile(lambda x: x[:1] == "#", lines)
-    ]
+def variants_registry(root: Path) -> tuple[Registry, list[str]]:
+    """In a checkout (``root`` holds ``plugins/``): the built-ins and the plugins kept there,
+    loaded from source, whatever is installed; elsewhere: the installed registry."""
+    if (root / "plugins").is_dir():
+        return method_registry(root)
+    return build_registry(strict=False), []
 
 
 def _slot_cell(spec: Spec, s: Slot, registry: Registry, plugins: set[str]) -> str:
@@ -253,28 +227,43 @@ def _slot_cell(spec: Spec, s: Slot, registry: Registry, plugins: set[str]) -> st
     return ", ".join([" + ".join(cells), *kl]) + adaptive
 
 
+def header(entry: Variant) -> str:
+    """A variant's paragraphs: its papers, its choices, what it scales down."""
+    parts = []
+    if entry.papers:
+        parts.append("Paper: " + "; ".join(printable(str(p)) for p in entry.papers) + ".")
+    if entry.base:
+        parts.append(f"Extends [`{entry.base}`](#{entry.base}).")
+    for label, text in (("Choices", entry.choices), ("Scaled", entry.scaled)):
+        if text:
+            parts.append(f"{label}: {_sentence(printable(text))}")
+    return "\n\n".join(parts)
+
+
 def variants_md(root: Path) -> str:
     from ppokit.explain import explain
 
-    registry, failed = method_registry(root)
-    if not method_paths(root):
-        raise UserError(f"no examples/specs/*.yaml in {root}: run this in the project root")
+    registry, failed = variants_registry(root)
     if failed:
         raise UserError(f"plugins of {root / 'plugins'} that do not load: {', '.join(failed)}")
     rows = [["method", *(s.path for s in SLOTS)], ["---"] * (len(SLOTS) + 1)]
     sections: list[str] = []
     plugins: set[str] = set()
-    for path in method_paths(root):
-        spec, rel = load_spec(path, registry=registry), path.relative_to(root).as_posix()
+    for info in registry.entries("variant"):
+        entry = info.entry
+        assert isinstance(entry, Variant)
+        data = compose({"variant": info.name, "task": DEFAULT_TASK}, (), registry).data
+        spec = validate_spec(data, registry)
         cells = [_slot_cell(spec, s, registry, plugins) for s in SLOTS]
-        rows.append([f"[{path.stem}](#{path.stem})", *cells])
-        # paragraphs: a comment line and the indented lines that continue it
-        comment = re.split(r"\n(?=\S)", "\n".join(header_comment(path)))
-        title, *rest = (" ".join(p.split()) for p in comment)
-        text = explain(spec, registry=registry, source=rel)
-        values = dict(name=path.stem, title=title, header="\n\n".join(rest), path=rel)
+        rows.append([f"[{info.name}](#{info.name})", *cells])
+        text = explain(spec, registry=registry, source=f"variant {info.name}")
+        title = printable(entry.title)
+        if info.plugin != BUILTIN_PLUGIN:
+            record = registry.plugins[info.plugin]
+            title += f" (plugin {record.distribution or info.plugin})"
+        values = dict(name=info.name, title=title, header=header(entry))
         sections.append(render("variant.md", explain=text, **values))
-    plugins_text = "; ".join(sorted(plugins))
+    plugins_text = "; ".join(sorted(plugins)) or DASH
     return render(
         "variants.md", table=table(rows), plugins=plugins_text, methods="\n".join(sections)
     )

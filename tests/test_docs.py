@@ -88,22 +88,26 @@ def test_check_names_the_stale_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_docs_outside_the_project_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a checkout the docs are generated from the installed registry."""
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(app, ["docs", "--check"])
-    assert result.exit_code == 1 and "examples/specs" in result.stderr
-    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["docs", "--out", "docs"])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "docs" / "variants.md").read_text()
+    assert "\n## dapo\n" in text and "\n## ppo_demo\n" in text
+    assert runner.invoke(app, ["docs", "--out", "docs", "--check"]).exit_code == 0
 
 
 def test_variants_cover_every_method_and_link_the_concepts(generated: dict[str, str]) -> None:
     text = generated["variants.md"]
     assert "(concepts.md)" in text
     rows = table_rows(text, "| method |")
-    methods = [p.stem for p in docgen.method_paths(ROOT)]
+    registry, _ = docgen.method_registry(ROOT)
+    methods = [info.name for info in registry.entries("variant")]
     assert [re.match(r"\[(\w+)\]", r["method"]).group(1) for r in rows] == methods  # type: ignore[union-attr]
     assert list(rows[0]) == ["method", *(s.path for s in SLOTS)]
     for name in methods:
         assert f"\n## {name}\n" in text
-        assert f"```text\nppokit run: examples/specs/{name}.yaml\n" in text  # explain output
+        assert f"```text\nppokit run: variant {name}\nvariant {name}: " in text  # explain
     ppo = rows[methods.index("ppo")]
     assert ppo["advantage"] == "`gae(gamma=1, lam=0.95, whiten=true)`"
     assert ppo["critic.loss"] == "`clipped_mse(clip=0.2)`"
@@ -111,7 +115,7 @@ def test_variants_cover_every_method_and_link_the_concepts(generated: dict[str, 
     grpo = rows[methods.index("grpo")]
     assert [grpo[s.path] for s in SLOTS if s.section == "critic"] == ["—"] * 5
     hlgauss = rows[methods.index("ppo_hlgauss")]
-    assert hlgauss["critic.loss"].endswith("†") and "./plugins/" in text
+    assert hlgauss["critic.loss"].endswith("†") and "(plugin ppokit-hlgauss)" in text
 
 
 def test_components_reference_lists_every_builtin(generated: dict[str, str]) -> None:

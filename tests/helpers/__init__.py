@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from ppokit.catalogue import Component
+from ppokit.catalogue import Component, Task, Variant
 from ppokit.hookspecs import Register, hookimpl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +107,8 @@ class Plugin:
     def ppokit_register(self, register: Register) -> None:
         for args, kwargs in self.components:
             given = args[0] if len(args) == 1 and not kwargs else None
-            register(given if isinstance(given, Component) else Component(*args, **kwargs))
+            entry = given if isinstance(given, (Component, Variant, Task)) else None
+            register(entry if entry is not None else Component(*args, **kwargs))
         if self.fail_with is not None:
             raise self.fail_with
 
