@@ -87,3 +87,12 @@ def test_generated_plugin_installs_and_passes_its_tests(plugin_venv: Venv, tmp_p
     spec.write_text("rollout: {n: 2}\nadvantage: {name: scaffolded_centered, scale: 2.0}\n")
     valid = plugin_venv.ppokit("validate", str(spec), PPOKIT_LOAD_PLUGINS="scaffolded")
     assert valid.returncode == 0, valid.stderr
+    variants = plugin_venv.ppokit("variants", "--json", PPOKIT_LOAD_PLUGINS="scaffolded")
+    assert variants.returncode == 0, variants.stderr
+    published = {row["name"]: row for row in json.loads(variants.stdout)}
+    assert published["scaffolded_centered_grpo"]["plugin"] == "scaffolded"
+    assert published["scaffolded_centered_grpo"]["base"] == "grpo"
+    trained = plugin_venv.ppokit(
+        "train", "scaffolded_centered_grpo", "--smoke", PPOKIT_LOAD_PLUGINS="scaffolded"
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
