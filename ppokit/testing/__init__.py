@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppokit.errors import one_line
-from ppokit.registry import Registry, get_registry
+from ppokit.registry import Registry, RegistryError, get_registry
 
 __all__ = [
     "DEFAULT_EXAMPLES",
@@ -116,7 +116,8 @@ def check_component(
     try:
         component = registry.create(kind, name, **params)
     except Exception as exc:  # SystemExit and Ctrl-C are the caller's
-        return [Result(kind, name, "created", "failed", one_line(exc))]
+        why = str(exc) if isinstance(exc, RegistryError) else one_line(exc)
+        return [Result(kind, name, "created", "failed", why)]
     results = [Result(kind, name, "created", "held", meaning="created from its parameters")]
     if kind in LIGHT:
         return [*results, Result(kind, name, "properties", "not applicable", LIGHT[kind])]
