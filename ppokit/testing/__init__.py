@@ -138,11 +138,17 @@ def check(
 
 
 def assert_conforms(
-    kind: str, name: str, *, examples: int = DEFAULT_EXAMPLES, **params: Any
+    kind: str,
+    name: str,
+    *,
+    examples: int = DEFAULT_EXAMPLES,
+    registry: Registry | None = None,
+    **params: Any,
 ) -> None:
     """For a plugin's tests: an ``AssertionError`` listing each property that failed, with
-    its counterexample."""
-    results = check_component(kind, name, params, examples=examples)
+    its counterexample (``registry``: where the component is registered; the process's
+    registry of installed plugins by default)."""
+    results = check_component(kind, name, params, examples=examples, registry=registry)
     failed = [r.line() for r in results if r.failed]
     if failed:
         raise AssertionError("\n".join(failed))
