@@ -50,7 +50,15 @@ class IgnoresMask:
         return -(adv.float() * torch.exp(logp.float() - logp_old.float()))
 
 
+class Undeclared:
+    """An advantage that reads values without declaring them in ``requires``."""
+
+    def __call__(self, batch: Any) -> torch.Tensor:
+        return torch.where(batch.response_mask, batch.values.float(), 0.0)
+
+
 BROKEN = {
+    ("advantage", "undeclared"): (Undeclared, {"requires"}),
     ("advantage", "reads_padding"): (ReadsPadding, {"padding"}),
     ("advantage", "float64"): (Float64, {"contract"}),
     ("policy_loss", "ignores_mask"): (IgnoresMask, {"masked_zero", "gradient"}),
@@ -125,6 +133,7 @@ def test_the_counterexamples_name_shapes_and_values(broken: Any) -> None:
     assert "expected float32" in by[("float64", "contract")].detail
     assert "output at padded position" in by[("ignores_mask", "masked_zero")].detail
     assert "gradient at padded position" in by[("ignores_mask", "gradient")].detail
+    assert "without the fields it does not require (" in by[("undeclared", "requires")].detail
 
 
 def test_assert_conforms_raises_with_the_counterexample(broken: Any) -> None:
@@ -203,6 +212,7 @@ def test_an_unknown_target_is_one_red_line(target: str, message: str) -> None:
 def test_resolve_names_each_component_once(broken: Any) -> None:
     found = resolve(["test0", "advantage/float64", "policy_loss/ppo_clip:clip_low=0.1"])
     assert found == [
+        ("advantage", "undeclared", {}),
         ("advantage", "reads_padding", {}),
         ("advantage", "float64", {}),
         ("policy_loss", "ignores_mask", {}),

@@ -154,7 +154,7 @@ def _padding(returns: str) -> Callable[[Call, tuple[RolloutBatch, int, int]], No
     def test(call: Call, case: tuple[RolloutBatch, int, int]) -> None:
         batch, seed, extra = case
         mask = batch.response_mask
-        real = mask if returns in PER_TOKEN else batch.nonempty
+        real: Tensor | None = mask if returns in PER_TOKEN else batch.nonempty
         if returns == "batch":
             real = None
         out = _output(returns, call(batch))
@@ -218,7 +218,7 @@ def _requires(returns: str, requires: tuple[str, ...]) -> Callable[[Call, Rollou
         except Exception as exc:
             from ppokit.errors import one_line
 
-            undeclared = sorted(f.name for f in FIELDS if f.name not in kept)
+            undeclared = sorted(f for f in FIELDS if f not in kept)
             raise Violation(
                 f"without the fields it does not require ({', '.join(undeclared)}) it raised "
                 f"{one_line(exc)}"

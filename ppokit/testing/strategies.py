@@ -121,7 +121,7 @@ def batches(
         fields["reward_parts"] = parts.to(dtype)
         weights = torch.from_numpy(rng.uniform(-1.0, 2.0, k).astype(np.float32))
         fields["reward_weights"] = weights.expand(b, k).contiguous().to(dtype)
-    return RolloutBatch(**fields)
+    return RolloutBatch(**fields)  # type: ignore[arg-type]
 
 
 @st.composite
