@@ -438,6 +438,8 @@ print("HEAVY=" + ",".join(heavy))
         # the vllm engine's checks (its heads of 16 refused) import neither torch nor vLLM
         ["validate", DEMO, "-s", "rollout.engine=vllm", "-s", "model.tiny.num_attention_heads=4"],
         ["show", "advantage", "gae"],
+        ["check", "--help"],
+        ["check", "advantag"],
     ],
     ids=lambda a: a[0],
 )
