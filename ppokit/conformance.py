@@ -1,8 +1,8 @@
 """``ppokit check TARGET...``: the conformance properties (:mod:`ppokit.testing`) of the
 components a target names, one line per component and property.
 
-A target is a plugin's name (every component it registered), a kind (every component of
-it) or ``KIND/NAME`` (one component, as ``ppokit plugins`` writes it), with parameters
+A target is a plugin's name (every component it registered), a variant (the components it
+assembles, with the parameters it gives them), a kind (every component of it) or ``KIND/NAME`` (one component, as ``ppokit plugins`` writes it), with parameters
 after a colon: ``policy_loss/cispo:clip_high=0.2`` (values read as YAML scalars; the
 defaults for the rest). :func:`resolve` turns targets into the ``(kind, name, params)``
 list that :func:`ppokit.testing.check` runs, the one entry point of a check.
@@ -41,6 +41,16 @@ def parse_params(text: str, target: str) -> dict[str, Any]:
     return params
 
 
+def variant_components(name: str, registry: Registry) -> list[tuple[str, str, dict[str, Any]]]:
+    """The components the variant ``name`` puts in its slots (on the default task), with
+    the parameters it gives them."""
+    from ppokit.spec import DEFAULT_TASK, compose, validate_spec
+
+    data = compose({"variant": name, "task": DEFAULT_TASK}, (), registry).data
+    spec = validate_spec(data, registry)
+    return [(kind, comp.name, dict(comp.params)) for _, kind, comp in spec.slots()]
+
+
 def resolve(
     targets: list[str], registry: Registry | None = None
 ) -> list[tuple[str, str, dict[str, Any]]]:
@@ -61,14 +71,17 @@ def resolve(
             found += [(i.kind, i.name, {}) for i in registry.components(head)]
         elif head in registry.plugins and registry.plugins[head].ok:
             found += [(k, n, {}) for k, n in registry.plugins[head].components]
+        elif registry.has_entry("variant", head):
+            found += variant_components(head, registry)
         else:
             known = [
                 *KINDS,
                 *registry.plugins,
+                *(i.name for i in registry.entries("variant")),
                 *(f"{i.kind}/{i.name}" for i in registry.components()),
             ]
             raise RegistryError(
-                f"unknown target {head!r}: not a plugin, a kind or KIND/NAME{suggest(head, known)}"
+                f"unknown target {head!r}: not a plugin, a variant, a kind or KIND/NAME{suggest(head, known)}"
             )
     unique: dict[tuple[str, str, str], tuple[str, str, dict[str, Any]]] = {}
     for kind, name, params in found:
@@ -79,8 +92,9 @@ def resolve(
 def check_command(
     targets: list[str] = typer.Argument(
         ...,
-        help="A plugin (all its components), a kind (all of it) or KIND/NAME (one component, "
-        "parameters after a colon: policy_loss/cispo:clip_high=0.2).",
+        help="A plugin (all its components), a variant (the components it assembles, with "
+        "its parameters), a kind (all of it) or KIND/NAME (one component, parameters after "
+        "a colon: policy_loss/cispo:clip_high=0.2).",
         metavar="TARGET...",
     ),
     examples: int = typer.Option(

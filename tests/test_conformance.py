@@ -188,12 +188,23 @@ def test_check_with_parameters() -> None:
     assert bad.exit_code == 1 and "created: failed: policy_loss 'cispo': clip_high" in bad.stdout
 
 
+def test_check_a_variant_checks_its_components_with_its_parameters() -> None:
+    result = invoke("check", "dapo", "--examples", "3")
+    assert result.exit_code == 0, result.output
+    assert "truncation/soft_overlong gradient: not applicable" in result.stdout or (
+        "truncation/soft_overlong contract: held" in result.stdout
+    )
+    assert "policy_loss/ppo_clip gradient: held" in result.stdout
+    assert "group_filter/informative" in result.stdout
+
+
 @pytest.mark.parametrize(
     ("target", "message"),
     [
         (
             "advantag",
-            "error: unknown target 'advantag': not a plugin, a kind or KIND/NAME (did you mean 'advantage'",
+            "error: unknown target 'advantag': not a plugin, a variant, a kind or KIND/NAME "
+            "(did you mean 'advantage'",
         ),
         ("advantage/gea", "error: unknown advantage 'gea' (did you mean 'gae'"),
         ("advantag/gae", "error: unknown component kind 'advantag' (did you mean 'advantage'"),
