@@ -33,7 +33,7 @@ from rich.text import Text
 
 from ppokit.errors import UserError, printable
 from ppokit.registry import BUILTIN_PLUGIN, KINDS, ComponentInfo, Registry, build_registry
-from ppokit.slots import FIELDS, SLOTS, Slot
+from ppokit.slots import FIELDS, SLOTS, SOURCE, Slot
 from ppokit.spec import ComponentSpec, Spec, load_spec
 
 __all__ = ["EXAMPLES", "METHODS", "ParamRow", "builtin_registry", "generate", "header_comment"]
@@ -317,7 +317,7 @@ def _component(info: ComponentInfo, slot: Slot) -> str:
 def components_md(root: Path) -> str:
     registry, contents, kinds = builtin_registry(), [], []
     for kind in KINDS:
-        infos, slots = registry.components(kind), [s for s in SLOTS if s.kind == kind]
+        infos, slots = registry.components(kind), [s for s in (SOURCE, *SLOTS) if s.kind == kind]
         links = ", ".join(f"[`{i.name}`](#{_anchor(kind, i.name)})" for i in infos)
         contents.append(f"- [{kind}](#{kind}): {links}")
         kinds.append(

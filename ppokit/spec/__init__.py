@@ -26,7 +26,6 @@ from ppokit.spec.files import (
 )
 from ppokit.spec.models import (
     CPU_BF16_MIN_PARAMETERS,
-    GENERATED_SOURCES,
     MAX_REWARD_WEIGHT,
     ArithmeticOptions,
     ComponentSpec,
@@ -54,7 +53,6 @@ __all__ = [
     "CPU_BF16_MIN_PARAMETERS",
     "DEMO_SOURCE",
     "DEMO_SPEC",
-    "GENERATED_SOURCES",
     "MAX_REWARD_WEIGHT",
     "MAX_ROUND_POSITIONS",
     "MAX_SPEC_BYTES",
