@@ -37,7 +37,7 @@ import os
 import random
 import re
 import stat
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -45,9 +45,14 @@ from typing import Any, TypedDict, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ppokit.components.prompt_source import (
+    ArithmeticParams,
+    DemoParams,
+    GeneratedSource,
+    PromptSource,
+)
 from ppokit.components.reward import RESERVED_FIELDS
 from ppokit.errors import MissingDependency, UserError, clipped, one_line
-from ppokit.components.prompt_source import ArithmeticParams, DemoParams
 from ppokit.registry import Registry, format_validation_error, get_registry
 from ppokit.spec import DataSpec
 from ppokit.spec.checks import source_problems
@@ -72,70 +77,6 @@ __all__ = [
     "local_source",
     "make_prompt_source",
 ]
-
-
-class PromptSource(ABC):
-    """An endless, deterministic stream of data rows."""
-
-    #: Name stored in the state, checked when a state is loaded.
-    kind: str = ""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = int(seed)
-        self.drawn = 0
-
-    @abstractmethod
-    def row(self, index: int) -> dict[str, Any]:
-        """The ``index``-th row of the stream (0-based), a fresh dict."""
-
-    def next_rows(self, n: int) -> list[dict[str, Any]]:
-        """The next ``n`` rows."""
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        rows = [self.row(self.drawn + i) for i in range(n)]
-        self.drawn += n
-        return rows
-
-    def put_back(self, n: int) -> None:
-        """The last ``n`` rows drawn go back: the next :meth:`next_rows` gives them again
-        (the stream is the same whatever was drawn and put back)."""
-        if not 0 <= n <= self.drawn:
-            raise ValueError(f"cannot put back {n} of {self.drawn} rows drawn")
-        self.drawn -= n
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"source": self.kind, "seed": self.seed, "drawn": self.drawn}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("source") != self.kind:
-            raise UserError(
-                f"the checkpoint's prompt source is {state.get('source')!r}, "
-                f"the spec's is {self.kind!r}"
-            )
-        self.seed = int(state["seed"])
-        self.drawn = int(state["drawn"])
-
-
-class GeneratedSource(PromptSource):
-    """Rows made by ``make_row(rng)``, the rng seeded from ``(seed, row number)``."""
-
-    def __init__(
-        self,
-        seed: int,
-        make_row: Callable[[random.Random], dict[str, Any]],
-        kind: str | None = None,
-    ) -> None:
-        super().__init__(seed)
-        self.make_row = make_row
-        if kind is not None:  # a generator made without a subclass names itself here
-            self.kind = kind
-
-    def row(self, index: int) -> dict[str, Any]:
-        rng = random.Random(f"ppokit:{self.kind}:{self.seed}:{index}")
-        row = self.make_row(rng)
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise UserError(f"the {self.kind} source made a row without a string 'prompt'")
-        return dict(row)
 
 
 class DemoSource(GeneratedSource):

@@ -75,7 +75,7 @@ def _messages(
 
 #: The data section's settings of a table (a data file, a Hub dataset), with the value
 #: that leaves each unset.
-_TABLE_SETTINGS = {"columns": {}, "answer_pattern": None, "config": None, "split": "train"}
+_TABLE_SETTINGS: dict[str, Any] = {"columns": {}, "answer_pattern": None, "config": None, "split": "train"}
 
 
 def _given(data: DataSpec, settings: Iterable[str]) -> list[str]:
@@ -112,7 +112,9 @@ def source_problems(data: DataSpec, prefix: str, registry: Registry) -> list[str
             ]
         return _check_slot(f"{prefix}.options", "prompt_source", comp, registry)[0]
     if data.options:
-        return [f"{prefix}.options: a data file takes no options, got {', '.join(sorted(data.options))}"]
+        return [
+            f"{prefix}.options: a data file takes no options, got {', '.join(sorted(data.options))}"
+        ]
     if form == "file" and data.config is not None:
         return [f"{prefix}: config: applies to a Hub dataset (source: hf:owner/name) only"]
     if form == "file" and re.fullmatch(r"[A-Za-z_]\w*", str(data.source)):
@@ -130,7 +132,11 @@ def _optional_packages(spec: Spec, registry: Registry) -> Iterator[tuple[str, st
         yield "model.lora", "peft", "lora"
     if spec.data.needs_datasets(registry):
         yield "data.source", "datasets", "data"
-    if spec.eval is not None and spec.eval.data is not None and spec.eval.data.needs_datasets(registry):
+    if (
+        spec.eval is not None
+        and spec.eval.data is not None
+        and spec.eval.data.needs_datasets(registry)
+    ):
         yield "eval.data.source", "datasets", "data"
 
 

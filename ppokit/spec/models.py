@@ -10,10 +10,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
-from ppokit.registry import Registry, get_registry
-from ppokit.slots import SLOTS, slot
-from ppokit.spec.sections import HealthSpec, OutputSpec, ParallelSpec
-from ppokit.spec.sections import Strict as _Strict
 from ppokit.components.prompt_source import (
     HUB_DATASET,
     ArithmeticParams,
@@ -22,6 +18,10 @@ from ppokit.components.prompt_source import (
     RowParams,
     answer_pattern_problem,
 )
+from ppokit.registry import Registry, get_registry
+from ppokit.slots import SLOTS, slot
+from ppokit.spec.sections import HealthSpec, OutputSpec, ParallelSpec
+from ppokit.spec.sections import Strict as _Strict
 
 
 class SpecError(ValueError):
@@ -208,9 +208,9 @@ ArithmeticOptions = ArithmeticParams
 _TABLE_SOURCES = ("file", "hf")
 
 
-def _row_field(name: str) -> Any:
+def _row_field(name: str, params: type[BaseModel] = RowParams) -> Any:
     """The data section's field of a table's setting: the one of the table sources' params."""
-    return RowParams.model_fields[name]
+    return params.model_fields[name]
 
 
 class DataSpec(_Strict):
@@ -226,7 +226,7 @@ class DataSpec(_Strict):
         "save_to_disk); or 'hf:owner/name' (a Hub dataset); all but generators and .jsonl "
         "need pip install 'ppokit[data]'",
     )
-    config: str | None = HubParams.model_fields["config"]
+    config: str | None = _row_field("config", HubParams)
     split: str = _row_field("split")
     columns: dict[str, str] = _row_field("columns")
     answer_pattern: str | None = _row_field("answer_pattern")
@@ -255,9 +255,9 @@ class DataSpec(_Strict):
             return PydanticCustomError("data", message.replace("{", "{{").replace("}", "}}"))
 
         source = self.source
-        if isinstance(source, str) and source.startswith("hf:"):
-            if not re.fullmatch(f"hf:{HUB_DATASET}", source):
-                raise error(f"source: a Hub dataset is written hf:owner/name, got {source!r}")
+        hub = isinstance(source, str) and source.startswith("hf:")
+        if hub and not re.fullmatch(f"hf:{HUB_DATASET}", str(source)):
+            raise error(f"source: a Hub dataset is written hf:owner/name, got {source!r}")
         if any(not name or not column for name, column in self.columns.items()):
             raise error("columns: field and column names must not be empty")
         if self.answer_pattern is not None:
@@ -313,7 +313,9 @@ class DataSpec(_Strict):
         if comp.name == "hf":
             return True
         path = comp.params.get("path")
-        return comp.name == "file" and not (isinstance(path, str) and path.lower().endswith(".jsonl"))
+        return comp.name == "file" and not (
+            isinstance(path, str) and path.lower().endswith(".jsonl")
+        )
 
 
 class RolloutSpec(_Strict):

@@ -10,16 +10,17 @@ This module is the torch-free catalogue; the built-ins' code is
 
 from __future__ import annotations
 
+import random
 import re
-from typing import TYPE_CHECKING, Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from pydantic import Field, field_validator, model_validator
 
 from ppokit.catalogue import Component, Params
+from ppokit.errors import UserError
 from ppokit.tasks.demo import SYMBOLS as DEMO_SYMBOLS
-
-if TYPE_CHECKING:
-    from ppokit.data import PromptSource as Stream
 
 __all__ = [
     "ARITHMETIC",
@@ -30,27 +31,93 @@ __all__ = [
     "ArithmeticParams",
     "DemoParams",
     "FileParams",
+    "GeneratedSource",
     "HubParams",
+    "PromptSource",
     "PromptSourceFactory",
     "RowParams",
     "answer_pattern_problem",
 ]
 
 
+class PromptSource(ABC):
+    """An endless, deterministic stream of data rows."""
+
+    #: Name stored in the state, checked when a state is loaded.
+    kind: str = ""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self.drawn = 0
+
+    @abstractmethod
+    def row(self, index: int) -> dict[str, Any]:
+        """The ``index``-th row of the stream (0-based), a fresh dict."""
+
+    def next_rows(self, n: int) -> list[dict[str, Any]]:
+        """The next ``n`` rows."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        rows = [self.row(self.drawn + i) for i in range(n)]
+        self.drawn += n
+        return rows
+
+    def put_back(self, n: int) -> None:
+        """The last ``n`` rows drawn go back: the next :meth:`next_rows` gives them again
+        (the stream is the same whatever was drawn and put back)."""
+        if not 0 <= n <= self.drawn:
+            raise ValueError(f"cannot put back {n} of {self.drawn} rows drawn")
+        self.drawn -= n
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"source": self.kind, "seed": self.seed, "drawn": self.drawn}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("source") != self.kind:
+            raise UserError(
+                f"the checkpoint's prompt source is {state.get('source')!r}, "
+                f"the spec's is {self.kind!r}"
+            )
+        self.seed = int(state["seed"])
+        self.drawn = int(state["drawn"])
+
+
+class GeneratedSource(PromptSource):
+    """Rows made by ``make_row(rng)``, the rng seeded from ``(seed, row number)``."""
+
+    def __init__(
+        self,
+        seed: int,
+        make_row: Callable[[random.Random], dict[str, Any]],
+        kind: str | None = None,
+    ) -> None:
+        super().__init__(seed)
+        self.make_row = make_row
+        if kind is not None:  # a generator made without a subclass names itself here
+            self.kind = kind
+
+    def row(self, index: int) -> dict[str, Any]:
+        rng = random.Random(f"ppokit:{self.kind}:{self.seed}:{index}")
+        row = self.make_row(rng)
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise UserError(f"the {self.kind} source made a row without a string 'prompt'")
+        return dict(row)
+
+
 class PromptSourceFactory(Protocol):
     """``source(seed) -> PromptSource``: the stream of rows for the run's data seed.
 
-    The stream is a :class:`ppokit.data.PromptSource`: ``row(index)`` (a fresh dict, a
+    The stream is a :class:`PromptSource`: ``row(index)`` (a fresh dict, a
     function of the seed and the index only), ``next_rows(n)``, ``put_back(n)``, and
     ``state_dict()`` (JSON-ready, saved in every checkpoint; it names the source and holds
     the seed) with ``load_state_dict(state)``, which resumes the exact sequence of rows. A
-    generator subclasses :class:`ppokit.data.GeneratedSource` (rows made by
+    generator subclasses :class:`GeneratedSource` (rows made by
     ``make_row(rng)``, the rng seeded from the source's name, the seed and the row number),
     a table :class:`ppokit.data.RowSource`. The source is created, and a data file read and
     each of its rows checked, before any model is loaded.
     """
 
-    def __call__(self, seed: int) -> Stream: ...
+    def __call__(self, seed: int) -> PromptSource: ...
 
 
 MODULE = "ppokit.components.prompt_source.impl"
@@ -144,7 +211,7 @@ class RowParams(Params):
         return value
 
 
-class FileParams(RowParams):
+class _Path(Params):
     path: str = Field(
         min_length=1,
         description="a local data file or folder (.jsonl, .json, .parquet, .csv, .arrow, a "
@@ -153,13 +220,21 @@ class FileParams(RowParams):
     )
 
 
-class HubParams(RowParams):
+class _Dataset(Params):
     dataset: str = Field(
         pattern=f"^{HUB_DATASET}$", description="the Hub dataset, owner/name (as in hf:owner/name)"
     )
     config: str | None = Field(
         None, min_length=1, description="the configuration of a Hub dataset (hf: sources)"
     )
+
+
+class FileParams(RowParams, _Path):
+    """The ``file`` source's: its path, then the table's settings."""
+
+
+class HubParams(RowParams, _Dataset):
+    """The ``hf`` source's: the dataset and its configuration, then the table's settings."""
 
 
 DEMO = Component(

@@ -7,17 +7,9 @@ the run's data seed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from ppokit.components.prompt_source import ARITHMETIC, DEMO, FILE, HF
-from ppokit.data import (
-    ArithmeticSource,
-    DemoSource,
-    PromptSource,
-    RowSettings,
-    hub_source,
-    local_source,
-)
+from ppokit.components.prompt_source import ARITHMETIC, DEMO, FILE, HF, PromptSource
+from ppokit.data import ArithmeticSource, DemoSource, RowSettings, hub_source, local_source
 
 
 @DEMO.implementation
@@ -38,9 +30,7 @@ class Arithmetic:
         return ArithmeticSource(seed, self.options)
 
 
-def _rows(
-    shuffle: bool, columns: Mapping[str, str], answer_pattern: str | None
-) -> RowSettings:
+def _rows(shuffle: bool, columns: Mapping[str, str], answer_pattern: str | None) -> RowSettings:
     return {"shuffle": shuffle, "columns": dict(columns), "answer_pattern": answer_pattern}
 
 
