@@ -75,7 +75,12 @@ def _messages(
 
 #: The data section's settings of a table (a data file, a Hub dataset), with the value
 #: that leaves each unset.
-_TABLE_SETTINGS: dict[str, Any] = {"columns": {}, "answer_pattern": None, "config": None, "split": "train"}
+_TABLE_SETTINGS: dict[str, Any] = {
+    "columns": {},
+    "answer_pattern": None,
+    "config": None,
+    "split": "train",
+}
 
 
 def _given(data: DataSpec, settings: Iterable[str]) -> list[str]:
