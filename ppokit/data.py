@@ -1,15 +1,19 @@
 """Prompt sources: where the rows of a run's prompts come from.
 
-``data.source`` in the spec selects one:
+``data.source`` in the spec names a component of kind ``prompt_source``
+(:mod:`ppokit.components.prompt_source`; a plugin may add one), which gives one of the
+streams here, seeded with the run's data seed. The built-ins:
 
 - ``demo``: rows of the built-in demo task (``ppokit.tasks.demo.make_row``);
 - ``arithmetic``: generated arithmetic problems with their exact answers
   (``ppokit.tasks.arithmetic.make_row``);
-- a ``.jsonl`` file: one JSON object per line, read without the ``datasets`` package;
-- any other local data file or folder the ``datasets`` package reads (``.json``,
-  ``.parquet``, ``.csv``, ``.arrow``, a folder of data files, a folder written by
-  ``Dataset.save_to_disk``), with the ``data`` extra (``pip install 'ppokit[data]'``);
-- ``hf:owner/name``: a Hub dataset (``data.config``, ``data.split``), read by ``datasets``.
+- ``file``, a data file or folder (``data.source`` its path): a ``.jsonl`` file, one JSON
+  object per line, read without the ``datasets`` package; any other local data file or
+  folder the ``datasets`` package reads (``.json``, ``.parquet``, ``.csv``, ``.arrow``, a
+  folder of data files, a folder written by ``Dataset.save_to_disk``), with the ``data``
+  extra (``pip install 'ppokit[data]'``);
+- ``hf``, a Hub dataset (``data.source`` ``hf:owner/name``, ``data.config``,
+  ``data.split``), read by ``datasets``.
 
 A data file's rows are cycled through (reshuffled each epoch when ``data.shuffle``) by one
 class, :class:`RowSource`, whichever reader gives the rows, and each goes through
@@ -33,7 +37,7 @@ import os
 import random
 import re
 import stat
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -41,10 +45,17 @@ from typing import Any, TypedDict, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from ppokit.components.prompt_source import (
+    ArithmeticParams,
+    DemoParams,
+    GeneratedSource,
+    PromptSource,
+)
 from ppokit.components.reward import RESERVED_FIELDS
 from ppokit.errors import MissingDependency, UserError, clipped, one_line
-from ppokit.registry import format_validation_error
-from ppokit.spec import ArithmeticOptions, DataSpec, DemoOptions
+from ppokit.registry import Registry, format_validation_error, get_registry
+from ppokit.spec import DataSpec
+from ppokit.spec.checks import source_problems
 
 Options = TypeVar("Options", bound=BaseModel)
 
@@ -57,69 +68,15 @@ __all__ = [
     "JsonlSource",
     "PromptSource",
     "RowMap",
+    "RowSettings",
     "RowSource",
     "hash_files",
+    "hub_source",
     "load_hub_dataset",
     "load_local_dataset",
+    "local_source",
     "make_prompt_source",
 ]
-
-
-class PromptSource(ABC):
-    """An endless, deterministic stream of data rows."""
-
-    #: Name stored in the state, checked when a state is loaded.
-    kind: str = ""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = int(seed)
-        self.drawn = 0
-
-    @abstractmethod
-    def row(self, index: int) -> dict[str, Any]:
-        """The ``index``-th row of the stream (0-based), a fresh dict."""
-
-    def next_rows(self, n: int) -> list[dict[str, Any]]:
-        """The next ``n`` rows."""
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        rows = [self.row(self.drawn + i) for i in range(n)]
-        self.drawn += n
-        return rows
-
-    def put_back(self, n: int) -> None:
-        """The last ``n`` rows drawn go back: the next :meth:`next_rows` gives them again
-        (the stream is the same whatever was drawn and put back)."""
-        if not 0 <= n <= self.drawn:
-            raise ValueError(f"cannot put back {n} of {self.drawn} rows drawn")
-        self.drawn -= n
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"source": self.kind, "seed": self.seed, "drawn": self.drawn}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("source") != self.kind:
-            raise UserError(
-                f"the checkpoint's prompt source is {state.get('source')!r}, "
-                f"the spec's is {self.kind!r}"
-            )
-        self.seed = int(state["seed"])
-        self.drawn = int(state["drawn"])
-
-
-class GeneratedSource(PromptSource):
-    """Rows made by ``make_row(rng)``, the rng seeded from ``(seed, row number)``."""
-
-    def __init__(self, seed: int, make_row: Callable[[random.Random], dict[str, Any]]) -> None:
-        super().__init__(seed)
-        self.make_row = make_row
-
-    def row(self, index: int) -> dict[str, Any]:
-        rng = random.Random(f"ppokit:{self.kind}:{self.seed}:{index}")
-        row = self.make_row(rng)
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise UserError(f"the {self.kind} source made a row without a string 'prompt'")
-        return dict(row)
 
 
 class DemoSource(GeneratedSource):
@@ -130,7 +87,7 @@ class DemoSource(GeneratedSource):
     def __init__(self, seed: int, options: dict[str, Any]) -> None:
         from ppokit.tasks.demo import make_row
 
-        settings = _options(DemoOptions, options)
+        settings = _options(DemoParams, options)
         super().__init__(seed, lambda rng: make_row(rng, settings.symbols, settings.turns))
 
 
@@ -152,7 +109,7 @@ class ArithmeticSource(GeneratedSource):
     def __init__(self, seed: int, options: dict[str, Any]) -> None:
         from ppokit.tasks.arithmetic import make_row
 
-        settings = _options(ArithmeticOptions, options)
+        settings = _options(ArithmeticParams, options)
         super().__init__(seed, lambda rng: make_row(rng, settings))
 
 
@@ -350,7 +307,10 @@ class RowSource(PromptSource):
 
 
 # ----------------------------------------------------------------------- JSONL
-_NOT_FOUND = "data.source is 'demo', 'arithmetic', a data file or folder, or hf:owner/name"
+_NOT_FOUND = (
+    "data.source is a prompt source's name (ppokit list prompt_source), a data file or "
+    "folder, or hf:owner/name"
+)
 
 
 #: The largest JSONL file read (it is read whole; larger data: a format ``datasets`` reads,
@@ -626,41 +586,26 @@ class DatasetSource(RowSource):
 
 
 # ---------------------------------------------------------------------- factory
-class _RowSettings(TypedDict):
-    """The data section's settings that every data file's source takes."""
+class RowSettings(TypedDict):
+    """The settings that every table's source takes (a data file's, a Hub dataset's)."""
 
     shuffle: bool
     columns: Mapping[str, str] | None
     answer_pattern: str | None
 
 
-def make_prompt_source(data_spec: DataSpec, seed: int) -> PromptSource:
-    """The prompt source ``data_spec.source`` names, seeded with ``seed``.
+def hub_source(
+    seed: int, name: str, config: str | None, split: str, rows: RowSettings
+) -> PromptSource:
+    """The rows of the Hub dataset ``name`` (``hf:name``), seeded with ``seed``."""
+    dataset = load_hub_dataset(name, config, split)
+    label = _hub_label(name, config, split)
+    return DatasetSource(seed, dataset, fingerprint=dataset._fingerprint, label=label, **rows)
 
-    A data file or dataset is read, and each of its rows checked, here: a missing column, a
-    bad row or a missing ``datasets`` package is a UserError before any model is loaded.
-    """
-    options = dict(data_spec.options)
-    source = data_spec.source
-    if source == "demo":
-        return DemoSource(seed, options)
-    if source == "arithmetic":
-        return ArithmeticSource(seed, options)
-    if options:
-        raise UserError(
-            f"data.options: a data file takes no options, got {', '.join(sorted(options))}"
-        )  # a validated spec never gets here
-    rows: _RowSettings = {
-        "shuffle": data_spec.shuffle,
-        "columns": data_spec.columns,
-        "answer_pattern": data_spec.answer_pattern,
-    }
-    split = data_spec.split
-    if source.startswith("hf:"):
-        name = source[3:]
-        dataset = load_hub_dataset(name, data_spec.config, split)
-        label = _hub_label(name, data_spec.config, split)
-        return DatasetSource(seed, dataset, fingerprint=dataset._fingerprint, label=label, **rows)
+
+def local_source(seed: int, source: str, split: str, rows: RowSettings) -> PromptSource:
+    """The rows of the local data file or folder ``source``, seeded with ``seed``: a
+    ``.jsonl`` file read by :class:`JsonlSource`, anything else by ``datasets``."""
     path = Path(source).expanduser()
     if path.suffix.lower() == ".jsonl" and not path.is_dir():
         if split != "train":
@@ -678,3 +623,29 @@ def make_prompt_source(data_spec: DataSpec, seed: int) -> PromptSource:
         raise UserError(f"data file not found: {path} ({_NOT_FOUND}){hint}")
     dataset, fingerprint = load_local_dataset(path, split)
     return DatasetSource(seed, dataset, fingerprint=fingerprint, label=str(path), **rows)
+
+
+def make_prompt_source(
+    data_spec: DataSpec, seed: int, registry: Registry | None = None
+) -> PromptSource:
+    """The stream of the prompt source ``data_spec.source`` names (a component of kind
+    ``prompt_source``: :meth:`DataSpec.prompt_source`), seeded with ``seed``.
+
+    A data file or dataset is read, and each of its rows checked, here: a missing column, a
+    bad row or a missing ``datasets`` package is a UserError before any model is loaded.
+    """
+    registry = registry or get_registry()
+    problems = source_problems(data_spec, "data", registry)
+    if problems:
+        raise UserError("; ".join(problems).replace("Value error, ", ""))
+    comp = data_spec.prompt_source(registry)
+    info = registry.info("prompt_source", comp.name)
+    model = info.validate(comp.params)  # valid: source_problems said so
+    values = {k: getattr(model, k) for k in type(model).model_fields}
+    stream = info.load()(**values)(seed)
+    if not isinstance(stream, PromptSource):
+        raise UserError(
+            f"data.source: prompt_source {comp.name!r} gave a {type(stream).__name__}, not a "
+            "ppokit.data.PromptSource"
+        )
+    return stream

@@ -34,7 +34,7 @@ from rich.text import Text
 from ppokit.catalogue import Variant
 from ppokit.errors import UserError, printable
 from ppokit.registry import BUILTIN_PLUGIN, KINDS, ComponentInfo, Registry, build_registry
-from ppokit.slots import FIELDS, SLOTS, Slot
+from ppokit.slots import FIELDS, SLOTS, SOURCE, Slot
 from ppokit.spec import DEFAULT_TASK, ComponentSpec, Spec, compose, validate_spec
 
 __all__ = ["ParamRow", "builtin_registry", "generate", "method_registry", "param_rows"]
@@ -306,7 +306,7 @@ def _component(info: ComponentInfo, slot: Slot) -> str:
 def components_md(root: Path) -> str:
     registry, contents, kinds = builtin_registry(), [], []
     for kind in KINDS:
-        infos, slots = registry.components(kind), [s for s in SLOTS if s.kind == kind]
+        infos, slots = registry.components(kind), [s for s in (SOURCE, *SLOTS) if s.kind == kind]
         links = ", ".join(f"[`{i.name}`](#{_anchor(kind, i.name)})" for i in infos)
         contents.append(f"- [{kind}](#{kind}): {links}")
         kinds.append(

@@ -1,7 +1,8 @@
 """JSON Schema of the spec, built from the installed registry.
 
 Each component slot accepts one of the registered names of its kind as a string, or an
-object ``{name: <const>, ...that component's parameters}`` that admits no other keys. A
+object ``{name: <const>, ...that component's parameters}`` that admits no other keys
+(``data.source`` any string: a data file's path and ``hf:owner/name`` are sources too). A
 component with a required parameter is accepted only in the object form. The rest of the
 schema comes from the pydantic :class:`ppokit.spec.Spec` model.
 
@@ -15,7 +16,7 @@ import copy
 from typing import Any
 
 from ppokit.registry import KINDS, ComponentInfo, Registry, RegistryError, get_registry
-from ppokit.slots import SLOTS
+from ppokit.slots import SLOTS, SOURCE
 from ppokit.spec import Spec
 
 __all__ = ["component_schema", "spec_schema"]
@@ -95,6 +96,16 @@ def _replace_slot(schema: dict[str, Any], path: str, kind: str) -> None:
         holder["properties"][slot] = {**keep, **ref}
 
 
+def _replace_source(schema: dict[str, Any]) -> None:
+    """Point ``data.source`` (and so ``eval.data.source``) at the prompt sources' definition,
+    beside any other string (a data file's path, ``hf:owner/name``)."""
+    holder = schema["$defs"][_ref_of(schema["properties"][SOURCE.section or ""])]
+    prop = holder["properties"][SOURCE.key]
+    keep = {k: v for k, v in prop.items() if k in ("default", "description", "title")}
+    ref = {"$ref": f"#/$defs/{_def_name(SOURCE.kind)}"}
+    holder["properties"][SOURCE.key] = {**keep, "anyOf": [{"type": "string", "minLength": 1}, ref]}
+
+
 def _ref_of(prop: dict[str, Any]) -> str:
     """The definition name a property refers to (directly or through ``anyOf`` with null)."""
     candidates = [prop, *prop.get("anyOf", [])]
@@ -113,6 +124,7 @@ def spec_schema(registry: Registry | None = None) -> dict[str, Any]:
         defs[_def_name(kind)] = component_schema(kind, registry, defs)
     for s in SLOTS:
         _replace_slot(schema, s.path, s.kind)
+    _replace_source(schema)
     for unused in ("ComponentSpec", "RewardSpec"):
         defs.pop(unused, None)
     schema["if"] = _NO_ENVIRONMENT

@@ -6,6 +6,8 @@ the generated docs all read these two tables:
 
 - :data:`SLOTS`: path in the spec, kind, default component, symbol and description of each
   slot, in the order a PPO round uses them;
+- :data:`SOURCE`: the same for ``data.source``, the prompt source, which no slot of SLOTS
+  holds (its own forms: a data file's path, ``hf:owner/name``);
 - :data:`FIELDS`: the optional :class:`~ppokit.batch.RolloutBatch` fields a component may
   declare in ``requires``, with their shape and dtype (``ppokit.batch`` builds its checks
   from them) and what the spec must hold for the trainer to fill them.
@@ -23,7 +25,7 @@ from typing import Any, Literal
 #: read it: named here, not imported).
 Spec = Any
 
-__all__ = ["FIELDS", "KINDS", "SLOTS", "BatchField", "Slot", "field", "slot"]
+__all__ = ["FIELDS", "KINDS", "SLOTS", "SOURCE", "BatchField", "Slot", "field", "slot"]
 
 
 @dataclass(frozen=True)
@@ -217,8 +219,22 @@ SLOTS: tuple[Slot, ...] = (
 
 _BY_PATH = {s.path: s for s in SLOTS}
 
+#: Where the spec names its prompt source (kind ``prompt_source``): ``data.source``, which
+#: besides a component's name or mapping takes a data file's path or ``hf:owner/name``, with
+#: the data section's settings; no slot of :data:`SLOTS` (those are components of a round's
+#: objective and rollout, which the trainer assembles).
+SOURCE = Slot(
+    "data.source",
+    "prompt_source",
+    "demo",
+    "D",
+    "where the prompts come from: a registered source, a data file or folder, or a Hub "
+    "dataset; the run draws each round's prompts from it, seeded and resumable",
+    label="prompt source",
+)
+
 #: The component kinds of docs/design.md, in the order a round first uses them.
-KINDS: tuple[str, ...] = tuple(dict.fromkeys(s.kind for s in SLOTS))
+KINDS: tuple[str, ...] = tuple(dict.fromkeys(s.kind for s in (SOURCE, *SLOTS)))
 
 
 def slot(path: str) -> Slot:

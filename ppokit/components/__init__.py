@@ -22,6 +22,7 @@ from ppokit.components.group_filter import GroupFilter
 from ppokit.components.kl_estimator import KLEstimator
 from ppokit.components.policy_loss import PolicyLoss
 from ppokit.components.position_mask import PositionMask
+from ppokit.components.prompt_source import PromptSourceFactory
 from ppokit.components.prompt_weight import PromptWeight
 from ppokit.components.regression_loss import RegressionLoss
 from ppokit.components.reward import Reward
@@ -41,6 +42,7 @@ __all__ = [
     "KLEstimator",
     "PolicyLoss",
     "PositionMask",
+    "PromptSourceFactory",
     "PromptWeight",
     "RegressionLoss",
     "Reward",

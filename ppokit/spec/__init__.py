@@ -37,7 +37,6 @@ from ppokit.spec.files import (
 )
 from ppokit.spec.models import (
     CPU_BF16_MIN_PARAMETERS,
-    GENERATED_SOURCES,
     MAX_REWARD_WEIGHT,
     ArithmeticOptions,
     ComponentSpec,
@@ -66,7 +65,6 @@ __all__ = [
     "DEFAULT_TASK",
     "DEMO_SOURCE",
     "DEMO_SPEC",
-    "GENERATED_SOURCES",
     "MAX_REWARD_WEIGHT",
     "MAX_ROUND_POSITIONS",
     "MAX_SPEC_BYTES",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, get_args
 
@@ -16,6 +18,7 @@ from pydantic import (
 
 from ppokit.catalogue import Component
 from ppokit.registry import (
+    BUILTIN_PLUGIN,
     ComponentInfo,
     Registry,
     RegistryError,
@@ -26,7 +29,7 @@ from ppokit.registry import (
 )
 from ppokit.slots import FIELDS, SLOTS
 from ppokit.spec.files import MAX_SPEC_DEPTH, MAX_SPEC_NODES, measure
-from ppokit.spec.models import GENERATED_SOURCES, ComponentSpec, RewardSpec, Spec, SpecError
+from ppokit.spec.models import ComponentSpec, DataSpec, RewardSpec, Spec, SpecError
 from ppokit.spec.references import resolve_references
 
 #: Response positions a round may hold (B x max_new_tokens): each needs several float32
@@ -71,15 +74,75 @@ def _messages(
     return lines
 
 
-def _optional_packages(spec: Spec) -> Iterator[tuple[str, str, str]]:
+#: The data section's settings of a table (a data file, a Hub dataset), with the value
+#: that leaves each unset.
+_TABLE_SETTINGS: dict[str, Any] = {
+    "columns": {},
+    "answer_pattern": None,
+    "config": None,
+    "split": "train",
+}
+
+
+def _given(data: DataSpec, settings: Iterable[str]) -> list[str]:
+    """The settings of ``settings`` that ``data`` sets (to other than their unset value)."""
+    unset = {**_TABLE_SETTINGS, "options": {}, "shuffle": True}
+    return [k for k in settings if getattr(data, k) != unset[k]]
+
+
+def source_problems(data: DataSpec, prefix: str, registry: Registry) -> list[str]:
+    """``path: message`` lines of what is wrong with the prompt source of the data section
+    at ``prefix`` (``data``, ``eval.data``): its name, its parameters (``data.source.<param>``
+    for a mapping, ``data.options.<param>`` for a name with options) and the section's
+    settings that do not apply to it. Its packages and its entry's check are not run."""
+    form = data.form(registry)
+    comp = data.prompt_source(registry)
+    if form == "mapping":
+        stray = _given(data, (*_TABLE_SETTINGS, "shuffle", "options"))
+        if stray:
+            return [
+                f"{prefix}: {', '.join(stray)}: with source a mapping, the source's "
+                f"parameters go in it ({prefix}.source.<parameter>)"
+            ]
+        lines, _ = _check_slot(f"{prefix}.source", "prompt_source", comp, registry)
+        return lines
+    if form == "name":
+        unused = _given(data, _TABLE_SETTINGS)
+        if unused:
+            verb = "applies" if len(unused) == 1 else "apply"
+            builtin = registry.info("prompt_source", comp.name).plugin == BUILTIN_PLUGIN
+            what = f"built-in {comp.name!r} generator" if builtin else f"source {comp.name!r}"
+            return [
+                f"{prefix}: {', '.join(unused)}: {verb} to a data file or dataset, not to the "
+                f"{what}"
+            ]
+        return _check_slot(f"{prefix}.options", "prompt_source", comp, registry)[0]
+    if data.options:
+        return [
+            f"{prefix}.options: a data file takes no options, got {', '.join(sorted(data.options))}"
+        ]
+    if form == "file" and data.config is not None:
+        return [f"{prefix}: config: applies to a Hub dataset (source: hf:owner/name) only"]
+    if form == "file" and re.fullmatch(r"[A-Za-z_]\w*", str(data.source)):
+        close = suggest(str(data.source), registry.names("prompt_source"))
+        if close and not os.path.exists(str(data.source)):
+            return [f"{prefix}.source: no prompt source nor data file {data.source!r}{close}"]
+    return []
+
+
+def _optional_packages(spec: Spec, registry: Registry) -> Iterator[tuple[str, str, str]]:
     """(spec path, package, ppokit extra) of each optional package the spec uses."""
     for i, tracker in enumerate(spec.output.report_to):
         yield f"output.report_to.{i}", tracker, tracker
     if spec.model.lora is not None:
         yield "model.lora", "peft", "lora"
-    if spec.data.needs_datasets():
+    if spec.data.needs_datasets(registry):
         yield "data.source", "datasets", "data"
-    if spec.eval is not None and spec.eval.data is not None and spec.eval.data.needs_datasets():
+    if (
+        spec.eval is not None
+        and spec.eval.data is not None
+        and spec.eval.data.needs_datasets(registry)
+    ):
         yield "eval.data.source", "datasets", "data"
 
 
@@ -137,6 +200,22 @@ def _entry_check(
         return [f"{path}: the check of {kind} {comp.name!r} failed: {exc!r}"]
 
 
+def _entry_needs(
+    path: str, kind: str, comp: ComponentSpec, spec: Spec, registry: Registry
+) -> list[str]:
+    """The lines of the packages a registered component's entry needs that are missing,
+    else of its entry's own ``check``."""
+    entry = registry.info(kind, comp.name).entry
+    missing = [
+        f"{path}: needs the package {package!r}, which is not installed: {install}"
+        for package, install in entry.packages
+        if importlib.util.find_spec(package) is None
+    ]
+    if entry.check is not None and not missing:
+        return _entry_check(path, kind, comp, entry, spec, registry)
+    return missing
+
+
 def _check_components(spec: Spec, registry: Registry) -> list[str]:
     errors: list[str] = []
     for path, kind, comp in spec.slots():
@@ -161,34 +240,24 @@ def _check_components(spec: Spec, registry: Registry) -> list[str]:
         e = spec.eval
         tokens = e.max_new_tokens or spec.rollout.max_new_tokens
         errors.extend(_too_large("eval", "an evaluation", e.prompts * (e.samples + 1), tokens))
-    try:
-        spec.data.generator_options()
-    except ValidationError as err:
-        errors.extend(
-            _messages(
-                err, "data.options", lambda _loc: GENERATED_SOURCES[spec.data.source].model_fields
-            )
-        )
-    except ValueError as exc:
-        errors.append(f"data.options: {exc}")
-    for path, package, extra in _optional_packages(spec):
+    sections = [("data", spec.data)]
+    if spec.eval is not None and spec.eval.data is not None and spec.eval.data != spec.data:
+        sections.append(("eval.data", spec.eval.data))
+    for prefix, data in sections:
+        problems = source_problems(data, prefix, registry)
+        errors.extend(problems)
+        comp = data.prompt_source(registry)
+        if not problems and registry.has("prompt_source", comp.name):
+            errors.extend(_entry_needs(f"{prefix}.source", "prompt_source", comp, spec, registry))
+    for path, package, extra in _optional_packages(spec, registry):
         if importlib.util.find_spec(package) is None:
             errors.append(
                 f"{path}: needs the package {package!r}, which is not installed: "
                 f"pip install 'ppokit[{extra}]'"
             )
     for path, kind, comp in spec.slots():  # the packages and the check an entry declares
-        entry = registry.info(kind, comp.name).entry if registry.has(kind, comp.name) else None
-        if entry is None:
-            continue
-        missing = [
-            f"{path}: needs the package {package!r}, which is not installed: {install}"
-            for package, install in entry.packages
-            if importlib.util.find_spec(package) is None
-        ]
-        errors.extend(missing)
-        if entry.check is not None and not missing:
-            errors.extend(_entry_check(path, kind, comp, entry, spec, registry))
+        if registry.has(kind, comp.name):
+            errors.extend(_entry_needs(path, kind, comp, spec, registry))
     if ro.max_staleness and ro.filter.name != "none":
         errors.append(
             f"rollout.filter: dynamic sampling ({ro.filter.name}) decides during a round how "

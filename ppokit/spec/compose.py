@@ -34,7 +34,7 @@ import yaml
 
 from ppokit.catalogue import Variant
 from ppokit.registry import COMPONENT_NAME, Registry, RegistryError, get_registry, suggest
-from ppokit.slots import SLOTS, slot
+from ppokit.slots import SLOTS, SOURCE, slot
 from ppokit.spec.checks import validate_spec
 from ppokit.spec.files import read_spec_file
 from ppokit.spec.models import Spec, SpecError
@@ -58,7 +58,8 @@ NAMED = ("variant", "task")
 
 
 def _slot_paths() -> frozenset[str]:
-    return frozenset(s.path for s in SLOTS)
+    """The paths whose value is one component (the prompt source's included)."""
+    return frozenset(s.path for s in (SOURCE, *SLOTS))
 
 
 @dataclass
@@ -97,7 +98,7 @@ def _merge(
         path = f"{at}.{key}" if at else str(key)
         old = base.get(key)
         if path in slots and old is None and isinstance(value, dict) and "name" not in value:
-            old = slot(path).default  # parameters of the slot's default component
+            old = (SOURCE if path == SOURCE.path else slot(path)).default  # its default
         same = isinstance(value, dict) and value.get("name", _name_of(old)) == _name_of(old)
         if path in slots and isinstance(old, (str, dict)) and same:
             component = {"name": old} if isinstance(old, str) else dict(old)

@@ -10,11 +10,18 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
+from ppokit.components.prompt_source import (
+    HUB_DATASET,
+    ArithmeticParams,
+    DemoParams,
+    HubParams,
+    RowParams,
+    answer_pattern_problem,
+)
 from ppokit.registry import Registry, get_registry
 from ppokit.slots import SLOTS, slot
 from ppokit.spec.sections import HealthSpec, OutputSpec, ParallelSpec
 from ppokit.spec.sections import Strict as _Strict
-from ppokit.tasks.demo import SYMBOLS as DEMO_SYMBOLS
 
 
 class SpecError(ValueError):
@@ -192,88 +199,47 @@ class ModelSpec(_Strict):
     )
 
 
-class DemoOptions(_Strict):
-    """Options of the built-in ``demo`` source."""
+#: The options of the built-in generators, by their older names.
+DemoOptions = DemoParams
+ArithmeticOptions = ArithmeticParams
 
-    symbols: str = Field(
-        DEMO_SYMBOLS, min_length=1, max_length=256, description="the symbols a prompt may show"
-    )
-    turns: int = Field(
-        1,
-        ge=1,
-        le=64,
-        description="more than 1: each row also has 'symbols', one drawn symbol per turn (the "
-        "first is the prompt's), for the echo environment",
-    )
+#: The names a string ``data.source`` never names as a registered source: those sources
+#: take a path (``file``) or a dataset (``hf``), which the string itself is.
+_TABLE_SOURCES = ("file", "hf")
 
 
-class ArithmeticOptions(_Strict):
-    """Options of the built-in ``arithmetic`` source."""
-
-    ops: str = Field(
-        "+-*", pattern=r"^[-+*/]+$", description="operators drawn from, characters of '+-*/'"
-    )
-    min_value: int = Field(0, ge=-(10**9), le=10**9, description="smallest operand")
-    max_value: int = Field(99, ge=-(10**9), le=10**9, description="largest operand")
-    terms: int = Field(2, ge=2, le=64, description="operands per problem")
-
-    @model_validator(mode="after")
-    def _range(self) -> ArithmeticOptions:
-        if self.min_value > self.max_value:
-            raise ValueError(
-                f"min_value ({self.min_value}) must not exceed max_value ({self.max_value})"
-            )
-        if "/" in self.ops and self.min_value == self.max_value == 0:
-            raise ValueError("division needs a non-zero value in [min_value, max_value]")
-        return self
-
-
-#: The built-in prompt generators and the models of their options.
-GENERATED_SOURCES: dict[str, type[BaseModel]] = {
-    "demo": DemoOptions,
-    "arithmetic": ArithmeticOptions,
-}
+def _row_field(name: str, params: type[BaseModel] = RowParams) -> Any:
+    """The data section's field of a table's setting: the one of the table sources' params."""
+    return params.model_fields[name]
 
 
 class DataSpec(_Strict):
     """Where the prompts come from, and how a data file's rows become ppokit rows."""
 
-    source: str = Field(
+    source: Annotated[str, Field(min_length=1)] | ComponentSpec = Field(
         "demo",
-        min_length=1,
-        description="'demo', 'arithmetic', a local data file or folder (.jsonl, .json, "
-        ".parquet, .csv, .arrow, a folder of data files or one written by save_to_disk) "
-        "or 'hf:owner/name' (a Hub dataset); all but 'demo', 'arithmetic' and .jsonl need "
-        "pip install 'ppokit[data]'",
+        union_mode="left_to_right",
+        description="the prompt source: a registered one's name, its parameters in options "
+        "('demo', 'arithmetic', a plugin's: ppokit list prompt_source), or a mapping {name: "
+        "..., its parameters} as for every component; a local data file or folder (.jsonl, "
+        ".json, .parquet, .csv, .arrow, a folder of data files or one written by "
+        "save_to_disk); or 'hf:owner/name' (a Hub dataset); all but generators and .jsonl "
+        "need pip install 'ppokit[data]'",
     )
-    config: str | None = Field(
-        None, min_length=1, description="the configuration of a Hub dataset (hf: sources)"
-    )
-    split: str = Field(
-        "train",
-        min_length=1,
-        description="the split to read: of a Hub dataset or of a folder with several splits",
-    )
-    columns: dict[str, str] = Field(
-        default_factory=dict,
-        description="ppokit field -> the data's column, e.g. {prompt: question, answer: "
-        "final}; other columns keep their names",
-    )
-    answer_pattern: str | None = Field(
-        None,
-        description="regular expression with one group that extracts the gold answer from "
-        "the answer column (GSM8K: '####\\s*(.+)$')",
-    )
+    config: str | None = _row_field("config", HubParams)
+    split: str = _row_field("split")
+    columns: dict[str, str] = _row_field("columns")
+    answer_pattern: str | None = _row_field("answer_pattern")
     chat_template: bool = Field(False, description="wrap prompts in the tokenizer's chat template")
     system_prompt: str | None = Field(
         None, description="system message placed before each prompt (with chat_template)"
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
-        description="options of the built-in prompt generator (demo: symbols; arithmetic: "
-        "ops, min_value, max_value, terms)",
+        description="the parameters of the prompt source named by source (demo: symbols, "
+        "turns; arithmetic: ops, min_value, max_value, terms; docs/components.md#prompt_source)",
     )
-    shuffle: bool = Field(True, description="shuffle the rows of a data file each epoch")
+    shuffle: bool = _row_field("shuffle")
     long_prompts: Literal["error", "truncate"] = Field(
         "error",
         description="a prompt whose tokens plus max_new_tokens exceed the model's context: "
@@ -289,53 +255,67 @@ class DataSpec(_Strict):
             return PydanticCustomError("data", message.replace("{", "{{").replace("}", "}}"))
 
         source = self.source
-        if source.startswith("hf:") and not re.fullmatch(r"hf:[\w.-]+(/[\w.-]+)?", source):
+        hub = isinstance(source, str) and source.startswith("hf:")
+        if hub and not re.fullmatch(f"hf:{HUB_DATASET}", str(source)):
             raise error(f"source: a Hub dataset is written hf:owner/name, got {source!r}")
         if any(not name or not column for name, column in self.columns.items()):
             raise error("columns: field and column names must not be empty")
         if self.answer_pattern is not None:
-            try:
-                groups = re.compile(self.answer_pattern).groups
-            except re.error as exc:
-                raise error(f"answer_pattern: not a regular expression: {exc}") from None
-            if groups != 1:
-                raise error(
-                    "answer_pattern: needs exactly one capturing group, the answer "
-                    f"(use (?:...) for the others), got {groups}"
-                )
-        if source in GENERATED_SOURCES:
-            unused = [k for k in ("columns", "answer_pattern", "config") if getattr(self, k)]
-            unused += ["split"] if self.split != "train" else []
-            if unused:
-                verb = "applies" if len(unused) == 1 else "apply"
-                raise error(
-                    f"{', '.join(unused)}: {verb} to a data file or dataset, not to the built-in "
-                    f"{source!r} generator"
-                )
-        elif self.config is not None and not source.startswith("hf:"):
-            raise error("config: applies to a Hub dataset (source: hf:owner/name) only")
+            problem = answer_pattern_problem(self.answer_pattern)
+            if problem is not None:
+                raise error(f"answer_pattern: {problem}")
         return self
 
-    def generator_options(self) -> BaseModel | None:
-        """The validated options of a built-in generator (None for a data file).
+    @property
+    def label(self) -> str:
+        """The source as the run's messages name it: a string source, or its name."""
+        return self.source if isinstance(self.source, str) else self.source.name
 
-        Raises ValidationError for bad options, ValueError for options of a data file.
-        """
-        model = GENERATED_SOURCES.get(self.source)
-        if model is None:
-            if self.options:
-                raise ValueError(
-                    "a data file takes no options, got " + ", ".join(sorted(self.options))
-                )
-            return None
-        return model.model_validate(self.options)
+    def form(self, registry: Registry | None = None) -> Literal["mapping", "name", "hf", "file"]:
+        """How ``source`` names its prompt source: a mapping, a registered source's name
+        (not ``file`` nor ``hf``: a path of that name is a path), ``hf:owner/name``, or the
+        path of a data file or folder."""
+        source = self.source
+        if not isinstance(source, str):
+            return "mapping"
+        if source.startswith("hf:"):
+            return "hf"
+        registry = registry or get_registry()
+        if source not in _TABLE_SOURCES and registry.has("prompt_source", source):
+            return "name"
+        return "file"
 
-    def needs_datasets(self) -> bool:
-        """Whether reading ``source`` needs the ``datasets`` package (the ``data`` extra):
-        every source but the built-in generators and ``.jsonl`` files."""
-        if self.source in GENERATED_SOURCES:
-            return False
-        return self.source.startswith("hf:") or not self.source.lower().endswith(".jsonl")
+    def prompt_source(self, registry: Registry | None = None) -> ComponentSpec:
+        """The prompt source this section names, as a component (name and parameters): the
+        mapping as written; a registered source's name with ``options``; ``hf`` or ``file``
+        with this section's table settings."""
+        form = self.form(registry)
+        if isinstance(self.source, ComponentSpec):
+            return self.source
+        if form == "name":
+            return ComponentSpec.model_construct(name=self.source, params=dict(self.options))
+        rows = {
+            "split": self.split,
+            "columns": dict(self.columns),
+            "answer_pattern": self.answer_pattern,
+            "shuffle": self.shuffle,
+        }
+        if form == "hf":
+            params = {"dataset": self.source[3:], "config": self.config, **rows}
+            return ComponentSpec.model_construct(name="hf", params=params)
+        return ComponentSpec.model_construct(name="file", params={"path": self.source, **rows})
+
+    def needs_datasets(self, registry: Registry | None = None) -> bool:
+        """Whether reading the source needs the ``datasets`` package (the ``data`` extra):
+        a Hub dataset, or a data file or folder other than a ``.jsonl`` file (another
+        source states its packages in its catalogue entry)."""
+        comp = self.prompt_source(registry)
+        if comp.name == "hf":
+            return True
+        path = comp.params.get("path")
+        return comp.name == "file" and not (
+            isinstance(path, str) and path.lower().endswith(".jsonl")
+        )
 
 
 class RolloutSpec(_Strict):

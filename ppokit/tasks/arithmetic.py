@@ -4,7 +4,7 @@ Each prompt is ``"What is 3 + (-4) * 7? Put the final answer in \\boxed{}."``: `
 integers drawn uniformly from ``[min_value, max_value]`` joined by operators drawn from
 ``ops``, with ``*`` and ``/`` binding tighter; the answer is the exact value (``a/b`` when a
 division leaves a fraction), which the ``math_verify`` reward checks. The options and their
-defaults are :class:`~ppokit.spec.ArithmeticOptions` (``data.options``).
+defaults are :class:`~ppokit.components.prompt_source.ArithmeticParams` (``data.options``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import random
 from fractions import Fraction
 from typing import Any
 
-from ppokit.spec import ArithmeticOptions
+from ppokit.components.prompt_source import ArithmeticParams
 
 __all__ = ["INSTRUCTION", "evaluate", "make_row"]
 
@@ -48,11 +48,11 @@ def evaluate(numbers: list[int], ops: list[str]) -> Fraction:
     return total + sign * term
 
 
-def make_row(rng: random.Random, options: ArithmeticOptions | None = None) -> dict[str, Any]:
+def make_row(rng: random.Random, options: ArithmeticParams | None = None) -> dict[str, Any]:
     """One problem: ``{"prompt", "answer", "expression"}``; the answer is exact (``a/b``
     when a division leaves a fraction). ``options``: ``data.options`` (defaults: those of
-    :class:`~ppokit.spec.ArithmeticOptions`)."""
-    o = options if options is not None else ArithmeticOptions()
+    :class:`~ppokit.components.prompt_source.ArithmeticParams`)."""
+    o = options if options is not None else ArithmeticParams()
     ops, min_value, max_value, terms = o.ops, o.min_value, o.max_value, o.terms
     chosen = [rng.choice(ops) for _ in range(terms - 1)]
     numbers = [rng.randint(min_value, max_value)]

@@ -403,7 +403,7 @@ def _rounds(
     world = distributed.world()
     models = setup.models
     state = State.create(spec, models)
-    display.step(f"reading the prompts ({spec.data.source})")
+    display.step(f"reading the prompts ({spec.data.label})")
     source = make_prompt_source(spec.data, spec.seed)
     log = MetricsLog(out, write=world.main)
     start = 0
