@@ -79,7 +79,7 @@ def test_generated_plugin_installs_and_passes_its_tests(plugin_venv: Venv, tmp_p
     plugin_venv.install(root)
     tests = plugin_venv.run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=root)
     assert tests.returncode == 0, tests.stdout[-3000:]
-    assert "5 passed" in tests.stdout
+    assert "6 passed" in tests.stdout
     listed = plugin_venv.ppokit("list", "advantage", "--json", PPOKIT_LOAD_PLUGINS="scaffolded")
     assert listed.returncode == 0, listed.stderr
     assert names_of(json.loads(listed.stdout), "advantage")["scaffolded_centered"] == "scaffolded"

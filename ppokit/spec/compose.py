@@ -9,7 +9,8 @@ before it:
 - a mapping merges key by key; any other value (a list, a number, ``null``) replaces;
 - a component slot is one value: a new name replaces the component and its parameters; a
   mapping with the same name, or with no name, changes only the parameters it gives
-  (``policy: {loss: {clip_high: 0.3}}`` keeps the variant's loss);
+  (``policy: {loss: {clip_high: 0.3}}`` keeps the variant's loss; with no component from a
+  layer before it, a mapping needs its name);
 - a variant and a task that set the same value are an error naming both: neither wins
   silently;
 - a variant may extend another (``base``): the base's settings first, then its own.
@@ -34,7 +35,7 @@ import yaml
 
 from ppokit.catalogue import Variant
 from ppokit.registry import COMPONENT_NAME, Registry, RegistryError, get_registry, suggest
-from ppokit.slots import SLOTS, SOURCE, slot
+from ppokit.slots import SLOTS, SOURCE
 from ppokit.spec.checks import validate_spec
 from ppokit.spec.files import read_spec_file
 from ppokit.spec.models import Spec, SpecError
@@ -97,8 +98,6 @@ def _merge(
     for key, value in layer.items():
         path = f"{at}.{key}" if at else str(key)
         old = base.get(key)
-        if path in slots and old is None and isinstance(value, dict) and "name" not in value:
-            old = (SOURCE if path == SOURCE.path else slot(path)).default  # its default
         same = isinstance(value, dict) and value.get("name", _name_of(old)) == _name_of(old)
         if path in slots and isinstance(old, (str, dict)) and same:
             component = {"name": old} if isinstance(old, str) else dict(old)

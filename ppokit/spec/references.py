@@ -46,10 +46,11 @@ def _default(path: str) -> Any:
     """The value ``path`` has in a spec that sets nothing (KeyError if it names none)."""
     node: Any = Spec()
     for part in path.split("."):
-        if not hasattr(node, "model_fields") or part not in type(node).model_fields:
+        fields = getattr(type(node), "model_fields", None)
+        if fields is None or part not in fields:
             raise KeyError(path)
         node = getattr(node, part)
-    if hasattr(node, "model_fields"):
+    if getattr(type(node), "model_fields", None) is not None:
         raise KeyError(path)
     return node
 

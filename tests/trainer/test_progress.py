@@ -18,7 +18,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from ppokit.cli import app
-from ppokit.spec import validate_spec
+from ppokit.spec import load_spec, validate_spec
 from ppokit.trainer import train
 from ppokit.trainer.display import CONSOLE_WIDTH, Display, console_width, summary_table
 from ppokit.trainer.models import _gguf_progress
@@ -187,7 +187,7 @@ def test_print_spec_shows_the_spec_that_would_run() -> None:
     data = yaml.safe_load(result.stdout)
     spec = validate_spec(data)
     assert spec.train.rounds == 7 and spec.advantage.name == "gae"
-    assert spec.train.actor_lr == yaml.safe_load(DEMO.read_text())["train"]["actor_lr"]
+    assert spec.train.actor_lr == load_spec(DEMO).train.actor_lr
     other = CliRunner().invoke(app, ["train", str(DEMO), "--print-spec", "--out", "runs/y"])
     assert validate_spec(yaml.safe_load(other.stdout)).output.dir == "runs/y"
     smoke = CliRunner().invoke(app, ["train", str(DEMO), "--print-spec", "--smoke"])
