@@ -22,8 +22,9 @@ from ppokit.spec import (
     Spec,
     SpecError,
     apply_overrides,
+    compose,
     read_demo_spec,
-    read_spec_file,
+    spec_mapping,
     validate_spec,
 )
 
@@ -52,6 +53,14 @@ def _is_run_folder(path: Path) -> bool:
     if not path.is_dir() or (path / "config.json").is_file():
         return False
     return has_checkpoint(path) or (path / "spec.yaml").is_file()
+
+
+def _composed(data: dict[str, Any], source: str | None) -> dict[str, Any]:
+    """A spec's mapping with its variant and task merged in (:func:`ppokit.spec.compose`)."""
+    try:
+        return compose(data).data
+    except SpecError as exc:
+        raise SpecError(exc.errors, source=source) from None
 
 
 def _finish_spec(data: dict[str, Any], overrides: list[str], source: str | None) -> Spec:
@@ -91,7 +100,7 @@ def load_target(
 
     overrides = list(overrides or [])
     source = str(spec_path) if spec_path is not None else None
-    base = read_spec_file(spec_path) if spec_path is not None else None
+    base = _composed(spec_mapping(spec_path), source) if spec_path is not None else None
     path = Path(target).expanduser()
     if _is_run_folder(path):
         from ppokit.runfolder import has_checkpoint, read_run_spec
@@ -107,7 +116,7 @@ def load_target(
         spec = _finish_spec(data, overrides, source or str(folder / "spec.yaml"))
         return EvalTarget(spec, "run", str(path), folder, round_no)
     if target in ("tiny", SMOLLM2) or (path.is_dir() and (path / "config.json").is_file()):
-        data = copy.deepcopy(base) if base is not None else read_demo_spec()
+        data = copy.deepcopy(base) if base is not None else _composed(read_demo_spec(), DEMO_SOURCE)
         model = dict(data.get("model") or {})
         model["actor"] = target if target in ("tiny", SMOLLM2) else str(path)
         data["model"] = model

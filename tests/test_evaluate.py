@@ -388,3 +388,18 @@ def test_the_loop_evaluates_at_the_start_and_every_n_rounds(tmp_path) -> None:
     start = history[0]
     assert start["round"] == 0 and start["reward_mean"] is None  # an evaluation only
     assert (out / "curves.png").is_file()
+
+
+def test_a_spec_that_names_a_variant_and_task_is_composed_for_eval(tmp_path: Path) -> None:
+    """The packaged demo (variant ppo_demo, task demo) and a spec file naming a variant and a
+    task give eval the task's reward, data and generation length."""
+    from ppokit.evaluate import load_target
+
+    demo = load_target("tiny").spec
+    assert (demo.variant, demo.task, demo.rollout.max_new_tokens) == ("ppo_demo", "demo", 4)
+    assert [r.name for r in demo.reward] == ["demo"]
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text("variant: grpo\ntask: arithmetic\n")
+    spec = load_target("tiny", spec_file).spec
+    assert spec.rollout.max_new_tokens == 256 and spec.data.source == "arithmetic"
+    assert [r.name for r in spec.reward] == ["math_verify"]
