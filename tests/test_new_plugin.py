@@ -96,3 +96,30 @@ def test_generated_plugin_installs_and_passes_its_tests(plugin_venv: Venv, tmp_p
         "train", "scaffolded_centered_grpo", "--smoke", PPOKIT_LOAD_PLUGINS="scaffolded"
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
+    checked = plugin_venv.ppokit("check", "scaffolded", PPOKIT_LOAD_PLUGINS="scaffolded")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "advantage/scaffolded_centered contract: held" in checked.stdout
+
+
+def test_check_fails_a_broken_copy_of_the_scaffold(plugin_venv: Venv, tmp_path: Path) -> None:
+    """The same scaffold with its advantage returned in float64: the contract fails, with the
+    counterexample, and nothing else of the check breaks."""
+    result = CliRunner().invoke(app, ["new-plugin", "brokencopy", "--dir", str(tmp_path)])
+    assert result.exit_code == 0, result.stderr
+    code = tmp_path / "ppokit-brokencopy" / "ppokit_brokencopy" / "advantage.py"
+    text = code.read_text()
+    assert "return broadcast_rows(adv, batch.response_mask)" in text
+    code.write_text(
+        text.replace(
+            "broadcast_rows(adv, batch.response_mask)",
+            "broadcast_rows(adv, batch.response_mask).double()",
+        )
+    )
+    plugin_venv.install(tmp_path / "ppokit-brokencopy")
+    try:
+        checked = plugin_venv.ppokit("check", "brokencopy", PPOKIT_LOAD_PLUGINS="brokencopy")
+    finally:
+        plugin_venv.run(["-m", "pip", "uninstall", "-y", "-q", "ppokit-brokencopy"])
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "advantage/brokencopy_centered contract: failed" in checked.stdout
+    assert "float64" in checked.stdout and "Traceback" not in checked.stdout + checked.stderr
