@@ -47,7 +47,7 @@ from ppokit.compare import render as cmp_render
 from ppokit.compare import runs as cmp_runs
 from ppokit.compare.summary import summarize
 from ppokit.errors import UserError
-from ppokit.spec import load_spec
+from ppokit.spec import SpecError, load_spec
 from ppokit.stats import mean_ci95
 from tests.helpers import ROOT
 
@@ -290,6 +290,23 @@ def test_plan_and_command(tmp_path: Path) -> None:
     assert train_command(plans[5], [])[-1] == "--overwrite"
     tail = train_command(plans[2], [])[-2:]
     assert "--overwrite" not in tail and "--resume" not in tail
+
+
+def test_variant_names_are_specs_of_a_sweep(tmp_path: Path) -> None:
+    """``ppokit compare grpo dapo --task arithmetic``: each name a spec (its run folder named
+    after it), the task given to each, and each run's command names the variant again."""
+    sweeps = prepare_specs([Path("grpo"), Path("dapo")], ["task=arithmetic", "train.rounds=3"])
+    assert [s.name for s in sweeps] == ["grpo", "dapo"]
+    assert [(s.spec.variant, s.spec.task) for s in sweeps] == [
+        ("grpo", "arithmetic"),
+        ("dapo", "arithmetic"),
+    ]
+    assert sweeps[1].spec.rollout.filter.name == "informative"
+    plan = plan_run(sweeps[0], 0, tmp_path / "sweep")
+    assert train_command(plan, ["task=arithmetic"])[:5] == python_command(["train", "grpo"])
+    with pytest.raises(SpecError) as err:
+        prepare_specs([Path("grpoo")], [])
+    assert "no spec file, variant or task of that name" in str(err.value)
 
 
 # ---------------------------------------------------------------------- summary
