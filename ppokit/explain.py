@@ -86,6 +86,15 @@ def _rollout(w: _Writer, spec: Spec, source: str | None) -> None:
             named[named.index(f"{word} {name}")] += ": " + w.registry.entry(word, name).title
     for text in named:
         w.line(text)
+    comp = spec.data.prompt_source(w.registry)
+    known = w.registry.has("prompt_source", comp.name)
+    prompts = (
+        describe_component(comp, w.registry.info("prompt_source", comp.name))
+        if known
+        else comp.name
+    )
+    template = ", in the tokenizer's chat template" if spec.data.chat_template else ""
+    w.line(f"prompts: {prompts} (data.source){template}")
     w.line(
         f"model {spec.model.actor!r}; each round samples {r.n} response(s) for each of "
         f"{r.prompts_per_round} prompts (up to {r.max_new_tokens} new tokens, "
