@@ -16,6 +16,9 @@ from ppokit.runfolder import (
 )
 from ppokit.stats import mean_ci95
 
+#: The line styles of the arms, in turn (solid, dashed, dotted, dash-dot, dash-dot-dot).
+LINE_STYLES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))
+
 
 def fmt(x: float | None, digits: int = 3) -> str:
     """A number for a table: ``-`` when missing, ``digits`` significant digits."""
@@ -158,8 +161,10 @@ def figure(records: Sequence[RunRecord], summary: Mapping[str, Any], title: str 
         from matplotlib import colormaps
 
         colours = [colormaps["tab20"](i % 20) for i in range(n_specs)]
+    # a line style as well as a colour: arms whose curves overlap stay apart
+    styles = [LINE_STYLES[i % len(LINE_STYLES)] for i in range(n_specs)]
     for ax, key in zip(axes, keys, strict=True):
-        for colour, g in zip(colours, summary["specs"], strict=True):
+        for colour, style, g in zip(colours, styles, summary["specs"], strict=True):
             runs = [r for r in finished if r.group == g["name"]]
             xs, means, lows, highs, counts = _curve(runs, key)
             if not xs:
@@ -168,6 +173,7 @@ def figure(records: Sequence[RunRecord], summary: Mapping[str, Any], title: str 
                 xs,
                 means,
                 color=colour,
+                linestyle=style,
                 linewidth=1.5,
                 marker="." if len(xs) <= 30 else None,
                 label=f"{g['label']} ({_seeds(counts)})",

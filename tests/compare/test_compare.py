@@ -419,6 +419,18 @@ def test_plot_band_stays_within_the_seeds_values() -> None:
     ]
 
 
+def test_overlapping_arms_differ_in_line_style_as_well_as_colour() -> None:
+    """Two arms with the same curve (GRPO and DAPO on the demo can be that close) are still
+    told apart: each has a line style of its own."""
+    same = [[0.1, 0.5, 0.9]]
+    records = [*_records("grpo", same), *_records("dapo", same), *_records("rloo", same)]
+    fig = cmp_render.figure(records, summarize(records, 0.9))
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 3
+    assert len({line.get_linestyle() for line in lines}) == 3
+    assert len({str(line.get_color()) for line in lines}) == 3
+
+
 def test_plot_legend_counts_seeds_per_round() -> None:
     """A run shorter than the others: the curve rests on 2 seeds at some rounds, 3 at others."""
     records = _records("g", [[0.1, 0.2, 0.3], [0.2, 0.3, 0.4], [0.3]])
