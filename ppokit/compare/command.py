@@ -35,7 +35,7 @@ from ppokit.compare.runs import (
     train_command,
 )
 from ppokit.compare.scheduler import execute, last_line
-from ppokit.compare.summary import RunRecord
+from ppokit.compare.summary import RunRecord, signs_text
 from ppokit.errors import UserError, error_lines, fail
 from ppokit.metrics_table import ROUND
 from ppokit.runfolder import (
@@ -272,7 +272,8 @@ def _print_table(summary: Mapping[str, Any]) -> None:
 
     evals = summary["eval_metrics"]
     table = Table(box=None, pad_edge=False)
-    for col in ("spec", "finished", "failed", "final reward", *evals, "rounds to thr", "wall s"):
+    columns = ("spec", "finished", "failed", "final reward", *evals, "rounds to thr", "wall s")
+    for col in (*columns, "health signs"):
         table.add_column(col, justify="left" if col == "spec" else "right")
     for g in summary["specs"]:
         rt = g["rounds_to_threshold"]
@@ -284,5 +285,6 @@ def _print_table(summary: Mapping[str, Any]) -> None:
             *(fmt_stat(g["eval"][k]) for k in evals),
             f"{fmt(rt['mean'])} ({rt['reached']}/{rt['of']})",
             fmt_stat(g["wall_time_s"]),
+            escape(signs_text(g.get("signs", {}), g["finished"])),
         )
     Console(highlight=False, soft_wrap=True, width=console_width()).print(table)

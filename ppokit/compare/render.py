@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ppokit.compare.runs import PLOT, SUMMARY_JSON, SUMMARY_MD
-from ppokit.compare.summary import RunRecord, is_number, summarize, trim
+from ppokit.compare.summary import RunRecord, is_number, signs_text, summarize, trim
 from ppokit.metrics_table import REWARD, ROUND, THROUGHPUT, metric
 from ppokit.runfolder import (
     write_atomic,
@@ -55,6 +55,7 @@ def render_markdown(summary: Mapping[str, Any], title: str = "ppokit compare") -
         f"rounds to reward ≥ {thr:g} (reached)",
         "wall time s",
         "tokens/s",
+        "health signs (runs)",
     ]
     lines = [f"# {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in summary["specs"]:
@@ -69,6 +70,7 @@ def render_markdown(summary: Mapping[str, Any], title: str = "ppokit compare") -
             f"{fmt(rt['mean'])} ({rt['reached']}/{rt['of']})",
             fmt_stat(g["wall_time_s"]),
             fmt_stat(g[THROUGHPUT]),
+            signs_text(g.get("signs", {}), g["finished"]),
         ]
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     lines += [
@@ -80,12 +82,14 @@ def render_markdown(summary: Mapping[str, Any], title: str = "ppokit compare") -
         f"rounds to reward ≥ {thr:g}: the first round whose `reward_mean` reaches it, mean over "
         "the runs that reached it (how many of the finished runs did). wall time: Σ "
         "`time_round` of a run; tokens/s: a run's mean `tokens_per_s`; both mean ± 95% CI over "
-        "runs.",
+        "runs. health signs: each sign of docs/health.md that fired in a finished run, and in "
+        "how many (its rounds: the run's `metrics.jsonl`, `health/<sign>`).",
         "",
         "## Runs",
         "",
-        "| spec | seed | status | rounds | final reward | wall time s | error | folder |",
-        "|---|---|---|---|---|---|---|---|",
+        "| spec | seed | status | rounds | final reward | wall time s | health signs | error "
+        "| folder |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for g in summary["specs"]:
         for r in g["runs"]:
@@ -96,6 +100,7 @@ def render_markdown(summary: Mapping[str, Any], title: str = "ppokit compare") -
                 str(r.get("rounds", 0)),
                 fmt(r.get("final_reward")),
                 fmt(r.get("wall_time_s")),
+                ", ".join(r.get("signs", [])) or "-",
                 r["error"] or "",
                 r["dir"],
             ]

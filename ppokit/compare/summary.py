@@ -14,6 +14,7 @@ from ppokit.compare.runs import FINAL_WINDOW, SECTION_NAME_SLOT
 from ppokit.metrics_table import ACCURACY, EVAL_PREFIX, REWARD, ROUND, ROUND_TIME, THROUGHPUT
 from ppokit.slots import SLOTS
 from ppokit.stats import mean_ci95
+from ppokit.trainer.health import PREFIX as HEALTH
 
 
 # ---------------------------------------------------------------------- components, labels
@@ -188,6 +189,7 @@ def run_metrics(history: Sequence[Mapping[str, Any]], threshold: float) -> dict[
         {k for h in hist for k, v in h.items() if k.startswith(EVAL_PREFIX) and is_number(v)}
     )
     return {
+        "signs": fired(hist),
         "rounds": hist[-1][ROUND] if hist else 0,
         "final_reward": _final(hist, REWARD),
         "eval": {k: _final(hist, k) for k in evals},
@@ -195,6 +197,19 @@ def run_metrics(history: Sequence[Mapping[str, Any]], threshold: float) -> dict[
         "wall_time_s": math.fsum(h[ROUND_TIME] for h in hist if is_number(h.get(ROUND_TIME))),
         THROUGHPUT: math.fsum(tps) / len(tps) if tps else None,
     }
+
+
+def fired(history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The health signs (docs/health.md) that fired in any round of a run, sorted: the
+    ``health/<sign>`` keys its records hold with a true value."""
+    return sorted(
+        {k[len(HEALTH) :] for h in history for k, v in h.items() if k.startswith(HEALTH) and v}
+    )
+
+
+def signs_text(signs: Mapping[str, int], runs: int) -> str:
+    """``constant_reward (2/5), entropy (1/5)``: each sign and in how many runs it fired."""
+    return ", ".join(f"{s} ({n}/{runs})" for s, n in signs.items()) or "-"
 
 
 def trim(history: Sequence[dict[str, Any]], rounds: int | None) -> list[dict[str, Any]]:
@@ -271,6 +286,11 @@ def summarize(
                     "values": reached,
                 },
                 "wall_time_s": _stat([p["wall_time_s"] for p in done]),
+                # each health sign that fired, and in how many of the finished runs
+                "signs": {
+                    s: sum(s in p["signs"] for p in done)
+                    for s in sorted({s for p in done for s in p["signs"]})
+                },
                 THROUGHPUT: _stat([p[THROUGHPUT] for p in done if p[THROUGHPUT] is not None]),
                 "runs": per_run,
             }

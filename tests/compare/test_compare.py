@@ -419,6 +419,21 @@ def test_plot_band_stays_within_the_seeds_values() -> None:
     ]
 
 
+def test_each_arms_health_signs_are_in_the_summary() -> None:
+    """A sign that fired in a run shows in its arm's row (in how many runs) and in the run's."""
+    records = _records("grpo", [[0.1, 0.2, 0.3], [0.1, 0.2, 0.3]]) + _records("dapo", [[0.5]])
+    records[0].history[1]["health/constant_reward"] = 1.0
+    records[0].history[2]["health/entropy"] = 1.0
+    records[1].history[2]["health/entropy"] = 1.0
+    summary = summarize(records, 0.9)
+    grpo, dapo = summary["specs"]
+    assert grpo["signs"] == {"constant_reward": 1, "entropy": 2} and dapo["signs"] == {}
+    assert [r["signs"] for r in grpo["runs"]] == [["constant_reward", "entropy"], ["entropy"]]
+    text = cmp_render.render_markdown(summary)
+    assert "constant_reward (1/2), entropy (2/2)" in text
+    assert "| constant_reward, entropy |" in text
+
+
 def test_overlapping_arms_differ_in_line_style_as_well_as_colour() -> None:
     """Two arms with the same curve (GRPO and DAPO on the demo can be that close) are still
     told apart: each has a line style of its own."""
