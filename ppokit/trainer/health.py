@@ -21,7 +21,8 @@ from typing import Any
 
 from ppokit.spec import HealthSpec
 
-__all__ = ["PREFIX", "SIGNS", "Fired", "Sign", "check", "condition", "fired_signs", "warning"]
+__all__ = ["NO_SIGNAL", "PREFIX", "SIGNS", "Fired", "Sign", "check", "condition", "fired_signs"]
+__all__ += ["solved", "warning"]
 
 #: The key of a sign in a round's record: ``health/<sign>``.
 PREFIX = "health/"
@@ -106,6 +107,24 @@ def condition(
     return value if holds else None
 
 
+#: The signs of a round with nothing to learn from, which a solved task also shows.
+NO_SIGNAL = ("constant_reward", "zero_variance")
+
+
+def solved(record: Record, history: Sequence[Record], health: HealthSpec) -> bool:
+    """Whether ``record``'s round looks solved rather than without signal: every response
+    scored the same (``reward_std`` below ``health.constant_reward``, 1e-6 when that sign is
+    off), and that score is the best ``reward_mean`` of the run so far and above its first
+    round's (the reward rose to it). Then the signs of :data:`NO_SIGNAL` stay quiet."""
+    std = _number(record.get("reward_std"))
+    value = _number(record.get("reward_mean"))
+    bound = health.constant_reward if health.constant_reward is not None else 1e-6
+    if std is None or value is None or std >= bound:
+        return False
+    means = [m for r in _trained(history) if (m := _number(r.get("reward_mean"))) is not None]
+    return bool(means) and value > means[0] and value >= max(means)
+
+
 def check(record: Record, history: Sequence[Record], health: HealthSpec) -> list[Fired]:
     """The signs that fire on ``record``, the round just run, given the records before it
     (``history``, oldest first; round 0 is skipped): each whose condition held on it and on
@@ -113,12 +132,13 @@ def check(record: Record, history: Sequence[Record], health: HealthSpec) -> list
     round before (the condition held exactly ``health.rounds`` rounds in a row)."""
     if not health.enabled:
         return []
+    quiet = NO_SIGNAL if solved(record, history, health) else ()
     recent = history[-(health.rounds + health.grad_window + 1) :]  # round 0 included
     before = _trained(recent)[-(health.rounds + health.grad_window) :]
     rounds = [*before, record]
     fired = []
     for sign in SIGNS:
-        value = condition(sign, record, before, health)
+        value = None if sign.name in quiet else condition(sign, record, before, health)
         if value is None:
             continue
         streak = 1

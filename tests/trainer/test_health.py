@@ -82,6 +82,40 @@ def test_a_sign_fires_after_its_rounds_in_a_row_and_starts_once() -> None:
     assert health_line(history[:5]) == ""
 
 
+def _rewards(means: list[float], std_from: int) -> list[dict[str, Any]]:
+    """Training records with these reward means; every response alike from ``std_from``
+    (1-based) on, as when each group's responses all score the same."""
+    return [
+        {
+            "round": i,
+            "reward_mean": m,
+            "reward_std": 0.0 if i >= std_from else 0.3,
+            "rollout/zero_variance_groups": 1.0 if i >= std_from else 0.2,
+        }
+        for i, m in enumerate(means, start=1)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("means", "std_from", "quiet"),
+    [
+        ([0.2, 0.5, 0.9, 1.0, 1.0, 1.0], 4, True),  # rose to its best and stays: solved
+        ([1.0, 1.0, 1.0, 1.0], 1, False),  # never moved: no signal
+        ([0.0, 0.0, 0.0, 0.0], 1, False),  # never moved, at 0
+        ([0.3, 0.6, 0.0, 0.0, 0.0], 3, False),  # fell to a constant: broken, not solved
+        ([0.2, 0.9, 0.7, 0.7, 0.7], 3, False),  # constant below its best round
+    ],
+)
+def test_a_solved_task_is_told_apart_from_no_signal(
+    means: list[float], std_from: int, quiet: bool
+) -> None:
+    records = _rewards(means, std_from)
+    health = _health(rounds=2)
+    fired = {f.sign.name for f in check(records[-1], records[:-1], health)}
+    no_signal = {"constant_reward", "zero_variance"}
+    assert (not (fired & no_signal)) if quiet else no_signal <= fired
+
+
 def test_the_warning_names_the_metric_the_setting_and_the_page() -> None:
     health = _health(rounds=5)
     entropy = next(s for s in SIGNS if s.name == "entropy")
