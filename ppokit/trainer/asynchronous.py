@@ -170,8 +170,9 @@ class AsyncRollouts:
         sample, n = self.setup.sample, self.setup.spec.rollout.n
         common: dict[str, Any] = dict(rows=job.rows, version=job.version, sampler=self.sampler)
         ro = sample(job.round, job.formatted, n, **common)
-        greedy = sample(job.round, job.formatted, 1, greedy=True, **common)
-        return Generated(ro, greedy if self.baseline else None)
+        if not self.baseline:  # nothing reads a greedy baseline: none is generated
+            return Generated(ro)
+        return Generated(ro, sample(job.round, job.formatted, 1, greedy=True, **common))
 
     def round(self, state: State, round_no: int, train_actor: bool) -> RoundResult:
         """Round ``round_no`` (1-based) on its batch generated ahead, the trainer holding

@@ -120,6 +120,30 @@ def test_an_asynchronous_run_with_episodes_remax_and_evaluation(tmp_path) -> Non
     assert not (out / "checkpoint" / "ahead").exists()  # nothing after the last round
 
 
+def test_an_asynchronous_run_generates_no_greedy_batch_that_nothing_reads(
+    tmp_path, monkeypatch
+) -> None:
+    """Without a component that reads a greedy baseline (GRPO), each round of an
+    asynchronous run calls the engine once: for its sampled batch, never for a greedy one it
+    would throw away (which would also advance a stateful environment)."""
+    from ppokit.trainer.boundary import CheckedEngine
+
+    calls: list[bool] = []
+    generate = CheckedEngine.generate
+
+    def counted(self, ids, attn, sampling):  # type: ignore[no-untyped-def]
+        calls.append(bool(sampling.greedy))
+        return generate(self, ids, attn, sampling)
+
+    monkeypatch.setattr(CheckedEngine, "generate", counted)
+    spec = small_spec(
+        tmp_path / "run", "rollout.max_staleness=1", "train.rounds=3", "advantage=grpo",
+        "critic=null", "policy.correction=token_tis",
+    )  # fmt: skip
+    assert train(spec)["rounds"] == 3
+    assert calls == [False, False, False]
+
+
 def test_the_spec_refuses_dynamic_sampling_and_warns_without_a_correction(tmp_path) -> None:
     with pytest.raises(SpecError) as err:
         small_spec(tmp_path, "rollout.max_staleness=1", "rollout.filter=informative")
