@@ -14,8 +14,8 @@ import torch
 from ppokit.explain import explain
 from ppokit.spec import SpecError, spec_warnings
 from ppokit.trainer import train
-from ppokit.trainer.asynchronous import AsyncRollouts
 from ppokit.trainer.metrics import read_metrics
+from ppokit.trainer.producers import Asynchronous
 from ppokit.trainer.prompts import format_prompts
 from tests.helpers.trainer import demo_rows, learner, small_spec
 
@@ -43,10 +43,10 @@ def test_a_stale_batch_was_sampled_by_the_weights_one_update_earlier(tmp_path, e
     actor = lrn.models.actor
     assert lrn.engine.engine.model is not actor  # the engine samples from a copy of its own
     weights = {0: copy.deepcopy(actor)}  # version -> the actor's weights after that many updates
-    rollouts = AsyncRollouts(lrn.setup, _draw(lrn), start=0)
+    rollouts = Asynchronous(lrn.setup, _draw(lrn), start=0)
     try:
         for k in range(1, 5):
-            result = rollouts.round(lrn.state, k, train_actor=True)
+            result = lrn.round_of(rollouts, k)
             ro = result.data.rollout
             version = max(0, k - 2)
             assert ro.version is not None and ro.version.tolist() == [version] * len(ro.version)
