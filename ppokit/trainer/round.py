@@ -5,9 +5,11 @@
    :mod:`~ppokit.trainer.episodes`);
 2. **score** the decoded responses and **filter** their groups (``rollout.filter``): steps 1
    and 2 repeat on more prompts until ``prompts_per_round`` groups have passed
-   (:mod:`~ppokit.trainer.groups`, at most ``rollout.max_generation_batches`` batches); then
-   the rewards of a greedy baseline response per kept prompt, when a component requires
-   ``baseline_rewards``;
+   (:mod:`~ppokit.trainer.producers.filling`, at most ``rollout.max_generation_batches``
+   batches); then the rewards of a greedy baseline response per kept prompt, when a
+   component requires ``baseline_rewards``. Steps 1 and 2 are a producer's
+   (:mod:`~ppokit.trainer.producers`, one per schedule): :func:`run_round` is given their
+   result and runs steps 3 to 5;
 3. **forward passes** at the weights that sampled, without gradients: log π_old (unless the
    engine's log μ serves, ``rollout.logp_old``), the critic's values V_old, log π_ref;
 4. **estimate** on the whole round (gathered on several processes): truncation rule, KL in
@@ -17,7 +19,8 @@
    token budget, :mod:`~ppokit.trainer.microbatches`, which step 3's passes use too) and one
    clipped optimizer step per model (:mod:`~ppokit.trainer.optim`); none when step 4 found
    a NaN;
-6. **sync**: the engine follows the updated policy.
+6. **sync**: the engine follows the updated policy (the producer's
+   :meth:`~ppokit.trainer.producers.base.Producer.trained`, as its schedule says).
 
 It works on the run's two objects (:mod:`~ppokit.trainer.setup`): the :class:`Setup` a spec
 assembled once and the :class:`State` the rounds change.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from ppokit.trainer.producers.schedule import Job, Ready, Schedule, version_of
 
 

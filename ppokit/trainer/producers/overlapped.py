@@ -83,7 +83,7 @@ class Overlapped(Inline):
             return
         passed = counts.get("passed") if isinstance(counts, dict) else None
         drawn = counts.get("drawn") if isinstance(counts, dict) else None
-        if not (type(passed) is int and type(drawn) is int and 0 <= passed and 0 <= drawn):
+        if not (type(passed) is int and type(drawn) is int and passed >= 0 and drawn >= 0):
             raise UserError(f"checkpoint: the lookahead's counts are malformed ({counts!r})")
         self.lookahead = Lookahead(passed, drawn)
 
