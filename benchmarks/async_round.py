@@ -39,9 +39,9 @@ from benchmarks.round import make_learner
 from benchmarks.trl_grpo import LONG
 from ppokit.data import make_prompt_source
 from ppokit.spec import load_spec
-from ppokit.trainer.asynchronous import AsyncRollouts
 from ppokit.trainer.loop import cpu_cores
 from ppokit.trainer.metrics import read_once
+from ppokit.trainer.producers import Asynchronous, Inline, starting_with
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.round import run_round
 from ppokit.trainer.setup import Setup
@@ -97,7 +97,7 @@ def main() -> None:
         load_spec(args.spec, [*base, "rollout.max_staleness=1", f"rollout.engine_threads={split}"])
     )
     draw = _draw(sync[0])
-    rollouts = AsyncRollouts(stale[0], _draw(stale[0]), start=0, threads=split)
+    rollouts = Asynchronous(stale[0], _draw(stale[0]), start=0, threads=split)
     spec = sync[0].spec
     r = spec.rollout
     print(
@@ -114,14 +114,18 @@ def main() -> None:
             SET_THREADS(args.sync_threads)
             begin = time.perf_counter()
             batch, formatted = draw()
-            result = run_round(sync[0], sync[1], batch, formatted, round_no=i + 1)
+            producer = Inline(sync[0], starting_with(batch, formatted), refills=False)
+            result = run_round(sync[0], sync[1], producer.next(i + 1), round_no=i + 1)
+            result.timings.update(producer.trained(i + 1))
             values = read_once(result.metrics)
             sync_s = time.perf_counter() - begin
             sync_gen = result.timings["time_generate"]
 
             SET_THREADS(split)
             begin = time.perf_counter()
-            stale_result = rollouts.round(stale[1], i + 1, train_actor=True)
+            made = rollouts.next(i + 1)
+            stale_result = run_round(stale[0], stale[1], made, round_no=i + 1)
+            stale_result.timings.update(rollouts.trained(i + 1))
             stale_values = read_once(stale_result.metrics)
             middle = time.perf_counter()
             rollouts.schedule.pending()  # the next round's batch, generated beside this one

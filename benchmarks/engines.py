@@ -40,6 +40,7 @@ from benchmarks.round import make_learner
 from ppokit.data import make_prompt_source
 from ppokit.spec import load_spec
 from ppokit.trainer.metrics import read_once
+from ppokit.trainer.producers import Inline, starting_with
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.round import run_round
 
@@ -90,7 +91,9 @@ def rounds(args: argparse.Namespace) -> None:
         formatted = format_prompts(rows, tokenizer, spec.data)
         for name, (setup, state) in learners.items():
             begin = time.perf_counter()
-            result = run_round(setup, state, rows, formatted, round_no=i + 1)
+            producer = Inline(setup, starting_with(rows, formatted), refills=False)
+            result = run_round(setup, state, producer.next(i + 1), round_no=i + 1)
+            result.timings.update(producer.trained(i + 1))
             metrics = read_once(result.metrics)
             total = time.perf_counter() - begin
             t = result.timings

@@ -52,6 +52,7 @@ from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.logprobs import position_ids
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.models import Models, autocast, build_models, trunk_of
+from ppokit.trainer.producers import Inline, starting_with
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.rollout import eos_ids
 from ppokit.trainer.round import run_round
@@ -80,7 +81,10 @@ def ppokit_round(
     """One ppokit round (as the training loop runs it); seconds per phase and in total."""
     setup, state = learner
     begin = clock()
-    result = run_round(setup, state, rows, formatted, round_no=state.round + 1)
+    round_no = state.round + 1
+    producer = Inline(setup, starting_with(rows, formatted), refills=False)
+    result = run_round(setup, state, producer.next(round_no), round_no=round_no)
+    result.timings.update(producer.trained(round_no))
     read_once(result.metrics)
     total = clock() - begin
     times = {p: result.timings.get(f"time_{p}", 0.0) for p in PHASES}

@@ -160,6 +160,7 @@ def _ppokit_worker(args: argparse.Namespace, name: str, conn: Any) -> None:
     from ppokit.trainer.assembly import Assembly
     from ppokit.trainer.metrics import read_once
     from ppokit.trainer.models import build_models
+    from ppokit.trainer.producers import Inline, starting_with
     from ppokit.trainer.prompts import format_prompts
     from ppokit.trainer.round import run_round
     from ppokit.trainer.setup import Setup, State
@@ -178,7 +179,9 @@ def _ppokit_worker(args: argparse.Namespace, name: str, conn: Any) -> None:
         rows = batches[command]
         formatted = format_prompts(rows, models.tokenizer, spec.data)
         begin = time.perf_counter()
-        result = run_round(setup, state, rows, formatted, round_no=command + 1)
+        producer = Inline(setup, starting_with(rows, formatted), refills=False)
+        result = run_round(setup, state, producer.next(command + 1), round_no=command + 1)
+        result.timings.update(producer.trained(command + 1))
         metrics = read_once(result.metrics)
         row = {"step": time.perf_counter() - begin}
         row.update({p: result.timings.get(f"time_{p}", 0.0) for p in PHASES})

@@ -121,11 +121,36 @@ def test_the_import_graph_has_no_cycle_for_type_checking_either() -> None:
 
 
 def test_nothing_below_the_round_imports_it() -> None:
-    """The round module is the recipe: the steps it calls know nothing of it; the loop and
-    the asynchronous rounds (which run it on batches generated ahead) are above it."""
+    """The round module is the recipe: the steps it calls know nothing of it; the loop,
+    which runs it on what a producer made, is above it."""
     graph = _graph(type_only=True)
     users = sorted(m for m, edges in graph.items() if "ppokit.trainer.round" in edges)
-    assert users == ["ppokit.trainer.asynchronous", "ppokit.trainer.loop"]
+    assert users == ["ppokit.trainer.loop"]
+
+
+#: The package of the schedules that make a round's batch (docs/design.md, "Producers").
+PRODUCERS = "ppokit.trainer.producers"
+#: Who may import it from outside: the loop (which picks the run's producer and drives it)
+#: and the round (the type of what it trains on, from ``producers.base`` alone).
+PRODUCER_USERS = {"ppokit.trainer.loop": None, "ppokit.trainer.round": {f"{PRODUCERS}.base"}}
+
+
+def test_only_the_loop_and_the_round_import_the_producers() -> None:
+    """A schedule is a producer module: nothing else in the trainer knows how a batch was
+    made (the round imports the type of what it trains on, nothing more), and no producer
+    imports the round or the loop."""
+    graph = _graph(type_only=True)
+    inside = {m for m in graph if m == PRODUCERS or m.startswith(f"{PRODUCERS}.")}
+    for module, edges in graph.items():
+        if module in inside:
+            assert not edges & {"ppokit.trainer.round", "ppokit.trainer.loop"}, module
+            continue
+        used = edges & inside
+        if not used:
+            continue
+        assert module in PRODUCER_USERS, f"{module} imports {sorted(used)}"
+        allowed = PRODUCER_USERS[module]
+        assert allowed is None or used <= allowed, f"{module} imports {sorted(used)}"
 
 
 def test_a_cycle_is_found() -> None:
@@ -228,7 +253,7 @@ BOUND_MODULES = ("concurrent", "multiprocessing")
 BOUND_CALLS = ("setitimer", "alarm", "dump_traceback_later")
 #: The asynchronous schedule's generation thread: it waits on futures of its own, never
 #: under a timeout (the one module besides BOUNDS that may import concurrent.futures).
-SCHEDULE = "ppokit/trainer/schedule.py"
+SCHEDULE = "ppokit/trainer/producers/schedule.py"
 
 
 def _bounds(tree: ast.AST, *, futures: bool = False) -> list[int]:

@@ -107,9 +107,10 @@ _ACTIVE: ContextVar[NonFinite | None] = ContextVar("ppokit_nonfinite", default=N
 
 
 @contextmanager
-def counting() -> Iterator[NonFinite]:
-    """A new :class:`NonFinite`, the active counter until the block ends."""
-    checks = NonFinite()
+def counting(into: NonFinite | None = None) -> Iterator[NonFinite]:
+    """A new :class:`NonFinite` (or ``into``: one that goes on counting), the active
+    counter until the block ends."""
+    checks = into if into is not None else NonFinite()
     token = _ACTIVE.set(checks)
     try:
         yield checks

@@ -41,14 +41,19 @@ from ppokit.runfolder import (
 from ppokit.spec import Spec, spec_warnings, validate_spec
 from ppokit.spec_changes import record_spec_changes, resume_spec_changes
 from ppokit.trainer.assembly import Assembly
-from ppokit.trainer.asynchronous import AsyncRollouts
-from ppokit.trainer.checkpoint import checkpoint_round, load_checkpoint, save_checkpoint
-from ppokit.trainer.checkpoint.ahead import Ahead, read_ahead
+from ppokit.trainer.checkpoint import (
+    checkpoint_round,
+    load_checkpoint,
+    read_state,
+    save_checkpoint,
+)
+from ppokit.trainer.checkpoint.ahead import read_ahead
 from ppokit.trainer.display import Display, folded_logs
 from ppokit.trainer.evaluation import Evaluator
 from ppokit.trainer.health import check, fired_signs, warning
 from ppokit.trainer.metrics import MetricsLog, curves_title, plot_curves, read_once
 from ppokit.trainer.models import Models, build_models, quiet_progress_bars, resolve_device
+from ppokit.trainer.producers import Producer, make_producer
 from ppokit.trainer.report import Reporter, Silent
 from ppokit.trainer.round import run_round
 from ppokit.trainer.setup import Setup, State
@@ -408,12 +413,12 @@ def _rounds(
     log = MetricsLog(out, write=world.main)
     start = 0
     redo: list[int] = []
-    ahead: list[Ahead] = []
+    saved: dict[str, Any] = {}  # the producer's state in the checkpoint
     if resume:
         display.step("restoring the checkpoint")
         with io_errors(out / "checkpoint", "cannot restore the checkpoint"):
             start = load_checkpoint(out, models, state, source, setup.assembly.environment)
-            ahead = _read_ahead(out, spec, setup, start)
+            saved = _producer_state(out, spec, setup, start)
         setup.engine.sync()  # an engine with weights of its own: the restored ones
         distributed.barrier()  # every process has read it before it is changed
         if world.main:
@@ -434,12 +439,17 @@ def _rounds(
         generation_threads, generation = engine_threads(spec, models)
         threads += f"; generation beside the update, {generation}"
     draw = _drawer(setup, source, format_prompts)
-    asynchronous = _asynchronous(setup, draw, start, generation_threads, ahead)
+
+    def put_back() -> None:  # the last batch drawn, generated ahead and not needed
+        source.put_back(spec.rollout.prompts_per_round)
+
+    producer = make_producer(setup, draw, put_back, start=start, threads=generation_threads)
+    producer.load_state_dict(saved)
     spec_yaml = spec.to_yaml()
     tracked = spec if world.main else spec.model_copy(update={"output": _no_trackers(spec)})
     if spec.output.report_to:
         display.step(f"starting the trackers ({', '.join(spec.output.report_to)})")
-    with Trackers(tracked, out, start_round=start) as trackers, asynchronous as rollouts:
+    with Trackers(tracked, out, start_round=start) as trackers, _closing(producer):
         total = spec.train.rounds
         processes = f", {world.size} processes" if world.distributed else ""
         display.message(
@@ -478,19 +488,14 @@ def _rounds(
                 if world.distributed:  # random streams from (seed, process, round)
                     _seed_all(distributed.round_seed(spec.seed, world.rank, r + 1))
                 display.start_round(r + 1)
-                record = _run_round(
-                    setup, state, source, format_prompts, r, log, evaluator, trackers, history,
-                    rollouts,
-                )  # fmt: skip
+                record = _run_round(setup, state, producer, r, log, evaluator, trackers, history)
                 for problem in [*record.pop("_skipped", ()), *record.pop("_health", ())]:
                     display.message(f"warning: {problem}")
                 history.append(record)
                 if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
-                    ahead = rollouts.ahead() if rollouts is not None else []
+                    made = producer.state_dict()
                     environment = setup.assembly.environment  # after the batches ahead
-                    save_checkpoint(
-                        out, models, state, source, r + 1, spec_yaml, ahead, environment
-                    )
+                    save_checkpoint(out, models, state, source, r + 1, spec_yaml, made, environment)
                 display.round(record, total)
         except KeyboardInterrupt:
             display.close()
@@ -538,9 +543,11 @@ def _rounds(
         }
 
 
-def _read_ahead(out: Path, spec: Spec, setup: Setup, start: int) -> list[Ahead]:
-    """The batches the checkpoint of round ``start`` holds for the rounds after it; a
-    one-line error when the spec's ``rollout.max_staleness`` cannot take them."""
+def _producer_state(out: Path, spec: Spec, setup: Setup, start: int) -> dict[str, Any]:
+    """The producer's state in the checkpoint of round ``start``: what ``state.json`` keeps
+    of it (none in a checkpoint written before it kept any) and the batches it holds for
+    the rounds after it (``batches``); a one-line error when the spec's
+    ``rollout.max_staleness`` cannot take them."""
     world = distributed.world()
     embeddings: Any = setup.models.actor.get_input_embeddings()  # type: ignore[operator]
     vocab = int(embeddings.weight.shape[0])
@@ -552,23 +559,19 @@ def _read_ahead(out: Path, spec: Spec, setup: Setup, start: int) -> list[Ahead]:
             f"(asynchronous rollouts) but rollout.max_staleness is "
             f"{spec.rollout.max_staleness}: resume with the run's rollout.max_staleness"
         )
-    return ahead
+    kept = read_state(out).get("producer") or {}
+    if not isinstance(kept, dict):
+        raise UserError(f"checkpoint {path}: state.json's producer is not an object")
+    return {**kept, "batches": ahead}
 
 
 @contextlib.contextmanager
-def _asynchronous(
-    setup: Setup, draw: Any, start: int, threads: int | None, ahead: list[Ahead]
-) -> Iterator[AsyncRollouts | None]:
-    """The run's asynchronous rounds (``rollout.max_staleness`` > 0; else None), closed
-    when the rounds end."""
-    if not setup.spec.rollout.max_staleness:
-        yield None
-        return
-    rollouts = AsyncRollouts(setup, draw, start=start, threads=threads, ahead=ahead)
+def _closing(producer: Producer) -> Iterator[Producer]:
+    """The run's producer, closed when the rounds end."""
     try:
-        yield rollouts
+        yield producer
     finally:
-        rollouts.close()
+        producer.close()
 
 
 def _no_trackers(spec: Spec) -> Any:
@@ -618,36 +621,24 @@ def _drawer(setup: Setup, source: Any, format_prompts: Any) -> Any:
 def _run_round(
     setup: Setup,
     state: State,
-    source: Any,
-    format_prompts: Any,
+    producer: Producer,
     r: int,
     log: MetricsLog,
     evaluator: Evaluator | None = None,
     trackers: Trackers | None = None,
     history: Sequence[dict[str, Any]] = (),
-    rollouts: AsyncRollouts | None = None,
 ) -> dict[str, Any]:
-    """Round ``r`` (0-based) on prompts of ``source`` (or, asynchronous, on the batch
-    ``rollouts`` generated ahead) with its evaluation when due: its record, written to the
-    log and the trackers, with the signs of docs/health.md that fire on it given the
-    ``history`` of records before it (evaluated once, on the first process; ``_health``: the
-    warnings of those that start firing) and the skipped steps' messages (``_skipped``)."""
+    """Round ``r`` (0-based) on the batch ``producer`` makes for it, with its evaluation
+    when due: its record, written to the log and the trackers, with the signs of
+    docs/health.md that fire on it given the ``history`` of records before it (evaluated
+    once, on the first process; ``_health``: the warnings of those that start firing) and
+    the skipped steps' messages (``_skipped``)."""
     begin = time.perf_counter()
     spec = setup.spec
     train_actor = r >= spec.train.critic_warmup_rounds
-    if rollouts is not None:
-        result = rollouts.round(state, r + 1, train_actor)
-    else:
-        draw = _drawer(setup, source, format_prompts)
-
-        def put_back() -> None:  # the last batch drawn, generated ahead and not needed
-            source.put_back(spec.rollout.prompts_per_round)
-
-        rows, formatted = draw()
-        result = run_round(
-            setup, state, rows, formatted, round_no=r + 1, train_actor=train_actor, draw=draw,
-            put_back=put_back,
-        )  # fmt: skip
+    produced = producer.next(r + 1)
+    result = run_round(setup, state, produced, round_no=r + 1, train_actor=train_actor)
+    result.timings.update(producer.trained(r + 1))
     values = read_once(result.metrics)  # the round's one host read
     tokens = values.pop("tokens", None) or 0.0
     record: dict[str, Any] = {ROUND: r + 1, **values, **result.timings}
@@ -655,8 +646,7 @@ def _run_round(
     record[THROUGHPUT] = tokens / gen if gen > 0 else None
     record[ROUND_TIME] = time.perf_counter() - begin
     if evaluator is not None and _evaluates(spec, r):  # after the update, into this record
-        if rollouts is not None:  # the engine samples from the updated weights
-            rollouts.current(r + 1)
+        producer.before_evaluation(r + 1)  # the engine samples from the updated weights
         setup.reporter.phase("evaluating")
         record.update(evaluator.run())
         record["time_eval"] = evaluator.seconds

@@ -5,9 +5,11 @@
    :mod:`~ppokit.trainer.episodes`);
 2. **score** the decoded responses and **filter** their groups (``rollout.filter``): steps 1
    and 2 repeat on more prompts until ``prompts_per_round`` groups have passed
-   (:mod:`~ppokit.trainer.groups`, at most ``rollout.max_generation_batches`` batches); then
-   the rewards of a greedy baseline response per kept prompt, when a component requires
-   ``baseline_rewards``;
+   (:mod:`~ppokit.trainer.producers.filling`, at most ``rollout.max_generation_batches``
+   batches); then the rewards of a greedy baseline response per kept prompt, when a
+   component requires ``baseline_rewards``. Steps 1 and 2 are a producer's
+   (:mod:`~ppokit.trainer.producers`, one per schedule): :func:`run_round` is given their
+   result and runs steps 3 to 5;
 3. **forward passes** at the weights that sampled, without gradients: log π_old (unless the
    engine's log μ serves, ``rollout.logp_old``), the critic's values V_old, log π_ref;
 4. **estimate** on the whole round (gathered on several processes): truncation rule, KL in
@@ -17,7 +19,8 @@
    token budget, :mod:`~ppokit.trainer.microbatches`, which step 3's passes use too) and one
    clipped optimizer step per model (:mod:`~ppokit.trainer.optim`); none when step 4 found
    a NaN;
-6. **sync**: the engine follows the updated policy.
+6. **sync**: the engine follows the updated policy (the producer's
+   :meth:`~ppokit.trainer.producers.base.Producer.trained`, as its schedule says).
 
 It works on the run's two objects (:mod:`~ppokit.trainer.setup`): the :class:`Setup` a spec
 assembled once and the :class:`State` the rounds change.
@@ -35,7 +38,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
@@ -45,11 +47,11 @@ from ppokit import distributed
 from ppokit.trainer.checks import count, counting
 from ppokit.trainer.episodes import episode_metrics
 from ppokit.trainer.estimation import estimate_round, round_batch
-from ppokit.trainer.groups import Draw, Filled, PutBack, fill
+from ppokit.trainer.groups import Filled
 from ppokit.trainer.metrics import Meter, peak_memory_gb
 from ppokit.trainer.microbatches import MicroBatches
-from ppokit.trainer.rollout import Rollout
-from ppokit.trainer.scoring import Scores, reads_parts
+from ppokit.trainer.producers.base import Produced
+from ppokit.trainer.scoring import reads_parts
 from ppokit.trainer.setup import Setup, State
 
 __all__ = ["PHASES", "RoundResult", "run_round"]
@@ -83,29 +85,17 @@ class RoundResult:
 def run_round(
     setup: Setup,
     state: State,
-    rows: list[dict[str, Any]],
-    formatted: list[str],
+    produced: Produced,
     *,
     round_no: int,
     train_actor: bool = True,
-    draw: Draw | None = None,
-    put_back: PutBack | None = None,
-    rollout: Rollout | None = None,
-    scores: Tensor | Scores | None = None,
     update: bool = True,
-    greedy: Rollout | None = None,
-    sync: bool = True,
 ) -> RoundResult:
-    """Round ``round_no`` (1-based) on the data ``rows`` and their ``formatted`` prompts,
-    and the batches ``draw`` gives while ``rollout.filter`` has passed too few groups
-    (``put_back``: the last of them goes back unused, see :func:`~ppokit.trainer.groups.fill`).
-    ``train_actor`` False: a critic-only round (``train.critic_warmup_rounds``).
-    ``rollout``, ``scores``: the first batch's responses (``rollout.n`` per prompt) and
-    their rewards R (or :class:`~ppokit.trainer.scoring.Scores` with each reward's),
-    used as if generated and scored. ``update`` False: steps 1-4 only.
-    ``greedy``: the greedy baseline responses of the first batch's prompts, already made.
-    ``sync`` False: the engine is not synced after the update (the asynchronous schedule
-    pushes the weights itself, :mod:`~ppokit.trainer.schedule`).
+    """Round ``round_no`` (1-based) on ``produced``, its scored batch (steps 1 and 2, made by
+    a producer: :mod:`~ppokit.trainer.producers`), from the forward passes on.
+    ``train_actor`` False: a critic-only round (``train.critic_warmup_rounds``). ``update``
+    False: steps 3 and 4 only. The engine's sync (step 6) is the producer's
+    (:meth:`~ppokit.trainer.producers.base.Producer.trained`).
 
     A non-finite reward or estimate raises :class:`~ppokit.errors.NonFiniteError`, or with
     ``on_nonfinite: skip`` skips the round's update and leaves β as it was; a non-finite
@@ -113,17 +103,11 @@ def run_round(
     spec, parts, device = setup.spec, setup.assembly, setup.device
     n, t = spec.rollout.n, spec.train
     state.round = round_no
-    timings: dict[str, float] = {}
-    sample = partial(setup.sample, round_no)
-    setup.forwards.eval_mode()  # sampling and scoring see no dropout
+    timings = produced.timings
+    setup.forwards.eval_mode()  # the forward passes see no dropout
 
-    with counting() as checks:
-        # 1. generate and 2. score, batch after batch until the filter has passed a round's groups
-        got = fill(
-            rows, formatted, sample=sample, scorer=setup.scorer, group_filter=parts.filter,
-            settings=spec.rollout, timings=timings, phase=setup.reporter.phase, draw=draw,
-            put_back=put_back, lookahead=setup.lookahead, rollout=rollout, scores=scores,
-        )  # fmt: skip
+    with counting(produced.checks) as checks:  # it counted the rewards already
+        got = produced.filled
         groups = n if n > 1 and "group_ids" in parts.requires else None
         metrics = generated_metrics(got, groups, device)
         kept = got.kept
@@ -135,13 +119,9 @@ def run_round(
                 f"round {round_no}: no generated group passed rollout.filter ({name}) in "
                 f"{got.batches} generation batch(es): no update"
             )
+            metrics.update(produced.metrics)
             return RoundResult(metrics, timings, skipped=skipped)
-        baseline = None
-        if "baseline_rewards" in parts.requires:  # one greedy response per kept prompt
-            with _timed(timings, "time_score", add=True):
-                if greedy is None:
-                    greedy = sample(kept.formatted, 1, rows=kept.rows, greedy=True)
-                baseline = setup.scorer.rollout(kept.rows, greedy)[0].total.repeat_interleave(n)
+        baseline = produced.baseline
 
         # 3. forward passes at the weights that sampled
         setup.reporter.phase("estimating")
@@ -173,6 +153,7 @@ def run_round(
     prompts = [row["prompt"] for row in kept.rows for _ in range(n)]
     result = RoundResult(metrics, timings, prompts, kept.texts, kept.scores.total, skipped, data)
     if not update:
+        metrics.update(produced.metrics)
         return result
 
     # 5. update: ppo_epochs passes of shuffled minibatches, one optimizer step each
@@ -215,11 +196,7 @@ def run_round(
             metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=device)
         metrics.update(meter.means(distributed.all_sum))
     timings["peak_memory_gb"] = peak_memory_gb(device)
-
-    # 6. sync: the engine follows the policy
-    if sync:
-        with _timed(timings, "time_sync"):
-            setup.engine.sync()
+    metrics.update(produced.metrics)
     return result
 
 

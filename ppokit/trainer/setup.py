@@ -6,6 +6,9 @@ holds the models' weights and the state."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +21,6 @@ from ppokit.trainer.assembly import Assembly, CheckedEngine
 from ppokit.trainer.checks import Guard
 from ppokit.trainer.episodes import Sampler
 from ppokit.trainer.forwards import Forwards
-from ppokit.trainer.groups import Lookahead
 from ppokit.trainer.models import Models
 from ppokit.trainer.objective import Objective
 from ppokit.trainer.optim import Optimizers
@@ -26,7 +28,23 @@ from ppokit.trainer.report import Reporter, Silent
 from ppokit.trainer.rollout import PromptEncoder, Rollout, engine_context, sampling
 from ppokit.trainer.scoring import Scorer
 
-__all__ = ["Setup", "State"]
+__all__ = ["Setup", "State", "generation_progress"]
+
+#: Who hears the engine's decoding steps in this context instead of the setup's reporter.
+_PROGRESS: ContextVar[Callable[[int, int, int], None] | None] = ContextVar(
+    "ppokit_generation_progress", default=None
+)
+
+
+@contextmanager
+def generation_progress(listen: Callable[[int, int, int], None]) -> Iterator[None]:
+    """The engine's decoding steps in this thread go to ``listen`` (step, steps, rows), not
+    to the setup's reporter, until the block ends (a generation beside the rounds)."""
+    token = _PROGRESS.set(listen)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 
 @dataclass
@@ -45,8 +63,6 @@ class Setup:
     #: log π_old from a forward pass (``rollout.logp_old``), else the engine's log μ
     recompute_logp_old: bool
     reporter: Reporter = field(default_factory=Silent)
-    #: when a round generates a batch ahead while one is scored (rollout.overlap_scoring)
-    lookahead: Lookahead = field(default_factory=Lookahead)
 
     @classmethod
     def start(
@@ -76,7 +92,10 @@ class Setup:
             reporter=reporter if reporter is not None else Silent(),
         )
         world = distributed.world()
-        progress = lambda *step: setup.reporter.generation(*step)  # noqa: E731 (late-bound)
+
+        def progress(*step: int) -> None:  # late-bound: the reporter may be replaced
+            (_PROGRESS.get() or setup.reporter.generation)(*step)
+
         engine.start(
             engine_context(models, spec.model, world.rank, world.size, progress, asynchronous)
         )

@@ -16,6 +16,15 @@ from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.estimation import UpdateData
 from ppokit.trainer.metrics import Meter
 from ppokit.trainer.models import build_models
+from ppokit.trainer.producers import (
+    Draw,
+    Given,
+    Inline,
+    Overlapped,
+    Producer,
+    PutBack,
+    starting_with,
+)
 from ppokit.trainer.report import Silent
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.round import RoundResult, run_round
@@ -111,19 +120,46 @@ class Trainee:
         """Steps 1-4 of the next round (or round ``round_no``): (what the update would
         read, the round's result so far)."""
         round_no = round_no if round_no is not None else self.state.round + 1
+        producer = self.producer(rows, formatted, rollout, scores)
         result = run_round(
-            self.setup, self.state, rows, formatted, round_no=round_no, rollout=rollout,
-            scores=scores, update=False,
-        )  # fmt: skip
+            self.setup, self.state, producer.next(round_no), round_no=round_no, update=False
+        )
         return result.data, result
+
+    def producer(
+        self, rows: list[dict[str, Any]], formatted: list[str], rollout: Rollout | None = None,
+        scores: torch.Tensor | None = None, draw: Draw | None = None,
+        put_back: PutBack | None = None,
+    ) -> Producer:  # fmt: skip
+        """A producer whose next batch starts with ``rows`` (``rollout``, ``scores``: its
+        responses and rewards, already made; ``draw``: the batches after it, ``put_back``:
+        the last one back, for scoring overlapped with generation)."""
+        if rollout is not None:
+            return Given.of(self.setup, rows, formatted, rollout, scores)
+        first = starting_with(rows, formatted, draw)
+        if put_back is not None and self.setup.spec.rollout.overlap_scoring:
+            return Overlapped(self.setup, first, put_back)
+        return Inline(self.setup, first, refills=draw is not None)
 
     def round(
         self, rows: list[dict[str, Any]], formatted: list[str], round_no: int | None = None,
-        **kwargs: Any,
+        *, rollout: Rollout | None = None, scores: torch.Tensor | None = None,
+        draw: Draw | None = None, put_back: PutBack | None = None, **kwargs: Any,
     ) -> RoundResult:  # fmt: skip
-        """The whole next round (or round ``round_no``)."""
+        """The whole next round (or round ``round_no``), the engine synced after it."""
         round_no = round_no if round_no is not None else self.state.round + 1
-        return run_round(self.setup, self.state, rows, formatted, round_no=round_no, **kwargs)
+        producer = self.producer(rows, formatted, rollout, scores, draw, put_back)
+        produced = producer.next(round_no)
+        result = run_round(self.setup, self.state, produced, round_no=round_no, **kwargs)
+        result.timings.update(producer.trained(round_no))
+        return result
+
+    def round_of(self, producer: Producer, round_no: int) -> RoundResult:
+        """Round ``round_no`` on the batch ``producer`` makes for it, then what the producer
+        does after an update."""
+        result = run_round(self.setup, self.state, producer.next(round_no), round_no=round_no)
+        result.timings.update(producer.trained(round_no))
+        return result
 
     def reshard(self) -> None:
         """The models sharded over the processes, with optimizers over the shards."""

@@ -14,8 +14,8 @@ import torch
 from ppokit.explain import explain
 from ppokit.spec import SpecError, spec_warnings
 from ppokit.trainer import train
-from ppokit.trainer.asynchronous import AsyncRollouts
 from ppokit.trainer.metrics import read_metrics
+from ppokit.trainer.producers import Asynchronous
 from ppokit.trainer.prompts import format_prompts
 from tests.helpers.trainer import demo_rows, learner, small_spec
 
@@ -43,10 +43,10 @@ def test_a_stale_batch_was_sampled_by_the_weights_one_update_earlier(tmp_path, e
     actor = lrn.models.actor
     assert lrn.engine.engine.model is not actor  # the engine samples from a copy of its own
     weights = {0: copy.deepcopy(actor)}  # version -> the actor's weights after that many updates
-    rollouts = AsyncRollouts(lrn.setup, _draw(lrn), start=0)
+    rollouts = Asynchronous(lrn.setup, _draw(lrn), start=0)
     try:
         for k in range(1, 5):
-            result = rollouts.round(lrn.state, k, train_actor=True)
+            result = lrn.round_of(rollouts, k)
             ro = result.data.rollout
             version = max(0, k - 2)
             assert ro.version is not None and ro.version.tolist() == [version] * len(ro.version)
@@ -118,6 +118,30 @@ def test_an_asynchronous_run_with_episodes_remax_and_evaluation(tmp_path) -> Non
     assert "eval/accuracy" in records[1] and "eval/accuracy" in records[2]
     assert json.loads((out / "checkpoint" / "state.json").read_text())["round"] == 3
     assert not (out / "checkpoint" / "ahead").exists()  # nothing after the last round
+
+
+def test_an_asynchronous_run_generates_no_greedy_batch_that_nothing_reads(
+    tmp_path, monkeypatch
+) -> None:
+    """Without a component that reads a greedy baseline (GRPO), each round of an
+    asynchronous run calls the engine once: for its sampled batch, never for a greedy one it
+    would throw away (which would also advance a stateful environment)."""
+    from ppokit.trainer.boundary import CheckedEngine
+
+    calls: list[bool] = []
+    generate = CheckedEngine.generate
+
+    def counted(self, ids, attn, sampling):  # type: ignore[no-untyped-def]
+        calls.append(bool(sampling.greedy))
+        return generate(self, ids, attn, sampling)
+
+    monkeypatch.setattr(CheckedEngine, "generate", counted)
+    spec = small_spec(
+        tmp_path / "run", "rollout.max_staleness=1", "train.rounds=3", "advantage=grpo",
+        "critic=null", "policy.correction=token_tis",
+    )  # fmt: skip
+    assert train(spec)["rounds"] == 3
+    assert calls == [False, False, False]
 
 
 def test_the_spec_refuses_dynamic_sampling_and_warns_without_a_correction(tmp_path) -> None:

@@ -213,10 +213,10 @@ def _cli_args(out: Path, *extra: str) -> list[str]:
 def _interrupt_at(monkeypatch: pytest.MonkeyPatch, round_no: int) -> None:
     real = loop_module._run_round
 
-    def run_round(spec, learner, source, format_prompts, r, *rest):  # type: ignore[no-untyped-def]
+    def run_round(setup, state, producer, r, *rest):  # type: ignore[no-untyped-def]
         if r + 1 == round_no:
             raise KeyboardInterrupt
-        return real(spec, learner, source, format_prompts, r, *rest)
+        return real(setup, state, producer, r, *rest)
 
     monkeypatch.setattr(loop_module, "_run_round", run_round)
 

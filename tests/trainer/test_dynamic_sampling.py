@@ -18,8 +18,8 @@ from ppokit.data import make_prompt_source
 from ppokit.errors import UserError
 from ppokit.trainer import train
 from ppokit.trainer.assembly import Checked, Where
-from ppokit.trainer.groups import fill
 from ppokit.trainer.metrics import read_metrics
+from ppokit.trainer.producers.filling import Batch, fill
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Scores
@@ -55,11 +55,14 @@ class _Parts:
         where = Where("rollout.filter", "informative", "ppokit")
         self.filter = Checked("group_filter", where, make("group_filter", "informative"))
 
-    def fill(self, rows: list[dict[str, Any]], formatted: list[str], draw: Any) -> Any:
+    def fill(
+        self, rows: list[dict[str, Any]], formatted: list[str], draw: Any, phase: Any = None
+    ) -> Any:
         return fill(
-            rows, formatted, sample=self.sample, scorer=self.scorer,  # type: ignore[arg-type]
-            group_filter=self.filter, settings=self.settings,  # type: ignore[arg-type]
-            timings={}, phase=lambda phase: None, draw=draw,
+            _Source(rows, formatted, draw, self.sample, self.settings.n),
+            scorer=self.scorer, group_filter=self.filter,  # type: ignore[arg-type]
+            settings=self.settings, timings={},  # type: ignore[arg-type]
+            phase=phase or (lambda phase: None),
         )  # fmt: skip
 
     def sample(self, formatted: list[str], n: int, batch: int = 0, rows: Any = None) -> Rollout:
@@ -76,6 +79,33 @@ class _Parts:
             truncated=torch.zeros(b, dtype=torch.bool),
             logp_rollout=-torch.rand(b, length),
         )
+
+
+class _Source:
+    """:func:`fill`'s batches: ``rows`` first, then what ``draw`` gives, sampled by
+    ``sample`` (nothing generated ahead)."""
+
+    refills = True
+    overlaps = False
+
+    def __init__(self, rows: Any, formatted: Any, draw: Any, sample: Any, n: int) -> None:
+        self.first, self.draw, self.sample, self.n = (rows, formatted), draw, sample, n
+
+    def held(self) -> None:
+        return None
+
+    def generate(self, number: int) -> Batch:
+        rows, formatted = self.first if number == 0 else self.draw()
+        return Batch(rows, formatted, self.sample(formatted, self.n, batch=number, rows=rows))
+
+    def worth(self, passed: int, share: int) -> bool:
+        return False
+
+    def counted(self, passed: int, drawn: int) -> None:
+        pass
+
+    def give_back(self) -> None:
+        return None
 
 
 class _Stream:
@@ -420,11 +450,7 @@ def test_a_filter_that_rejects_every_group_keeps_no_batch() -> None:
     phases: list[str] = []
     stream = _Stream([False] * (4 * limit), 4)
     rows, formatted = stream()
-    got = fill(
-        rows, formatted, sample=parts.sample, scorer=parts.scorer,  # type: ignore[arg-type]
-        group_filter=parts.filter, settings=parts.settings,  # type: ignore[arg-type]
-        timings={}, phase=phases.append, draw=stream,
-    )  # fmt: skip
+    got = parts.fill(rows, formatted, draw=stream, phase=phases.append)
     assert got.kept is None and got.batches == limit
     assert alive == [0] * limit  # no earlier batch's responses live on
     assert f"generating batch {limit} of at most {limit} (0 of 4 groups passed so far)" in phases

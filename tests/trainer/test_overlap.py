@@ -259,7 +259,7 @@ def test_pieces_by_hand() -> None:
 def test_lookahead_by_hand() -> None:
     """No batch yet: generate ahead; at a run's share of 1/2 passed, a batch ahead is worth
     it with 0 of 4 groups passed (0 + 2 < 4), not with 2 of 4 (2 + 2 = 4)."""
-    from ppokit.trainer.groups import Lookahead
+    from ppokit.trainer.producers.overlapped import Lookahead
 
     ahead = Lookahead()
     assert ahead.worth(0, 4)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppokit.trainer.schedule import Job, Ready, Schedule, version_of
+from ppokit.trainer.producers.schedule import Job, Ready, Schedule, version_of
 
 
 @dataclass

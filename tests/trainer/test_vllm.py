@@ -437,7 +437,7 @@ def test_asynchronous_rounds_sample_from_the_weights_one_push_behind() -> None:
     generations, never during one."""
     import copy
 
-    from ppokit.trainer.asynchronous import AsyncRollouts
+    from ppokit.trainer.producers import Asynchronous
 
     lrn = _learner("rollout.max_staleness=1", "train.rounds=3", "train.actor_lr=0.01")
     weights = {0: copy.deepcopy(lrn.models.actor)}
@@ -448,10 +448,10 @@ def test_asynchronous_rounds_sample_from_the_weights_one_push_behind() -> None:
         seen[0] += 1
         return rows, [r["prompt"] for r in rows]
 
-    rollouts = AsyncRollouts(lrn.setup, draw, start=0)
+    rollouts = Asynchronous(lrn.setup, draw, start=0)
     try:
         for k in range(1, 4):
-            ro = rollouts.round(lrn.state, k, train_actor=True).data.rollout
+            ro = lrn.round_of(rollouts, k).data.rollout
             version = max(0, k - 2)
             assert ro.version.tolist() == [version] * len(ro.version)
             with torch.no_grad():

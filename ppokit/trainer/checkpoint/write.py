@@ -7,7 +7,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,14 +110,16 @@ def save_checkpoint(
     source: Any,
     round_done: int,
     spec_yaml: str,
-    ahead: Sequence[Ahead] = (),
+    producer: Mapping[str, Any] | None = None,
     environment: Any = None,
 ) -> Path:
     """Write ``out/checkpoint`` atomically; returns its path. On several processes every
     process calls it: each writes its own shards, RNG states, source position and the
     ``environment``'s state (its ``state_dict()``, when it keeps one), the first one the
-    rest. ``ahead``: this process's batches generated for the rounds after ``round_done``
-    (asynchronous rollouts; as many on every process).
+    rest. ``producer``: the state of the run's producer (its ``state_dict()``): its
+    ``batches``, this process's batches generated for the rounds after ``round_done``
+    (asynchronous rollouts; as many on every process), in ``ahead/``; the rest (JSON, the
+    same on every process) in ``state.json`` as ``producer``.
 
     Refused (:class:`NonFiniteCheckpointError`) when a model or optimizer tensor is not
     finite on any process. On any error the partly written temporary folder is removed and
@@ -127,6 +129,8 @@ def save_checkpoint(
     """
     world = distributed.world()
     final, tmp = out / CHECKPOINT, out / TMP
+    own = dict(producer or {})
+    ahead: Sequence[Ahead] = own.pop("batches", ())
     previous = checkpoint_round(out)
     kept = (
         f"the last good checkpoint (round {previous}) is kept in {final}"
@@ -154,7 +158,7 @@ def save_checkpoint(
     if error is None:
         try:
             env_state = None if environment is None else environment.state_dict()
-            _write_tmp(tmp, models, state, source, round_done, spec_yaml, ahead, env_state)
+            _write_tmp(tmp, models, state, source, round_done, spec_yaml, ahead, env_state, own)
         except BaseException as exc:
             if not is_os_error(exc):
                 if world.main:
@@ -180,6 +184,7 @@ def _write_tmp(
     spec_yaml: str,
     ahead: Sequence[Ahead] = (),
     env_state: Any = None,
+    producer: dict[str, Any] | None = None,
 ) -> None:
     """This process's part of a checkpoint in ``tmp`` (made by the first process): its
     shards of the weights and optimizer states (collectives), its RNG states and batches
@@ -199,7 +204,7 @@ def _write_tmp(
     if ahead:
         mine += write_ahead(tmp / ahead_stem(world.rank), ahead)
     if world.main:
-        record = {
+        record: dict[str, Any] = {
             "format": FORMAT,
             "round": round_done,
             "kl_coef": float(state.kl_coef),
@@ -207,6 +212,8 @@ def _write_tmp(
             "processes": world.size,
             "lora_base": base,
         }
+        if producer:  # what the producer keeps besides its batches (the lookahead's counts)
+            record["producer"] = producer
         (tmp / "optim.json").write_text(json.dumps(optim) + "\n")
         (tmp / "state.json").write_text(json.dumps(record, indent=2) + "\n")
         (tmp / "spec.yaml").write_text(spec_yaml)
