@@ -121,10 +121,10 @@ def test_a_cosine_run_ends_at_its_floor_and_resumes_exactly(
     assert seen[-1] == pytest.approx(spec.train.actor_lr * 0.1)
     assert seen[0] < spec.train.actor_lr
 
-    def interrupted(spec, learner, source, format_prompts, r, *rest):  # type: ignore[no-untyped-def]
+    def interrupted(setup, state, producer, r, *rest):  # type: ignore[no-untyped-def]
         if r + 1 == 3:
             raise KeyboardInterrupt
-        return real(spec, learner, source, format_prompts, r, *rest)
+        return real(setup, state, producer, r, *rest)
 
     monkeypatch.setattr(loop_module, "_run_round", interrupted)
     with pytest.raises(Interrupted):
