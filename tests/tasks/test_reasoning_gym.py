@@ -32,14 +32,14 @@ def stream(dataset: str, seed: int, split: str = "train", **config: Any) -> Any:
     return ReasoningGym(**params.model_dump())(seed)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 2**40), dataset=st.sampled_from(sorted(REASONING_GYM_TASKS)))
 def test_a_tasks_held_out_prompts_never_appear_in_its_training_stream(
     seed: int, dataset: str
 ) -> None:
-    spec = load_spec(None, [f"task=rg_{dataset}", f"seed={seed}", "eval.prompts=20"])
+    spec = load_spec(None, [f"task=rg_{dataset}", f"seed={seed}", "eval.prompts=12"])
     held = eval_rows(spec)
-    train = make_prompt_source(spec.data, spec.seed).next_rows(60)
+    train = make_prompt_source(spec.data, spec.seed).next_rows(40)
     assert {r["prompt"] for r in held}.isdisjoint(r["prompt"] for r in train)
     assert all(held_out(r["question"]) for r in held)
     assert not any(held_out(r["question"]) for r in train)
@@ -67,12 +67,12 @@ def test_a_small_configuration_still_splits_by_the_question() -> None:
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**40), cut=st.integers(0, 12), back=st.integers(0, 3))
 def test_a_stream_resumed_mid_run_continues_exactly(seed: int, cut: int, back: int) -> None:
-    whole = stream("countdown", seed).next_rows(16)
-    first = stream("countdown", seed)
+    whole = stream("chain_sum", seed).next_rows(16)
+    first = stream("chain_sum", seed)
     first.next_rows(cut + back)
     first.put_back(back)
     state = json.loads(json.dumps(first.state_dict()))
-    resumed = stream("countdown", 0)
+    resumed = stream("chain_sum", 0)
     resumed.load_state_dict(state)
     assert resumed.next_rows(16 - cut) == whole[cut:]
 
@@ -95,7 +95,7 @@ def test_rows_are_json_and_state_the_answers_form() -> None:
 def test_the_reward_agrees_with_reasoning_gyms_checker(dataset: str) -> None:
     import reasoning_gym
 
-    rows = stream(dataset, 11).next_rows(8)
+    rows = stream(dataset, 11).next_rows(4)
     entry = json.loads(rows[0]["entry"])
     data = reasoning_gym.create_dataset(
         dataset, seed=entry["seed"], size=entry["size"], **entry["config"]
