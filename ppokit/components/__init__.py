@@ -59,12 +59,11 @@ KIND_PACKAGES = tuple(importlib.import_module(f"ppokit.components.{kind}") for k
 @hookimpl
 def ppokit_register(register: Register) -> None:
     from ppokit import tasks, variants
-    from ppokit.tasks import humaneval, reasoning_gym_entries
 
     for package in KIND_PACKAGES:
         for entry in package.ENTRIES:
             register(entry)
-    for entry in (reasoning_gym_entries.SOURCE, humaneval.SOURCE, reasoning_gym_entries.REWARD):
+    for entry in tasks.COMPONENTS:
         register(entry)
     for variant in variants.ENTRIES:
         register(variant)

