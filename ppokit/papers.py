@@ -84,6 +84,12 @@ LLM_JUDGE = Paper(
 HUMANEVAL = Paper(
     "Evaluating Large Language Models Trained on Code", "Chen et al.", 2021, "arXiv:2107.03374"
 )
+REASONING_GYM = Paper(
+    "Reasoning Gym: Reasoning Environments for Reinforcement Learning with Verifiable Rewards",
+    "Stojanovski et al.",
+    2025,
+    "arXiv:2505.24760",
+)
 OPENRLHF = Paper(
     "OpenRLHF: An Easy-to-use, Scalable and High-performance RLHF Framework",
     "Hu et al.",

@@ -63,6 +63,8 @@ def ppokit_register(register: Register) -> None:
     for package in KIND_PACKAGES:
         for entry in package.ENTRIES:
             register(entry)
+    for entry in tasks.COMPONENTS:
+        register(entry)
     for variant in variants.ENTRIES:
         register(variant)
     for task in tasks.ENTRIES:

@@ -31,8 +31,9 @@ from tests.helpers import Plugin, Scaled, ScaleParams, shifted
 
 
 def defined_entries() -> dict[str, set[str]]:
-    """The names of every Component entry the kind packages define (found in the
-    modules, not copied here), by kind."""
+    """The names of every Component entry the kind packages and the tasks define (found in
+    the modules, not copied here), by kind."""
+    from ppokit import tasks
     from ppokit.components import KIND_PACKAGES
 
     found: dict[str, set[str]] = {}
@@ -40,6 +41,8 @@ def defined_entries() -> dict[str, set[str]]:
         for value in vars(package).values():
             if isinstance(value, Component):
                 found.setdefault(value.kind, set()).add(value.name)
+    for value in tasks.COMPONENTS:  # the tasks' own sources and rewards
+        found.setdefault(value.kind, set()).add(value.name)
     return found
 
 
