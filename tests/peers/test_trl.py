@@ -68,7 +68,7 @@ def gap(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tenso
     return float((a[1] - b[1]).abs().max())
 
 
-GRPO = {"advantage": {"name": "grpo", "eps": 1e-4}}
+GRPO: dict[str, Any] = {"advantage": {"name": "grpo", "eps": 1e-4}}
 CLIP = {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28}
 MICRO = st.sampled_from([2, 4])
 

@@ -40,7 +40,7 @@ def trainer(config: Any, case: Case) -> Any:
     """A ``GRPOTrainer`` of ``config`` whose model gives ``case``'s log-probs."""
     from trl.trainer.grpo_trainer import GRPOTrainer
 
-    tr = object.__new__(GRPOTrainer)
+    tr: Any = object.__new__(GRPOTrainer)
     a = config
     tr.args = a
     for name in (
