@@ -61,6 +61,6 @@ def test_canonical_solutions_score_1_and_a_wrong_one_0() -> None:
 def test_the_humaneval_task_trains_through_the_cli(tmp_path: Path) -> None:
     # the tiny model's context is 512 positions: HumanEval's prompts need more
     args = ["train", "--set", "task=humaneval", "--set", "model.tiny.max_position_embeddings=2048"]
-    args += ["--set", "rollout.n=2"]
+    args += ["--set", "rollout.n=2", "--set", "train.minibatch_size=32"]
     result = CliRunner().invoke(app, [*args, "--smoke", "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output
