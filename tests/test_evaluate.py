@@ -25,6 +25,7 @@ from ppokit.trainer import loop
 from ppokit.trainer.evaluation import Evaluator, eval_rows, eval_seed, isolated_rng
 from ppokit.trainer.metrics import TIMING, read_metrics
 from ppokit.trainer.scoring import Scores
+from tests.helpers import ROOT
 from tests.helpers.trainer import learner, small_spec
 
 #: A combined reward the untrained tiny model scores on about half the time (any lowercase
@@ -403,3 +404,30 @@ def test_a_spec_that_names_a_variant_and_task_is_composed_for_eval(tmp_path: Pat
     spec = load_target("tiny", spec_file).spec
     assert spec.rollout.max_new_tokens == 256 and spec.data.source == "arithmetic"
     assert [r.name for r in spec.reward] == ["math_verify"]
+
+
+def test_the_evaluation_reads_a_source_written_as_a_mapping_in_order() -> None:
+    """The evaluation prompts of a source written as a mapping: a generator's, and a file's
+    in the file's order (its shuffle turned off where the source reads it)."""
+    from ppokit.spec import load_spec
+    from ppokit.trainer.evaluation import eval_rows
+
+    generated = load_spec(
+        None,
+        base={
+            "data": {"source": {"name": "arithmetic", "terms": 3}},
+            "reward": "math_verify",
+            "eval": {"prompts": 4},
+        },
+    )
+    assert [
+        r["prompt"].count(" + ") + r["prompt"].count(" - ") + r["prompt"].count(" * ")
+        for r in eval_rows(generated)
+    ] == [2] * 4
+    path = ROOT / "examples" / "data" / "arithmetic_sample.jsonl"
+    first = [json.loads(line)["prompt"] for line in path.read_text().splitlines()[:3]]
+    for source in ({"name": "file", "path": str(path)}, str(path)):
+        spec = load_spec(
+            None, base={"data": {"source": source}, "reward": "math_verify", "eval": {"prompts": 3}}
+        )
+        assert [r["prompt"] for r in eval_rows(spec)] == first

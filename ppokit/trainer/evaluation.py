@@ -48,7 +48,7 @@ import torch
 from ppokit import distributed
 from ppokit.components.rollout_engine import Sampling
 from ppokit.errors import UserError
-from ppokit.spec import DataSpec, EvalSpec, Spec
+from ppokit.spec import ComponentSpec, DataSpec, EvalSpec, Spec
 from ppokit.stats import pass_at_k, wilson_half_width
 from ppokit.trainer.episodes import Sampler
 from ppokit.trainer.rollout import Rollout
@@ -71,6 +71,25 @@ def _eval_data(settings: EvalSpec, spec: Spec) -> DataSpec:
     return settings.data if settings.data is not None else spec.data
 
 
+def in_order(data: DataSpec) -> DataSpec:
+    """``data`` read in order: ``shuffle`` off where the source reads it (the data section's
+    own setting, or the parameter of a source written as a mapping that has one)."""
+    source = data.source
+    if not isinstance(source, ComponentSpec):
+        return data.model_copy(update={"shuffle": False})
+    from ppokit.registry import get_registry
+
+    registry = get_registry()
+    known = registry.has("prompt_source", source.name)
+    if (
+        not known
+        or "shuffle" not in registry.info("prompt_source", source.name).params.model_fields
+    ):
+        return data
+    params = {**source.params, "shuffle": False}
+    return data.model_copy(update={"source": source.model_copy(update={"params": params})})
+
+
 def eval_rows(spec: Spec) -> list[dict[str, Any]]:
     """The evaluation prompts' data rows: the first ``eval.prompts`` rows of ``eval.data``,
     in order (at most one pass over a data file), the generator seeded with
@@ -80,8 +99,7 @@ def eval_rows(spec: Spec) -> list[dict[str, Any]]:
     settings = spec.eval
     if settings is None:
         raise UserError("the spec has no eval section")
-    data = _eval_data(settings, spec).model_copy(update={"shuffle": False})
-    source = make_prompt_source(data, eval_seed(spec.seed))
+    source = make_prompt_source(in_order(_eval_data(settings, spec)), eval_seed(spec.seed))
     size = getattr(source, "size", None)
     count = settings.prompts if size is None else min(settings.prompts, int(size))
     return source.next_rows(count)
