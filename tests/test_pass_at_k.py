@@ -76,4 +76,4 @@ def test_pass_at_k_over_n_samples_hand_computed(monkeypatch) -> None:
     assert metrics["eval/pass@2"] == pytest.approx(by_hand) == pytest.approx(0.5)
     assert metrics["eval/pass@2"] == pytest.approx(sum(pass_at_k(4, c, 2) for c in counts) / 3)
     assert "eval/pass@4" not in metrics
-    assert set(metrics) == set(evaluator.names)
+    assert {k for k in metrics if k.startswith("eval/pass@")} == {"eval/pass@1", "eval/pass@2"}

@@ -83,8 +83,6 @@ class UpdateData:
     targets: Tensor | None = None
     value_mask: Tensor | None = None  # bool [B, T]
     value_weights: Tensor | None = None
-    #: the round had a non-finite reward or estimate and on_nonfinite is skip: no update
-    skip: bool = False
     #: on several processes: the round's longest response, the width every process's
     #: masks are gathered at (None: one process)
     round_width: int | None = None
@@ -113,7 +111,6 @@ class UpdateData:
             cut(self.targets),
             cut(self.value_mask),
             cut(self.value_weights),
-            self.skip,
             round_width=self.batch.seq_len,
         )
 

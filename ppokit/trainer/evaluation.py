@@ -157,18 +157,6 @@ class Evaluator:
         """The evaluation of a training run's ``setup`` (its sampler and scorer)."""
         return cls(spec, setup.sampler, setup.scorer)
 
-    @property
-    def names(self) -> list[str]:
-        """The metric names :meth:`run` returns."""
-        return [
-            "eval/accuracy",
-            "eval/accuracy_ci95",
-            *(f"eval/pass@{k}" for k in self.settings.ks),
-            "eval/reward_mean",
-            "eval/response_length_mean",
-            "eval/prompts",
-        ]
-
     # ------------------------------------------------------------------ generation
     def _generate(
         self, rows: list[dict[str, Any]], prompts: list[str], n: int, greedy: bool, seed: int

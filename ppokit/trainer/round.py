@@ -144,7 +144,6 @@ def run_round(
         state.kl_coef = beta
     else:  # a skipped round leaves β as it was
         skipped.append(state.guard(round_no, problem, "the round's update is skipped"))
-        data.skip = True
     metrics.update(estimates)
     metrics.update(episode_metrics(kept.rollout))
     metrics["rollout/kept_reward_mean"] = round_scores.mean()

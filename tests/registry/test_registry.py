@@ -103,7 +103,6 @@ def test_lookup_and_order() -> None:
     beta = registry.info("advantage", "beta")
     assert (beta.summary, beta.formula, beta.requires) == ("", "", ())
     assert registry.has("advantage", "beta") and not registry.has("advantage", "gamma")
-    assert registry.kinds() == KINDS
 
 
 def test_unknown_kind_and_name_list_close_names() -> None:

@@ -204,7 +204,6 @@ def test_skip_drops_a_bad_rounds_update_and_goes_on(use_registry) -> None:
     kl_coef, sched = lrn.kl_coef.clone(), lrn.actor_sched.last_epoch
 
     result = _round(lrn, seed=2)  # NaN reward: the round's update is skipped
-    assert result.data.skip
     assert _same(after_one, _params(lrn)) and _all_finite(lrn)
     assert float(result.metrics["skipped_steps"]) == 1
     assert result.skipped == [
