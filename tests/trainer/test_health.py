@@ -205,3 +205,26 @@ def test_the_demo_fires_none(tmp_path: Path) -> None:
     result = train(spec)
     assert result["health"] == {}
     assert not any(k.startswith("health/") for r in read_metrics(tmp_path) for k in r)
+
+
+#: The README's overrides that run a variant at the demo's round size and learning rates.
+README_DEMO = [
+    "rollout.prompts_per_round=16",
+    "rollout.n=8",
+    "train.ppo_epochs=2",
+    "train.minibatch_size=64",
+    "train.actor_lr=5e-4",
+    "train.critic_lr=3e-3",
+]
+
+
+@pytest.mark.parametrize("variant", ["grpo", "rloo", "dapo"])
+def test_the_readmes_variants_on_the_demo_task_fire_none(variant: str, tmp_path: Path) -> None:
+    """The README's comparison (its variants with its demo overrides on the demo task) fires
+    no sign in its first rounds: the demo's answers are exactly max_new_tokens long, and the
+    task says so, so the truncated-responses sign does not cry wolf."""
+    overrides = [*README_DEMO, "train.rounds=7", f"output.dir={tmp_path}", "output.progress=false"]
+    spec = load_spec(variant, overrides)
+    assert spec.task == "demo" and spec.health.truncated is None
+    result = train(spec)
+    assert result["health"] == {}
