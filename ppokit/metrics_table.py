@@ -43,6 +43,7 @@ __all__ = [
     "Metric",
     "best_direction",
     "declare",
+    "known",
     "metric",
 ]
 
@@ -247,6 +248,12 @@ def metric(key: str) -> Metric:
     if key.startswith("reward/"):
         return Metric(key, f"mean reward of {key.removeprefix('reward/')}", direction="higher")
     return Metric(key, key)
+
+
+def known(key: str) -> bool:
+    """Whether ``key`` is a metric the table, a family of it or a registered component
+    declares (not only the default row :func:`metric` gives any key)."""
+    return any(m.matches(key) for m in METRICS) or key in _DECLARED
 
 
 def best_direction(key: str) -> Literal["max", "min"] | None:

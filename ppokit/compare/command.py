@@ -35,6 +35,7 @@ from ppokit.compare.runs import (
     train_command,
 )
 from ppokit.compare.scheduler import execute, last_line
+from ppokit.compare.study import STUDY_MD, is_study, run_study
 from ppokit.compare.summary import RunRecord, signs_text
 from ppokit.errors import UserError, error_lines, fail
 from ppokit.metrics_table import ROUND
@@ -242,10 +243,18 @@ def compare_command(
             raise UserError("give at least one SPEC (or --report DIR)")
         if out_dir is None:
             raise UserError("--out DIR is required: where the runs and the summary go")
-        seed_list = parse_seeds(seeds)
-        if task is not None:
-            overrides = [*overrides, f"task={task}"]
-        summary, runs, completed = run_sweep(specs, seed_list, out_dir, overrides, jobs, threshold)
+        if len(specs) == 1 and is_study(specs[0]):  # a study: its seeds, arms and verdict
+            summary, result, runs, completed = run_study(
+                specs[0], out_dir, overrides, jobs, threshold
+            )
+            typer.echo(f"{result['study']}: {result['verdict']} ({result['rule']}; {STUDY_MD})")
+        else:
+            seed_list = parse_seeds(seeds)
+            if task is not None:
+                overrides = [*overrides, f"task={task}"]
+            summary, runs, completed = run_sweep(
+                specs, seed_list, out_dir, overrides, jobs, threshold
+            )
     except (UserError, SpecError) as exc:
         raise fail(error_lines(exc)) from None
     _print_table(summary)

@@ -142,7 +142,12 @@ def _seeds(counts: Sequence[int]) -> str:
     return f"{n} seed" if hi == 1 else f"{n} seeds"
 
 
-def figure(records: Sequence[RunRecord], summary: Mapping[str, Any], title: str = "") -> Any:
+def figure(
+    records: Sequence[RunRecord],
+    summary: Mapping[str, Any],
+    title: str = "",
+    keys: Sequence[str] | None = None,
+) -> Any:
     """compare.png's figure: reward_mean against the round, per spec the mean over its
     finished runs with a shaded band (the 95% CI clipped to the seeds' values, see
     :func:`_curve`), one colour per spec, labelled with the number of seeds it rests on; a
@@ -155,8 +160,7 @@ def figure(records: Sequence[RunRecord], summary: Mapping[str, Any], title: str 
     finished = [r for r in records if r.status == "finished" and r.history]
     if not finished:
         return None
-    evals = summary["eval_metrics"]
-    keys = [REWARD, *evals[:1]]
+    keys = list(keys) if keys else [REWARD, *summary["eval_metrics"][:1]]
     n_specs = len(summary["specs"])
     fig = Figure(figsize=(7 * len(keys), 4.5 + 0.22 * n_specs))
     FigureCanvasAgg(fig)
@@ -197,11 +201,15 @@ def figure(records: Sequence[RunRecord], summary: Mapping[str, Any], title: str 
 
 
 def plot(
-    records: Sequence[RunRecord], summary: Mapping[str, Any], path: Path, title: str = ""
+    records: Sequence[RunRecord],
+    summary: Mapping[str, Any],
+    path: Path,
+    title: str = "",
+    keys: Sequence[str] | None = None,
 ) -> bool:
-    """Write compare.png (:func:`figure`) to ``path``. Returns False when there is nothing to
-    plot."""
-    fig = figure(records, summary, title)
+    """Write compare.png (:func:`figure`, of ``keys``: default the reward and the first eval
+    metric) to ``path``. Returns False when there is nothing to plot."""
+    fig = figure(records, summary, title, keys)
     if fig is None:
         return False
     write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=100))
