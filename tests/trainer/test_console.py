@@ -251,12 +251,12 @@ def test_ctrl_c_before_the_first_checkpoint_says_to_start_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "run"
-    _interrupt_at(monkeypatch, 2)
+    _interrupt_at(monkeypatch, 1)  # no round finished: nothing to save
     result = CliRunner().invoke(app, _cli_args(out))
     assert result.exit_code == 130
     lines = result.stderr.strip().splitlines()
     assert lines[-2] == (
-        f"interrupted during round 2/3; no checkpoint was written yet in {out} (output.save_every=10)"
+        f"interrupted during round 1/3; no checkpoint was written yet in {out} (output.save_every=10)"
     )
     assert lines[-1].startswith("start again with: ppokit train ")
     assert lines[-1].endswith(f"--out {out} --overwrite")
