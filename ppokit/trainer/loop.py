@@ -169,15 +169,19 @@ RESULTS = (
 
 
 def where_results(out: Path) -> list[str]:
-    """The lines that end a run: where its results are (those that exist) and how to look
-    at them."""
+    """The lines that end a run: where its results are (those that exist) and what each way
+    of looking at them shows, the folder named once per line (a 60-character path keeps
+    each line under 160 columns)."""
     files = [f"{name} ({what})" for name, what in RESULTS if (out / name.rstrip("/")).exists()]
     if not files:
         return []
-    look = [f"ppokit eval {shlex.quote(str(out))}"]
+    lines = [f"results in {out}:", "  " + ", ".join(files)]
+    if (out / CURVES_PNG).exists():
+        lines.append(f"the curves: {shlex.quote(str(out / CURVES_PNG))}")
+    lines.append(f"held-out accuracy: ppokit eval {shlex.quote(str(out))}")
     if (out / "tensorboard").is_dir():
-        look.append(f"tensorboard --logdir {shlex.quote(str(out / 'tensorboard'))}")
-    return [f"results in {out}: " + ", ".join(files), "look at them: " + "; ".join(look)]
+        lines.append(f"every metric: tensorboard --logdir {shlex.quote(str(out / 'tensorboard'))}")
+    return lines
 
 
 def _seed_all(seed: int) -> None:
