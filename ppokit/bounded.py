@@ -16,7 +16,9 @@ Two ways, for two kinds of code:
   nothing (ppokit's commands run their bounded calls on the main thread).
 
 :func:`counting_interrupts` tells a Ctrl-C from a ``KeyboardInterrupt`` that code raised
-itself (:func:`interrupts` counts the former). :func:`in_threads` is the one way calls that
+itself (:func:`interrupts` counts the former); :func:`holding_interrupts` holds one to the end
+of a block (work that must not be left half done), :func:`terminating_as_interrupt` makes
+SIGTERM one. :func:`in_threads` is the one way calls that
 wait on something else (a server, a sandbox) run several at once, each bounded by its own
 timeout, and :class:`Threads` the one way such a call runs while the caller goes on (its
 result asked for later).
@@ -44,8 +46,10 @@ __all__ = [
     "TimedOut",
     "counting_interrupts",
     "deadline",
+    "holding_interrupts",
     "in_threads",
     "interrupts",
+    "terminating_as_interrupt",
 ]
 
 T = TypeVar("T")
@@ -131,8 +135,24 @@ def deadline(seconds: float | None, what: str, grace: float = GRACE) -> Iterator
 _SIGINTS = [0]
 
 
+@dataclass
+class _Hold:
+    when: Callable[[], bool]
+    told: Callable[[], None]
+    held: bool = False
+
+
+#: The :func:`holding_interrupts` blocks open on the main thread, outermost first.
+_HOLDS: list[_Hold] = []
+
+
 def _on_sigint(signum: int, frame: Any) -> None:
     _SIGINTS[0] += 1
+    hold = _HOLDS[-1] if _HOLDS else None
+    if hold is not None and not hold.held and hold.when():
+        hold.held = True
+        hold.told()
+        return
     raise KeyboardInterrupt
 
 
@@ -156,6 +176,36 @@ def counting_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def terminating_as_interrupt() -> Iterator[None]:
+    """For the block, SIGTERM (a scheduler's stop) is a Ctrl-C: it raises
+    ``KeyboardInterrupt`` (counted, held by :func:`holding_interrupts`); main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def holding_interrupts(when: Callable[[], bool], told: Callable[[], None]) -> Iterator[None]:
+    """For the block (inside :func:`counting_interrupts`), the first Ctrl-C that arrives
+    while ``when()`` is true is held: ``told()`` is called at once and ``KeyboardInterrupt``
+    is raised when the block ends (a block that raises ends with its own exception); a
+    second Ctrl-C raises at once."""
+    hold = _Hold(when, told)
+    _HOLDS.append(hold)
+    try:
+        yield
+    finally:
+        _HOLDS.remove(hold)
+    if hold.held:
+        raise KeyboardInterrupt
 
 
 def in_threads(

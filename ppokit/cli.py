@@ -506,8 +506,8 @@ def train(
         "GPUs: one each). For several machines run torchrun -m ppokit train ... yourself.",
     ),
 ) -> None:
-    """Train a policy as the spec describes (Ctrl-C stops it: exit status 130, with the
-    command that resumes it)."""
+    """Train a policy as the spec describes (Ctrl-C or SIGTERM stops it, saving its last
+    finished round: exit status 130, with the command that resumes it)."""
     extra = [*overrides]
     if out_dir is not None:
         extra.append(f"output.dir={json.dumps(out_dir)}")
@@ -568,15 +568,20 @@ def train(
     except KeyboardInterrupt as exc:
         if int(os.environ.get("RANK", "0")) != 0:  # the first process says it, once
             raise typer.Exit(130) from None
-        command = ["ppokit", "train", *_train_args(spec_path, overrides, seed, threads)]
-        processes = int(os.environ.get("WORLD_SIZE", "1"))
-        if processes > 1 and os.environ.get("LOCAL_WORLD_SIZE") == str(processes):
-            command += ["--nproc", str(processes)]
+        command = _resume_base(spec_path, overrides, seed, threads)
         describe = getattr(exc, "describe", None)
         lines = describe(command) if callable(describe) else ["interrupted"]
         for line in lines:
             err.print(f"[yellow]{_show(line)}[/yellow]")
         raise typer.Exit(130) from None
+    except UserError as exc:  # a run stopped by it (trainer.stopping.Stopped): how to go on
+        describe = getattr(exc, "describe", None)
+        if not callable(describe):
+            raise
+        if tracebacks_on():
+            err.print(_show(full_traceback(exc)), end="")
+        command = _resume_base(spec_path, overrides, seed, threads)
+        raise fail([*error_lines(exc), *describe(command)]) from None
     if as_json and result.get("main", True):
         _print_json(result)
 
@@ -593,6 +598,17 @@ def _changed_paths(data: dict[str, Any], spec: Spec) -> list[str]:
         for key, value in values.items()
         if before[section].get(key) != value
     ]
+
+
+def _resume_base(
+    spec_path: Path | None, overrides: list[str], seed: int | None, threads: int | None
+) -> list[str]:
+    """The ``ppokit train SPEC [--set ...]`` that resumes this process's run."""
+    command = ["ppokit", "train", *_train_args(spec_path, overrides, seed, threads)]
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if processes > 1 and os.environ.get("LOCAL_WORLD_SIZE") == str(processes):
+        command += ["--nproc", str(processes)]
+    return command
 
 
 def _train_args(

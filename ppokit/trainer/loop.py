@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ppokit import distributed
-from ppokit.bounded import counting_interrupts
+from ppokit.bounded import counting_interrupts, terminating_as_interrupt
 from ppokit.errors import UserError
 from ppokit.metrics_table import EVAL_PREFIX, REWARD, ROUND, ROUND_TIME, THROUGHPUT
 from ppokit.runfolder import (
@@ -57,6 +57,8 @@ from ppokit.trainer.producers import Producer, make_producer
 from ppokit.trainer.report import Reporter, Silent
 from ppokit.trainer.round import run_round
 from ppokit.trainer.setup import Setup, State
+from ppokit.trainer.stopping import Ends as _Ends
+from ppokit.trainer.stopping import Stopped
 from ppokit.trainer.trackers import Trackers
 
 __all__ = [
@@ -167,15 +169,19 @@ RESULTS = (
 
 
 def where_results(out: Path) -> list[str]:
-    """The lines that end a run: where its results are (those that exist) and how to look
-    at them."""
+    """The lines that end a run: where its results are (those that exist) and what each way
+    of looking at them shows, the folder named once per line (a 60-character path keeps
+    each line under 160 columns)."""
     files = [f"{name} ({what})" for name, what in RESULTS if (out / name.rstrip("/")).exists()]
     if not files:
         return []
-    look = [f"ppokit eval {shlex.quote(str(out))}"]
+    lines = [f"results in {out}:", "  " + ", ".join(files)]
+    if (out / CURVES_PNG).exists():
+        lines.append(f"the curves: {shlex.quote(str(out / CURVES_PNG))}")
+    lines.append(f"held-out accuracy: ppokit eval {shlex.quote(str(out))}")
     if (out / "tensorboard").is_dir():
-        look.append(f"tensorboard --logdir {shlex.quote(str(out / 'tensorboard'))}")
-    return [f"results in {out}: " + ", ".join(files), "look at them: " + "; ".join(look)]
+        lines.append(f"every metric: tensorboard --logdir {shlex.quote(str(out / 'tensorboard'))}")
+    return lines
 
 
 def _seed_all(seed: int) -> None:
@@ -483,25 +489,53 @@ def _rounds(
             history.append(record)
             display.message(eval_line(record))
         r = start
+        # one process, synchronous rollouts: a stop keeps the last finished round (stopping.py)
+        keeps = not world.distributed and not spec.rollout.max_staleness
+        ends = _Ends(setup, state, source, producer, start) if keeps else None
         try:
-            for r in range(start, total):
-                if world.distributed:  # random streams from (seed, process, round)
-                    _seed_all(distributed.round_seed(spec.seed, world.rank, r + 1))
-                display.start_round(r + 1)
-                record = _run_round(setup, state, producer, r, log, evaluator, trackers, history)
-                for problem in [*record.pop("_skipped", ()), *record.pop("_health", ())]:
-                    display.message(f"warning: {problem}")
-                history.append(record)
-                if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
-                    made = producer.state_dict()
-                    environment = setup.assembly.environment  # after the batches ahead
-                    save_checkpoint(out, models, state, source, r + 1, spec_yaml, made, environment)
-                display.round(record, total)
+            with terminating_as_interrupt() if keeps else contextlib.nullcontext():
+                for r in range(start, total):
+                    if world.distributed:  # random streams from (seed, process, round)
+                        _seed_all(distributed.round_seed(spec.seed, world.rank, r + 1))
+                    display.start_round(r + 1)
+                    with ends.holding(display, r + 1) if ends else contextlib.nullcontext():
+                        record = _run_round(
+                            setup, state, producer, r, log, evaluator, trackers, history
+                        )
+                        for problem in [*record.pop("_skipped", ()), *record.pop("_health", ())]:
+                            display.message(f"warning: {problem}")
+                        history.append(record)
+                        if (r + 1) % spec.output.save_every == 0 or r + 1 == total:
+                            made = producer.state_dict()
+                            environment = setup.assembly.environment  # after the batches ahead
+                            save_checkpoint(
+                                out, models, state, source, r + 1, spec_yaml, made, environment
+                            )
+                        display.round(record, total)
+                        if ends:
+                            ends.round_ended(r + 1)
         except KeyboardInterrupt:
+            if ends:
+                ends.save(out, spec_yaml, display)
             display.close()
+            if history and not temporary:
+                display.summary(history, str(out))
             raise Interrupted(
                 out, r + 1, total, checkpoint_round(out), spec.output.save_every, smoke
             ) from None
+        except Exception as exc:
+            if ends is None or smoke:
+                raise
+            ends.save(out, spec_yaml, display)
+            display.close()
+            if history:
+                display.summary(history, str(out))
+            stopped = Stopped(str(exc), out, checkpoint_round(out))
+            if isinstance(exc, UserError):
+                raise stopped from exc
+            for line in stopped.describe():  # a bug's traceback follows
+                display.message(line)
+            raise
         finally:
             display.close()
         if history and world.main:

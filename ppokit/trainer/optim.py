@@ -86,6 +86,8 @@ class Optimizers:
     actor_schedule: Schedule
     critic: torch.optim.Optimizer | None = None
     critic_schedule: Schedule | None = None
+    #: Optimizer steps taken (:meth:`step` calls) in this process's life.
+    taken: int = 0
 
     @classmethod
     def create(cls, spec: Spec, models: Models) -> Optimizers:
@@ -127,6 +129,7 @@ class Optimizers:
         """An optimizer and a schedule step for each of ``models`` (``"actor"``,
         ``"critic"``)."""
         steps = {name: (opt, sched) for name, opt, sched in self.named()}
+        self.taken += 1
         for name in models:
             opt, sched = steps[name]
             opt.step()

@@ -251,12 +251,12 @@ def test_ctrl_c_before_the_first_checkpoint_says_to_start_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "run"
-    _interrupt_at(monkeypatch, 2)
+    _interrupt_at(monkeypatch, 1)  # no round finished: nothing to save
     result = CliRunner().invoke(app, _cli_args(out))
     assert result.exit_code == 130
     lines = result.stderr.strip().splitlines()
     assert lines[-2] == (
-        f"interrupted during round 2/3; no checkpoint was written yet in {out} (output.save_every=10)"
+        f"interrupted during round 1/3; no checkpoint was written yet in {out} (output.save_every=10)"
     )
     assert lines[-1].startswith("start again with: ppokit train ")
     assert lines[-1].endswith(f"--out {out} --overwrite")
@@ -324,11 +324,13 @@ def test_a_finished_run_says_where_its_results_are_and_how_to_look(tmp_path: Pat
     json_out = result.stdout  # --json: stdout stays one JSON document
     assert json_out.lstrip().startswith("{") and "results in" not in json_out
     lines = result.stderr.strip().splitlines()
-    assert lines[-2] == (
-        f"results in {out}: curves.png (the curves), metrics.jsonl (every round's metrics), "
-        "samples.jsonl (sampled responses), checkpoint/ (for --resume, eval and export)"
-    )
-    assert lines[-1] == f"look at them: ppokit eval {shlex.quote(str(out))}"
+    assert lines[-4:] == [
+        f"results in {out}:",
+        "  curves.png (the curves), metrics.jsonl (every round's metrics), "
+        "samples.jsonl (sampled responses), checkpoint/ (for --resume, eval and export)",
+        f"the curves: {shlex.quote(str(out / 'curves.png'))}",
+        f"held-out accuracy: ppokit eval {shlex.quote(str(out))}",
+    ]
     for name in ("curves.png", "metrics.jsonl", "samples.jsonl", "checkpoint"):
         assert (out / name).exists()
 
@@ -337,6 +339,20 @@ def test_the_results_lines_name_only_what_exists(tmp_path: Path) -> None:
     assert loop_module.where_results(tmp_path) == []
     (tmp_path / "metrics.jsonl").write_text("")
     (tmp_path / "tensorboard").mkdir()
-    first, look = loop_module.where_results(tmp_path)
-    assert first == f"results in {tmp_path}: metrics.jsonl (every round's metrics)"
-    assert look.endswith(f"; tensorboard --logdir {tmp_path / 'tensorboard'}")
+    first, files, accuracy, board = loop_module.where_results(tmp_path)
+    assert (first, files) == (f"results in {tmp_path}:", "  metrics.jsonl (every round's metrics)")
+    assert accuracy == f"held-out accuracy: ppokit eval {tmp_path}"
+    assert board == f"every metric: tensorboard --logdir {tmp_path / 'tensorboard'}"
+
+
+def test_the_results_lines_fit_160_columns_with_a_60_character_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = Path("runs") / ("r" * 55)  # --out of 60 characters
+    assert len(str(out)) == 60
+    out.mkdir(parents=True)
+    for name in ("curves.png", "metrics.jsonl", "samples.jsonl", "checkpoint", "tensorboard"):
+        (out / name).mkdir()
+    lines = loop_module.where_results(out)
+    assert len(lines) == 5 and max(len(line) for line in lines) <= 160
