@@ -123,7 +123,8 @@ class HealthSpec(Strict):
         ge=1,
         le=1 << 20,
         description="rounds of gradient norms the median of health.grad_spike is taken over "
-        "(the sign is evaluated once that many rounds have one)",
+        "(the sign is evaluated once that many rounds have one), and at most as many of "
+        "rollout/mismatch_k3 the median of health.stale_push is taken over",
     )
     mismatch: float | None = Field(
         0.01,
@@ -131,6 +132,14 @@ class HealthSpec(Strict):
         le=1e3,
         description="fires when KL(μ ‖ π_old) per token between the engine's and the "
         "trainer's log-probs (rollout/mismatch_k3) is above this",
+    )
+    stale_push: float | None = Field(
+        1e-3,
+        ge=0,
+        le=1e3,
+        description="fires on a round whose rollout/mismatch_k3 is above its median over "
+        "the health.grad_window rounds before by more than this (per token): the engine "
+        "sampled from weights older than the last push's",
     )
     truncated: float | None = Field(
         0.9,

@@ -29,13 +29,16 @@ from ppokit.trainer.microbatches import MicroBatches
 from ppokit.trainer.rollout import Rollout
 
 __all__ = [
+    "DEFAULT_CLIP",
     "UpdateData",
+    "clip_band",
     "estimate",
     "estimate_round",
     "explained_variance",
     "gather_batch",
     "kl_controller_step",
     "kl_to_reference",
+    "mismatch_metrics",
     "round_batch",
 ]
 
@@ -259,21 +262,54 @@ def kl_to_reference(
     return batch, kl_coef
 
 
-def mismatch_metrics(batch: RolloutBatch) -> dict[str, Tensor]:
+#: The band of the ratios π_old/μ and π/π_old that ``rollout/mismatch_outside`` and
+#: ``ratio_outside`` count outside, [1 − clip_low, 1 + clip_high], where the spec's policy
+#: loss has no ``clip_low`` or ``clip_high`` of its own: PPO's default 0.2 each side.
+DEFAULT_CLIP = 0.2
+
+
+def clip_band(spec: Spec) -> tuple[float, float]:
+    """[1 − clip_low, 1 + clip_high] of the spec's policy loss (its parameters with their
+    defaults), each side :data:`DEFAULT_CLIP` where the loss has no such parameter."""
+    from ppokit.registry import get_registry
+
+    loss = spec.policy.loss
+    params = get_registry().info("policy_loss", loss.name).validate(loss.params)
+    low = getattr(params, "clip_low", None)
+    high = getattr(params, "clip_high", None)
+    low = DEFAULT_CLIP if not isinstance(low, (int, float)) else float(low)
+    high = DEFAULT_CLIP if not isinstance(high, (int, float)) else float(high)
+    return 1.0 - low, 1.0 + high
+
+
+def mismatch_metrics(
+    batch: RolloutBatch, band: tuple[float, float] = (1.0 - DEFAULT_CLIP, 1.0 + DEFAULT_CLIP)
+) -> dict[str, Tensor]:
     """How far the engine's μ is from π_old on the sampled tokens, Δ_t = log π_old − log μ
     over the response mask: ``rollout/mismatch_k1`` = mean(−Δ) and ``rollout/mismatch_k3``
-    = mean(e^Δ − 1 − Δ), two estimates of KL(μ ‖ π_old) per token, and
-    ``rollout/mismatch_max`` = max |Δ|. Empty without both log-probs."""
+    = mean(e^Δ − 1 − Δ), two estimates of KL(μ ‖ π_old) per token,
+    ``rollout/mismatch_max`` = max |Δ|, ``rollout/mismatch_outside`` the fraction of tokens
+    whose ratio w = π_old/μ = e^Δ lies outside ``band`` (the policy loss's clip band,
+    :func:`clip_band`), and ``rollout/mismatch_ess`` = (Σw)² / (N Σw²), the effective
+    sample size of the importance weights over the N tokens as a fraction of N (1: μ = π_old
+    up to a constant). Empty without both log-probs."""
     if batch.logp_old is None or batch.logp_rollout is None:
         return {}
     mask = batch.response_mask
     delta = torch.where(mask, batch.logp_old.float() - batch.logp_rollout.float(), 0.0)
     tokens = batch.lengths.sum().clamp_min(1)
     k3 = delta.clamp(max=30.0).exp() - 1 - delta
+    # w / max w: the ESS is scale-free, and the shift keeps e^Δ finite
+    top = torch.where(mask, delta, -math.inf).amax() if delta.numel() else delta.new_zeros(())
+    w = torch.where(mask, (delta - top).exp(), 0.0)
+    ess = w.sum() ** 2 / (tokens * (w**2).sum()).clamp_min(1e-30)
+    outside = mask & ((delta < math.log(band[0])) | (delta > math.log(band[1])))
     return {
         "rollout/mismatch_k1": (-delta).sum() / tokens,
         "rollout/mismatch_k3": torch.where(mask, k3, 0.0).sum() / tokens,
         "rollout/mismatch_max": delta.abs().max() if delta.numel() else delta.new_zeros(()),
+        "rollout/mismatch_outside": outside.sum() / tokens,
+        "rollout/mismatch_ess": torch.where(mask.any(), ess, 1.0),
     }
 
 
@@ -312,7 +348,7 @@ def estimate(
     for values in (batch.values, batch.bootstrap_values):
         if values is not None:
             count("the critic's forward pass", values, "values")
-    metrics.update(mismatch_metrics(batch))
+    metrics.update(mismatch_metrics(batch, clip_band(spec)))
     batch = parts.truncation(batch)
     if spec.kl is not None:
         batch, kl_coef = kl_to_reference(batch, spec, parts, kl_coef, metrics)

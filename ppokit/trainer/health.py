@@ -4,7 +4,9 @@ A sign compares one metric of the round with its threshold in the spec's ``healt
 section (``entropy`` below ``health.entropy``, ``clipfrac`` above ``health.clipfrac``, ...);
 it fires on a round when its condition has held on that round and the ``health.rounds - 1``
 rounds before it, and keeps firing while the condition holds. The gradient-norm sign
-compares the norm with its median over the ``health.grad_window`` rounds before.
+compares the norm with its median over the ``health.grad_window`` rounds before; the
+stale-push sign compares the round's mismatch with its median over those rounds, and fires
+on the one round (a push is skipped once).
 
 Pure: plain floats in (the record a round writes to ``metrics.jsonl``, after its one host
 read, and the records before it), the fired signs out. A run writes ``health/<sign>: 1.0``
@@ -34,13 +36,15 @@ Record = Mapping[str, Any]
 class Sign:
     """One sign: its ``name`` (the field of the ``health`` section holding its threshold,
     and ``health/<name>`` in the records), the ``metric`` it reads, whether it fires
-    ``above`` the threshold (else below), and how the warning names the value it compares
-    (``{metric}`` and ``{value}`` filled in)."""
+    ``above`` the threshold (else below), how the warning names the value it compares
+    (``{metric}`` and ``{value}`` filled in), and whether its condition must hold for
+    ``health.rounds`` rounds in a row (``persistent``) or fires on the one round."""
 
     name: str
     metric: str
     above: bool
     shows: str = "{metric} {value:.3g}"
+    persistent: bool = True
 
     @property
     def key(self) -> str:
@@ -48,7 +52,7 @@ class Sign:
 
 
 #: The rows' staleness (asynchronous rollouts): the engine's μ then differs from π_old by
-#: the updates between them, and the mismatch sign is not evaluated.
+#: the updates between them, and the mismatch signs are not evaluated.
 STALENESS = "rollout/staleness_max"
 #: Every sign, in the order of docs/health.md.
 SIGNS: tuple[Sign, ...] = (
@@ -59,6 +63,13 @@ SIGNS: tuple[Sign, ...] = (
     Sign("approx_kl", "approx_kl", above=True),
     Sign("grad_spike", "grad_norm_actor", True, "{metric} {value:.3g} times its recent median"),
     Sign("mismatch", "rollout/mismatch_k3", above=True),
+    Sign(
+        "stale_push",
+        "rollout/mismatch_k3",
+        True,
+        "{metric} {value:.3g} above its recent median",
+        persistent=False,
+    ),
     Sign("truncated", "truncated_frac", above=True),
 )
 
@@ -95,8 +106,14 @@ def condition(
     value = _number(record.get(sign.metric))
     if threshold is None or value is None:
         return None
-    if sign.name == "mismatch" and (_number(record.get(STALENESS)) or 0) > 0:
+    if sign.name in ("mismatch", "stale_push") and (_number(record.get(STALENESS)) or 0) > 0:
         return None  # asynchronous: μ is older weights' by design, not a drifting engine
+    if sign.name == "stale_push":  # the jump over the engine's usual mismatch
+        gaps = [_number(r.get(sign.metric)) for r in before]
+        recent = [v for v in gaps if v is not None][-health.grad_window :]
+        if not recent:
+            return None
+        value -= statistics.median(recent)
     if sign.name == "grad_spike":
         norms = [_number(r.get(sign.metric)) for r in before]
         window = [v for v in norms if v is not None][-health.grad_window :]
@@ -141,15 +158,16 @@ def check(record: Record, history: Sequence[Record], health: HealthSpec) -> list
         value = None if sign.name in quiet else condition(sign, record, before, health)
         if value is None:
             continue
+        needed = health.rounds if sign.persistent else 1
         streak = 1
-        while streak <= health.rounds and streak < len(rounds):  # one more: did it start?
+        while streak <= needed and streak < len(rounds):  # one more: did it start?
             i = len(rounds) - 1 - streak
             if condition(sign, rounds[i], rounds[:i], health) is None:
                 break
             streak += 1
-        if streak >= health.rounds:
+        if streak >= needed:
             threshold = getattr(health, sign.name)
-            fired.append(Fired(sign, value, threshold, started=streak == health.rounds))
+            fired.append(Fired(sign, value, threshold, started=streak == needed))
     return fired
 
 
@@ -159,7 +177,8 @@ def warning(fired: Fired, health: HealthSpec) -> str:
     sign = fired.sign
     value = sign.shows.format(metric=sign.metric, value=fired.value)
     side = "above" if sign.above else "below"
-    rounds = f"{health.rounds} rounds" if health.rounds > 1 else "1 round"
+    needed = health.rounds if sign.persistent else 1
+    rounds = f"{needed} rounds" if needed > 1 else "1 round"
     return (
         f"health: {value} {side} health.{sign.name} ({fired.threshold:g}) for {rounds}: "
         f"see docs/health.md#{sign.name}"

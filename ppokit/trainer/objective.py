@@ -11,7 +11,9 @@ passes and the losses are counted into the active non-finite counter
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -20,7 +22,7 @@ from ppokit import distributed
 from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly, aggregate, denominator, optional
 from ppokit.trainer.checks import count
-from ppokit.trainer.estimation import UpdateData
+from ppokit.trainer.estimation import UpdateData, clip_band
 from ppokit.trainer.forwards import Forwards
 from ppokit.trainer.metrics import Meter
 from ppokit.trainer.rollout import Rollout
@@ -40,6 +42,12 @@ class Objective:
     spec: Spec
     parts: Assembly
     forwards: Forwards
+
+    @cached_property
+    def log_band(self) -> tuple[float, float]:
+        """log of the policy loss's clip band, which ``ratio_outside`` counts outside."""
+        low, high = clip_band(self.spec)
+        return math.log(low) if low > 0 else -math.inf, math.log(high)
 
     def denominators(self, data: UpdateData, idx: Tensor) -> Denominators:
         """Each aggregation's denominator over the whole minibatch ``idx``: the policy
@@ -146,6 +154,11 @@ class Objective:
             # (ρ − 1) − log ρ, an estimate of KL(π_old ‖ π) from the sampled tokens
             meter.add("approx_kl", (log_ratio.exp() - 1 - log_ratio).sum(), tokens)
             meter.add("entropy", torch.where(mask, ent, 0.0).sum(), tokens)
+            # π/π_old outside the clip band, whatever the advantage's sign (clipfrac counts
+            # only the side the clip acts on)
+            low, high = self.log_band
+            outside = mask & ((log_ratio < low) | (log_ratio > high))
+            meter.add("ratio_outside", outside.float().sum(), tokens)
             clipped = optional(parts.policy_loss, "policy_loss", "clipped")
             if clipped is not None:
                 active = clipped(logp, logp_old, adv, mask) & mask
