@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,21 @@ def test_swapping_the_arms_and_the_direction_gives_the_same_verdict(
     one = verdict(Study.model_validate(BASE), records)
     other = Study.model_validate({**BASE, "holds_when": {"arm": "b", "is": "lower", "than": "a"}})
     assert verdict(other, records)["verdict"] == one["verdict"]
+
+
+def test_the_findings_page_shows_each_committed_study_as_it_was_written() -> None:
+    """docs/findings.md holds each committed study's table and verdict as ``ppokit compare``
+    rendered them from its study.json, and each study file is there with its command."""
+    page = (ROOT / "docs" / "findings.md").read_text()
+    results = sorted((ROOT / "studies" / "results").glob("*/study.json"))
+    assert results
+    for path in results:
+        result = json.loads(path.read_text())
+        name = path.parent.name
+        assert (ROOT / "studies" / f"{name}.yaml").is_file()
+        assert read_study(ROOT / "studies" / f"{name}.yaml").study == name == result["study"]
+        assert f"## {name}\n" in page
+        assert f"ppokit compare studies/{name}.yaml" in page
+        table = render(result).split("\n", 2)[2]  # without its title
+        assert table in page
+        assert (ROOT / "docs" / "findings" / f"{name}.png").is_file()
