@@ -574,14 +574,14 @@ def train(
         for line in lines:
             err.print(f"[yellow]{_show(line)}[/yellow]")
         raise typer.Exit(130) from None
-    except UserError as exc:  # a run stopped by it (trainer.stopping.Stopped): how to go on
-        describe = getattr(exc, "describe", None)
-        if not callable(describe):
+    except UserError as exc:  # a run stopped by it: its .stopped says how to go on
+        stopped = getattr(exc, "stopped", None)
+        if stopped is None:
             raise
         if tracebacks_on():
             err.print(_show(full_traceback(exc)), end="")
         command = _resume_base(spec_path, overrides, seed, threads)
-        raise fail([*error_lines(exc), *describe(command)]) from None
+        raise fail([*error_lines(exc), *stopped.describe(command)]) from None
     if as_json and result.get("main", True):
         _print_json(result)
 

@@ -245,7 +245,11 @@ def compare_command(
             raise UserError("--out DIR is required: where the runs and the summary go")
         if len(specs) == 1 and is_study(specs[0]):  # a study: its seeds, arms and verdict
             summary, result, runs, completed = run_study(
-                specs[0], out_dir, overrides, jobs, threshold
+                specs[0],
+                out_dir,
+                lambda arms, seed_list, out: run_sweep(
+                    arms, seed_list, out, overrides, jobs, threshold
+                ),
             )
             typer.echo(f"{result['study']}: {result['verdict']} ({result['rule']}; {STUDY_MD})")
         else:

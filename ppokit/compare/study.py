@@ -21,7 +21,7 @@ Torch-free.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ppokit.compare.runs import FINAL_WINDOW, parse_seeds, read_history
 from ppokit.compare.summary import RunRecord
 from ppokit.errors import UserError
-from ppokit.metrics_table import known
+from ppokit.metrics_table import ROUND, known
 from ppokit.registry import get_registry
 from ppokit.runfolder import write_atomic
 from ppokit.spec import SpecError, compose, validate_spec
@@ -146,11 +146,11 @@ def write_arms(study: Study, out: Path) -> list[Path]:
 def _final(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
     if not history:
         return None
-    last = history[-1]["round"]
+    last = history[-1][ROUND]
     window = [
         float(h[key])
         for h in history
-        if h["round"] > last - FINAL_WINDOW and isinstance(h.get(key), (int, float))
+        if h[ROUND] > last - FINAL_WINDOW and isinstance(h.get(key), (int, float))
     ]
     return math.fsum(window) / len(window) if window else None
 
@@ -246,17 +246,14 @@ def write_study(out: Path, study: Study, records: Sequence[RunRecord]) -> dict[s
 
 
 def run_study(
-    path: Path, out: Path, overrides: Sequence[str], jobs: int, threshold: float
+    path: Path, out: Path, sweep: Callable[..., tuple[dict[str, Any], list[Any], bool]]
 ) -> tuple[dict[str, Any], dict[str, Any], list[Any], bool]:
-    """Run the study of ``path`` into ``out``: its arms' specs, their sweep over the study's
-    seeds, then its verdict. Returns (the sweep's summary, the study's result, the runs,
-    whether the sweep completed)."""
-    from ppokit.compare.command import run_sweep  # the sweep a study runs
-
+    """Run the study of ``path`` into ``out``: its arms' specs, then ``sweep(arm_paths,
+    seeds, out)`` (the sweep of ``ppokit compare``, with its options), then its verdict.
+    Returns (the sweep's summary, the study's result, the runs, whether it completed)."""
     study = read_study(path)
     arms = write_arms(study, out)
-    seeds = parse_seeds(study.seeds)
-    summary, runs, completed = run_sweep(arms, seeds, out, overrides, jobs, threshold)
+    summary, runs, completed = sweep(arms, parse_seeds(study.seeds), out)
     records = [
         RunRecord(
             r.name,

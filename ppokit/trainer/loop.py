@@ -531,8 +531,9 @@ def _rounds(
             if history:
                 display.summary(history, str(out))
             stopped = Stopped(str(exc), out, checkpoint_round(out))
-            if isinstance(exc, UserError):
-                raise stopped from exc
+            if isinstance(exc, UserError):  # the error as it is, with how to go on
+                exc.stopped = stopped  # type: ignore[attr-defined]
+                raise
             for line in stopped.describe():  # a bug's traceback follows
                 display.message(line)
             raise

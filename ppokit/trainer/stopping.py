@@ -98,8 +98,9 @@ class Boundary:
 
 
 class Stopped(UserError):
-    """A run stopped by an error a user can fix: the error, then where it stopped and the
-    command that continues it (:meth:`describe`)."""
+    """Where a run stopped by an error a user can fix keeps its work, and the command that
+    continues it (:meth:`describe`): the trainer attaches it to the error it re-raises, as
+    its ``stopped`` attribute."""
 
     def __init__(self, message: str, out: Path, checkpoint: int | None) -> None:
         super().__init__(message)
