@@ -30,7 +30,9 @@ class KLEstimator(Protocol):
     """``kl(logp, logp_ref) -> [B, T]`` float32, differentiable in logp (an
     ``importance_weighted`` one: ``kl(logp, logp_ref, logp_old)``)."""
 
-    def __call__(self, logp: Tensor, logp_ref: Tensor) -> Tensor: ...
+    def __call__(
+        self, logp: Tensor, logp_ref: Tensor, logp_old: Tensor | None = None
+    ) -> Tensor: ...
 
 
 CONTRACT = Contract(

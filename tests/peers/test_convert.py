@@ -1,0 +1,84 @@
+"""``ppokit convert``: the spec converted from a TRL or verl config computes the peer's own
+loss (tests/peers/test_trl.py's and test_verl.py's machinery), validates, and reports every
+option it does not carry over."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from ppokit.cli import app
+from ppokit.convert import convert
+from ppokit.spec import validate_spec
+from ppokit.spec.compose import compose
+from tests.helpers.peers import fixed, ppokit_loss
+
+pytest.importorskip("trl", minversion="1.16")
+from tests.peers import test_trl, test_verl
+
+SET = ("num_generations", "max_completion_length")  # the peer test's config sets them
+
+
+def spec_of(peer: str, config: dict[str, Any], t: int) -> Any:
+    spec, _ = convert(peer, config)
+    data = compose(spec).data
+    data["rollout"]["max_new_tokens"] = t
+    return validate_spec(data)
+
+
+def test_trl_dr_grpo_masked_converts_to_trls_loss() -> None:
+    """The check case: dr_grpo, beta 0.04, scale_rewards none, 4 generations, truncated
+    completions masked."""
+    case = fixed([6, 2, 3, 4, 1, 6, 6, 2])
+    config = {"loss_type": "dr_grpo", "beta": 0.04, "scale_rewards": "none",
+              "num_generations": 4, "mask_truncated_completions": True,
+              "max_completion_length": case.t}  # fmt: skip
+    spec, notes = convert("trl", config)
+    assert spec["variant"] == "dr_grpo" and notes == []
+    theirs = test_trl.trl_loss(case, 4, **{k: v for k, v in config.items() if k not in SET})
+    logp = case.fresh()
+    mine = ppokit_loss(spec_of("trl", config, case.t), case, logp, 4)
+    torch.testing.assert_close(theirs[0], mine.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_trl_configs_convert_to_trls_loss(loss_type: str) -> None:
+    case = fixed()
+    config = {"loss_type": loss_type, "beta": 0.04, "epsilon_high": 0.28,
+              "max_completion_length": case.t, "num_generations": 4}  # fmt: skip
+    theirs = test_trl.trl_loss(case, 4, **{k: v for k, v in config.items() if k not in SET})
+    mine = ppokit_loss(spec_of("trl", config, case.t), case, case.fresh(), 4)
+    torch.testing.assert_close(theirs[0], mine.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_verl_config_converts_to_verls_loss() -> None:
+    case = fixed()
+    config = {"algorithm": {"adv_estimator": "grpo"},
+              "actor_rollout_ref": {"actor": {"clip_ratio_high": 0.28, "use_kl_loss": True,
+                                              "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl",
+                                              "loss_agg_mode": "seq-mean-token-mean"},
+                                    "rollout": {"n": 4}}}  # fmt: skip
+    theirs = test_verl.verl_loss(case, 4, "seq-mean-token-mean", kl="low_var_kl", kl_coef=0.1)
+    mine = ppokit_loss(spec_of("verl", config, case.t), case, case.fresh(), 4)
+    torch.testing.assert_close(theirs[0], mine.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_options_are_reported(tmp_path: Any) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"loss_type": "grpo", "frobnicate": 3}))
+    result = CliRunner().invoke(app, ["convert", "trl", str(path)])
+    assert result.exit_code == 0
+    assert "# no equivalent: frobnicate" in result.stdout
+    out = tmp_path / "spec.yaml"
+    out.write_text("x")
+    assert CliRunner().invoke(app, ["convert", "trl", str(path), "--out", str(out)]).exit_code == 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a\n- b\n")
+    result = CliRunner().invoke(app, ["convert", "verl", str(bad)])
+    assert result.exit_code == 1
+    result = CliRunner().invoke(app, ["convert", "nope", str(path)])
+    assert result.exit_code == 1
