@@ -82,3 +82,24 @@ def test_unknown_options_are_reported(tmp_path: Any) -> None:
     assert result.exit_code == 1
     result = CliRunner().invoke(app, ["convert", "nope", str(path)])
     assert result.exit_code == 1
+
+
+def test_page_rows_are_the_mapping() -> None:
+    """Every option of the module's mapping is named on docs/from-trl-verl.md."""
+    from pathlib import Path
+
+    from ppokit.convert import TRL, VERL
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "from-trl-verl.md").read_text()
+    missing = [k for k in TRL if f"`{k}" not in text]
+    missing += [k for k in VERL if f"{k.rsplit('.', 1)[-1]}`" not in text]
+    assert not missing, missing
+
+
+def test_differs_lines_go_to_stderr_too(tmp_path: Any) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"loss_type": "bnpo", "vllm_importance_sampling_clip_min": 0.5}))
+    result = CliRunner().invoke(app, ["convert", "trl", str(path)])
+    assert result.exit_code == 0
+    for line in ("# differs: loss_type", "# no equivalent: vllm_importance_sampling_clip_min"):
+        assert line in result.stdout and line in result.stderr

@@ -238,3 +238,35 @@ def test_mask_truncated_completions_is_untruncated_weight(case: Case, loss_type:
         adv, agg = GRPO, {"name": "seq_mean_token_mean", "rows": "all"}
     policy = {"loss": "ppo_clip", "aggregation": agg, "weight": "untruncated"}
     same(theirs, ours(case, 4, **adv, policy=policy))
+
+
+MASK_MODES = {"token_mask": "token_mis", "sequence_mask": "seq_mis"}
+
+
+@FAST
+@given(cases(n=N, t=T, mismatch=0.6), MICRO, st.sampled_from(sorted(MASK_MODES)))
+def test_vllm_mask_modes_are_mis_rejected_zero(case: Case, micro: int, mode: str) -> None:
+    """``use_vllm`` with ``vllm_importance_sampling_mode: token_mask`` / ``sequence_mask``,
+    ``_clip_max: C`` and no ``_clip_min``: ``token_mis`` / ``seq_mis`` with ``low: null``,
+    ``high: C``, ``rejected: zero`` (a rejected token stays in the normaliser)."""
+    theirs = trl_loss(
+        case, micro, loss_type="dapo", use_vllm=True, vllm_importance_sampling_mode=mode,
+        vllm_importance_sampling_clip_max=1.5,
+    )  # fmt: skip
+    correction = {"name": MASK_MODES[mode], "low": None, "high": 1.5, "rejected": "zero"}
+    policy = {"loss": "ppo_clip", "aggregation": "token_mean", "correction": correction}
+    same(theirs, ours(case, micro, **GRPO, policy=policy))
+
+
+def test_vllm_mask_mode_dropped_differs() -> None:
+    """ppokit's default ``rejected: dropped`` takes a rejected token out of the normaliser
+    where TRL's ``*_mask`` modes keep it."""
+    case = fixed(spread=0.3)
+    case.logp_rollout = case.logp_old + 0.8 * torch.randn(case.b, case.t, generator=torch.Generator().manual_seed(1))  # fmt: skip
+    theirs = trl_loss(
+        case, 4, loss_type="dapo", use_vllm=True, vllm_importance_sampling_mode="token_mask",
+        vllm_importance_sampling_clip_max=1.5,
+    )  # fmt: skip
+    correction = {"name": "token_mis", "low": None, "high": 1.5}
+    policy = {"loss": "ppo_clip", "aggregation": "token_mean", "correction": correction}
+    assert gap(theirs, ours(case, 4, **GRPO, policy=policy)) > 1e-4
