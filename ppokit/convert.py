@@ -224,19 +224,37 @@ def _trl(config: dict[str, Any], out: _Out) -> str:
         out.set("kl", {"estimator": estimator, "coef": c["beta"], "placement": "loss"})
     else:
         out.set("kl", None)
-    if c.get("use_vllm") and c.get("vllm_importance_sampling_correction", True):
-        out.none(
-            "vllm_importance_sampling_mode",
-            "set policy.correction (token_tis, seq_tis, token_mis, seq_mis) by hand",
+    if c.get("use_vllm"):
+        out.differs(
+            "use_vllm", "rollout.engine: vllm is colocated only; the engine is left as it is"
         )
-    for key in sorted(given - set(TRL)):
-        if key not in (
-            "use_vllm",
-            "vllm_importance_sampling_mode",
-            "vllm_importance_sampling_correction",
-        ):
-            out.none(key)
+        if c.get("vllm_importance_sampling_correction", True):
+            out.set("policy.correction", _trl_correction(c, out))
+    else:
+        for key in sorted(given & set(VLLM[1:])):
+            out.none(key, "TRL reads it only with use_vllm")
+    for key in sorted(given - set(TRL) - set(VLLM)):
+        out.none(key)
     return variant
+
+
+#: TRL's vLLM options, read with ``use_vllm``.
+VLLM = ("use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+        "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min")  # fmt: skip
+
+
+def _trl_correction(c: dict[str, Any], out: _Out) -> dict[str, Any]:
+    """``policy.correction`` of TRL's ``vllm_importance_sampling_*`` (TRL's defaults:
+    ``sequence_mask``, ``clip_max`` 3.0, no ``clip_min``)."""
+    mode = c.get("vllm_importance_sampling_mode", "sequence_mask")
+    high = float(c.get("vllm_importance_sampling_clip_max", 3.0))
+    low = c.get("vllm_importance_sampling_clip_min")
+    if mode in ("token_mask", "sequence_mask"):
+        name = "token_mis" if mode == "token_mask" else "seq_mis"
+        return {"name": name, "low": low, "high": high, "rejected": "zero"}
+    if low is not None:
+        out.none("vllm_importance_sampling_clip_min", "ppokit's *_tis truncate from above only")
+    return {"name": "token_tis" if mode == "token_truncate" else "seq_tis", "cap": high}
 
 
 def _verl(config: dict[str, Any], out: _Out) -> str:

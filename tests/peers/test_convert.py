@@ -98,8 +98,41 @@ def test_page_rows_are_the_mapping() -> None:
 
 def test_differs_lines_go_to_stderr_too(tmp_path: Any) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"loss_type": "bnpo", "vllm_importance_sampling_clip_min": 0.5}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "loss_type": "bnpo",
+                "vllm_importance_sampling_clip_min": 0.5,
+                "use_vllm": True,
+                "vllm_importance_sampling_mode": "token_truncate",
+            }
+        )
+    )
     result = CliRunner().invoke(app, ["convert", "trl", str(path)])
     assert result.exit_code == 0
     for line in ("# differs: loss_type", "# no equivalent: vllm_importance_sampling_clip_min"):
         assert line in result.stdout and line in result.stderr
+
+
+@pytest.mark.parametrize("mode", ["token_mask", "sequence_mask"])
+def test_trl_vllm_mask_modes_convert_to_trls_loss(mode: str) -> None:
+    case = fixed()
+    config = {"loss_type": "dapo", "use_vllm": True, "vllm_importance_sampling_mode": mode,
+              "vllm_importance_sampling_clip_max": 1.5, "num_generations": 4,
+              "max_completion_length": case.t}  # fmt: skip
+    theirs = test_trl.trl_loss(case, 4, **{k: v for k, v in config.items() if k not in SET})
+    mine = ppokit_loss(spec_of("trl", config, case.t), case, case.fresh(), 4)
+    torch.testing.assert_close(theirs[0], mine.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_written_spec_validates(tmp_path: Any) -> None:
+    """The check case through the command: the YAML it writes composes and validates."""
+    path = tmp_path / "c.yaml"
+    path.write_text("loss_type: dr_grpo\nbeta: 0.04\nscale_rewards: none\nnum_generations: 4\n"
+                    "mask_truncated_completions: true\n")  # fmt: skip
+    out = tmp_path / "spec.yaml"
+    result = CliRunner().invoke(app, ["convert", "trl", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    spec = validate_spec(compose(yaml.safe_load(out.read_text())).data)
+    assert spec.policy.weight.name == "untruncated"
+    assert spec.kl is not None and spec.kl.estimator.name == "k3_is"
