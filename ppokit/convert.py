@@ -15,6 +15,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import copy
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -257,8 +258,31 @@ def _trl_correction(c: dict[str, Any], out: _Out) -> dict[str, Any]:
     return {"name": "token_tis" if mode == "token_truncate" else "seq_tis", "cap": high}
 
 
+INTERPOLATION = re.compile(r"\$\{(?:oc\.select:)?([\w.]+)(?:,([^}]*))?\}")
+
+
+def _resolved(flat: dict[str, Any], out: _Out) -> dict[str, Any]:
+    """``flat`` without its nulls (unset: the default) and with Hydra's ``${path}`` and
+    ``${oc.select:path,default}`` read; any other interpolation is reported and unset."""
+    done: dict[str, Any] = {}
+    for key, value in flat.items():
+        for _ in range(8):  # a chain of interpolations
+            if not isinstance(value, str) or not value.startswith("${"):
+                break
+            found = INTERPOLATION.fullmatch(value)
+            if found is None:
+                value = None
+                out.none(key, "an interpolation not read: the default used")
+                break
+            path, default = found.groups()
+            value = flat.get(path, yaml.safe_load(default) if default is not None else None)
+        if value is not None:
+            done[key] = value
+    return done
+
+
 def _verl(config: dict[str, Any], out: _Out) -> str:
-    flat = _flat(config)
+    flat = _resolved(_flat(config), out)
     c = {**VERL_DEFAULTS, **flat}
     a, r = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
     estimator = c["algorithm.adv_estimator"]
@@ -360,7 +384,11 @@ def convert(peer: str, config: Any) -> tuple[dict[str, Any], list[str]]:
     if not isinstance(config, dict):
         raise UserError(f"expected a mapping of options, got {type(config).__name__}")
     out = _Out()
-    variant = (_trl if peer == "trl" else _verl)(copy.deepcopy(config), out)
+    config = {k: v for k, v in config.items() if v is not None} if peer == "trl" else config
+    try:
+        variant = (_trl if peer == "trl" else _verl)(copy.deepcopy(config), out)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"an option of the wrong type: {one_line(exc)}") from None
     have = compose({"variant": variant}).data
     spec: dict[str, Any] = {"variant": variant}
     want = out.spec

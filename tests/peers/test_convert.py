@@ -136,3 +136,16 @@ def test_the_written_spec_validates(tmp_path: Any) -> None:
     spec = validate_spec(compose(yaml.safe_load(out.read_text())).data)
     assert spec.policy.weight.name == "untruncated"
     assert spec.kl is not None and spec.kl.estimator.name == "k3_is"
+
+
+def test_verl_interpolations_are_read_or_reported() -> None:
+    config = {"data": {"max_response_length": 64},
+              "actor_rollout_ref": {"rollout": {"response_length": "${oc.select:data.max_response_length,512}",
+                                                "n": "${oc.env:N}"},
+                                    "actor": {"ppo_micro_batch_size_per_gpu": None}}}  # fmt: skip
+    spec, notes = convert("verl", config)
+    assert spec["rollout"]["max_new_tokens"] == 64
+    assert (
+        "# no equivalent: actor_rollout_ref.rollout.n: an interpolation not read: the default used"
+        in notes
+    )
