@@ -222,6 +222,11 @@ def _trl(config: dict[str, Any], out: _Out) -> str:
             )
     if c["beta"]:
         estimator = "k3_is" if c["use_bias_correction_kl"] else "k3"
+        if estimator == "k3_is" and c["importance_sampling_level"] == "sequence":
+            out.differs(
+                "use_bias_correction_kl",
+                "TRL weighs k3 by the sequence's ratio here, k3_is by each token's",
+            )
         out.set("kl", {"estimator": estimator, "coef": c["beta"], "placement": "loss"})
     else:
         out.set("kl", None)
