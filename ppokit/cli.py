@@ -27,6 +27,7 @@ from ppokit import __version__, launcher
 from ppokit.children import tie_to_parent
 from ppokit.compare import compare_command
 from ppokit.conformance import check_command
+from ppokit.convert import convert_command
 from ppokit.docgen import param_rows, params_table, write_docs
 from ppokit.errors import (
     TRACEBACK,
@@ -627,6 +628,7 @@ def _train_args(
 app.command("compare")(compare_command)
 app.command("check")(check_command)
 app.command("export")(export_command)
+app.command("convert")(convert_command)
 app.command("eval")(eval_command)
 app.command("reward-server")(reward_server_command)
 

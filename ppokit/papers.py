@@ -192,6 +192,12 @@ ICEPOP = Paper(
     2025,
     "arXiv:2510.18855",
 )
+DEEPSEEK_V32 = Paper(
+    "DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models",
+    "DeepSeek-AI",
+    2025,
+    "arXiv:2512.02556",
+)
 
 PRIME = Paper(
     "Process Reinforcement through Implicit Rewards", "Cui et al.", 2025, "arXiv:2502.01456"

@@ -22,7 +22,7 @@ from ppokit.batch import FIELDS as BATCH_FIELDS
 from ppokit.batch import PART_FIELDS, RolloutBatch
 from ppokit.errors import ComponentError
 from ppokit.spec import Spec
-from ppokit.trainer.assembly import Assembly
+from ppokit.trainer.assembly import Assembly, optional
 from ppokit.trainer.checks import count
 from ppokit.trainer.forwards import Forwards
 from ppokit.trainer.microbatches import MicroBatches
@@ -340,7 +340,8 @@ def estimate(
 ) -> tuple[UpdateData, dict[str, Tensor], Tensor]:
     """Truncation rule → KL in the reward → what the updates read: advantages A, prompt
     weights ω and rollout-correction weights c with the actor's masks
-    mask' = mask·[ω > 0]·[c > 0] and mask'·[R > 0]; critic
+    mask' = mask·[ω > 0]·[c > 0] (a correction that ``keeps_rejected``: mask·[ω > 0]) and
+    mask'·[R > 0]; critic
     targets Y, position mask m^V and weights. Returns them with their metrics and β after
     the adaptive controller's step (each component counts its estimates into the round's
     non-finite counter; the critic's values V_old are counted here)."""
@@ -355,7 +356,10 @@ def estimate(
     adv = parts.advantage(batch).float().detach()
     weights = parts.policy_weight(batch).float().detach()
     correction = parts.correction(batch).float().detach()
-    actor_mask = batch.response_mask & (weights > 0)[:, None] & (correction > 0)
+    kept = batch.response_mask
+    if not optional(parts.correction, "rollout_correction", "keeps_rejected"):
+        kept = kept & (correction > 0)
+    actor_mask = kept & (weights > 0)[:, None]
     nll_mask = actor_mask & (scores > 0)[:, None] if spec.policy.nll_coef > 0 else None
     data = UpdateData(ro, batch, adv, actor_mask, weights, correction, nll_mask)
     for slot, component, out in (

@@ -140,7 +140,11 @@ class Objective:
             # where the aggregation drops a position (padding, rows of weight 0) log π_ref is
             # compared with itself: KL 0 there, so a huge log-ratio at a dropped position
             # (exp overflows) cannot put 0·inf = NaN into the gradient
-            estimate = parts.kl(torch.where(mask, logp, ref), ref)
+            policy_logp = torch.where(mask, logp, ref)
+            if optional(parts.kl, "kl_estimator", "importance_weighted"):
+                estimate = parts.kl(policy_logp, ref, torch.where(mask, logp_old, ref))
+            else:
+                estimate = parts.kl(policy_logp, ref)
             loss = loss + beta * term(estimate, mask, denoms["policy"])
         if policy.entropy_coef > 0:
             loss = loss - policy.entropy_coef * term(ent, mask, denoms["policy"])

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ppokit.batch import RolloutBatch
 from ppokit.spec import Spec, validate_spec
-from ppokit.trainer.assembly import Assembly
+from ppokit.trainer.assembly import Assembly, optional
 from ppokit.trainer.estimation import UpdateData
 from ppokit.trainer.metrics import Meter
 from ppokit.trainer.objective import Objective
@@ -134,7 +134,10 @@ def ppokit_loss(spec: Spec, case: Case, logp: Tensor, micro: int, minibatches: i
     adv = parts.advantage(batch).float().detach()
     weights = parts.policy_weight(batch).float().detach()
     correction = parts.correction(batch).float().detach()
-    actor_mask = batch.response_mask & (weights > 0)[:, None] & (correction > 0)
+    kept = batch.response_mask
+    if not optional(parts.correction, "rollout_correction", "keeps_rejected"):
+        kept = kept & (correction > 0)
+    actor_mask = kept & (weights > 0)[:, None]
     data = UpdateData(None, batch, adv, actor_mask, weights, correction, None)  # type: ignore[arg-type]
     beta = torch.tensor(spec.kl.coef if spec.kl is not None else 0.0)
     total = torch.zeros(())

@@ -149,9 +149,22 @@ def test_k3_kl_without_bias_correction(case: Case, micro: int) -> None:
     same(theirs, mine)
 
 
+@FAST
+@given(cases(n=N, t=T), MICRO)
+def test_bias_corrected_kl_is_k3_is(case: Case, micro: int) -> None:
+    """``beta: β`` with TRL's default ``use_bias_correction_kl: true``: ``kl: {estimator:
+    k3_is, coef: β, placement: loss}`` (k3 weighted by π/π_old)."""
+    theirs = trl_loss(case, micro, loss_type="dapo", beta=0.04)
+    kl = {"estimator": "k3_is", "coef": 0.04, "placement": "loss"}
+    mine = ours(
+        case, micro, **GRPO, kl=kl, policy={"loss": "ppo_clip", "aggregation": "token_mean"}
+    )
+    same(theirs, mine)
+
+
 def test_bias_corrected_kl_differs() -> None:
     """TRL's default ``use_bias_correction_kl: true`` weighs k3 by π/π_old (DeepSeek-V3.2):
-    ppokit's k3 is not weighted, the two differ by β·(ρ − 1)·k3 a token."""
+    ppokit's ``k3`` is not weighted (``k3_is`` is), the two differ by β·(ρ − 1)·k3 a token."""
     case = fixed(spread=0.5)
     theirs = trl_loss(case, 2, loss_type="dapo", beta=0.5)
     kl = {"estimator": "k3", "coef": 0.5, "placement": "loss"}
@@ -206,3 +219,54 @@ def test_mask_truncated_completions_differs() -> None:
     agg = {"name": "seq_mean_token_sum_norm", "norm": T}
     mine = ours(case, 4, advantage="dr_grpo", truncation="exclude", policy={"aggregation": agg})
     assert gap(theirs, mine) > 1e-4
+
+
+@FAST
+@given(cases(n=N, t=T), st.sampled_from(["grpo", "dr_grpo"]))
+def test_mask_truncated_completions_is_untruncated_weight(case: Case, loss_type: str) -> None:
+    """``mask_truncated_completions: true``: ``policy.weight: untruncated`` (the rows out of
+    the loss, in their group's statistics) and, under ``grpo`` and ``dr_grpo``, the
+    aggregation's ``rows: all`` (the rows still in the row count)."""
+    scale = "none" if loss_type == "dr_grpo" else "group"
+    theirs = trl_loss(
+        case, 4, loss_type=loss_type, scale_rewards=scale, mask_truncated_completions=True
+    )
+    if loss_type == "dr_grpo":
+        adv: dict[str, Any] = {"advantage": "dr_grpo"}
+        agg: dict[str, Any] = {"name": "seq_mean_token_sum_norm", "norm": T, "rows": "all"}
+    else:
+        adv, agg = GRPO, {"name": "seq_mean_token_mean", "rows": "all"}
+    policy = {"loss": "ppo_clip", "aggregation": agg, "weight": "untruncated"}
+    same(theirs, ours(case, 4, **adv, policy=policy))
+
+
+MASK_MODES = {"token_mask": "token_mis", "sequence_mask": "seq_mis"}
+
+
+@FAST
+@given(cases(n=N, t=T, mismatch=0.6), MICRO, st.sampled_from(sorted(MASK_MODES)))
+def test_vllm_mask_modes_are_mis_rejected_zero(case: Case, micro: int, mode: str) -> None:
+    """``use_vllm`` with ``vllm_importance_sampling_mode: token_mask`` / ``sequence_mask``,
+    ``_clip_max: C`` and no ``_clip_min``: ``token_mis`` / ``seq_mis`` with ``low: null``,
+    ``high: C``, ``rejected: zero`` (a rejected token stays in the normaliser)."""
+    theirs = trl_loss(
+        case, micro, loss_type="dapo", use_vllm=True, vllm_importance_sampling_mode=mode,
+        vllm_importance_sampling_clip_max=1.5,
+    )  # fmt: skip
+    correction = {"name": MASK_MODES[mode], "low": None, "high": 1.5, "rejected": "zero"}
+    policy = {"loss": "ppo_clip", "aggregation": "token_mean", "correction": correction}
+    same(theirs, ours(case, micro, **GRPO, policy=policy))
+
+
+def test_vllm_mask_mode_dropped_differs() -> None:
+    """ppokit's default ``rejected: dropped`` takes a rejected token out of the normaliser
+    where TRL's ``*_mask`` modes keep it."""
+    case = fixed(spread=0.3)
+    case.logp_rollout = case.logp_old + 0.8 * torch.randn(case.b, case.t, generator=torch.Generator().manual_seed(1))  # fmt: skip
+    theirs = trl_loss(
+        case, 4, loss_type="dapo", use_vllm=True, vllm_importance_sampling_mode="token_mask",
+        vllm_importance_sampling_clip_max=1.5,
+    )  # fmt: skip
+    correction = {"name": "token_mis", "low": None, "high": 1.5}
+    policy = {"loss": "ppo_clip", "aggregation": "token_mean", "correction": correction}
+    assert gap(theirs, ours(case, 4, **GRPO, policy=policy)) > 1e-4

@@ -15,7 +15,7 @@ This module is the torch-free catalogue; the tensor code is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import Field
 
@@ -46,7 +46,16 @@ CONTRACT = Contract(
 MODULE = "ppokit.components.aggregation.impl"
 
 
-class SeqMeanTokenSumNormParams(Params):
+class SeqMeanParams(Params):
+    rows: Literal["nonempty", "all"] = Field(
+        "nonempty",
+        description="#rows: the rows with a token in the mask (nonempty) or every row of the "
+        "minibatch, rows out of the mask (excluded, weight 0, rejected) included (all: TRL's "
+        "grpo and dr_grpo)",
+    )
+
+
+class SeqMeanTokenSumNormParams(SeqMeanParams):
     norm: float | None = Field(
         None, gt=0, description="constant divisor (None: T, the padded response length)"
     )
@@ -67,7 +76,7 @@ SEQ_MEAN_TOKEN_MEAN = Component(
     "aggregation",
     "seq_mean_token_mean",
     MODULE,
-    params=NoParams,
+    params=SeqMeanParams,
     summary="Mean over non-empty rows of each row's token mean (GRPO)",
     formula="(1 / #rows) sum_i [sum_t m L / max(sum_t m, 1)]",
     source=str(papers.GRPO),
@@ -78,7 +87,7 @@ SEQ_MEAN_TOKEN_SUM = Component(
     "aggregation",
     "seq_mean_token_sum",
     MODULE,
-    params=NoParams,
+    params=SeqMeanParams,
     summary="Mean over non-empty rows of each row's token sum",
     formula="(1 / #rows) sum_i sum_t m L",
     source=str(papers.DR_GRPO),

@@ -33,6 +33,18 @@ def _nonempty_rows(mask: Tensor) -> Tensor:
     return (mask != 0).any(dim=1).sum().to(torch.float32)
 
 
+class _Rows:
+    """#rows of a seq-mean: the non-empty rows of the mask, or all of them."""
+
+    def __init__(self, *, rows: str = "nonempty") -> None:
+        self.rows = rows
+
+    def count(self, mask: Tensor) -> Tensor:
+        if self.rows == "all":
+            return torch.tensor(float(mask.shape[0]), device=mask.device)
+        return _nonempty_rows(mask)
+
+
 class RatioAggregation:
     """Base: ``agg(L, mask, denom=None) = numerator(L, mask) / (denom or denominator(mask))``."""
 
@@ -58,7 +70,7 @@ class TokenMean(RatioAggregation):
 
 
 @catalogue.SEQ_MEAN_TOKEN_MEAN.implementation
-class SeqMeanTokenMean(RatioAggregation):
+class SeqMeanTokenMean(_Rows, RatioAggregation):
     """The per-sequence average of GRPO."""
 
     def numerator(self, values: Tensor, mask: Tensor) -> Tensor:
@@ -66,23 +78,24 @@ class SeqMeanTokenMean(RatioAggregation):
         return (_row_sums(values, mask) / counts).sum()
 
     def denominator(self, mask: Tensor) -> Tensor:
-        return _nonempty_rows(mask).clamp_min(1.0)
+        return self.count(mask).clamp_min(1.0)
 
 
 @catalogue.SEQ_MEAN_TOKEN_SUM.implementation
-class SeqMeanTokenSum(RatioAggregation):
+class SeqMeanTokenSum(_Rows, RatioAggregation):
     def numerator(self, values: Tensor, mask: Tensor) -> Tensor:
         return _row_sums(values, mask).sum()
 
     def denominator(self, mask: Tensor) -> Tensor:
-        return _nonempty_rows(mask).clamp_min(1.0)
+        return self.count(mask).clamp_min(1.0)
 
 
 @catalogue.SEQ_MEAN_TOKEN_SUM_NORM.implementation
-class SeqMeanTokenSumNorm(RatioAggregation):
+class SeqMeanTokenSumNorm(_Rows, RatioAggregation):
     """Dr. GRPO's length-unbiased constant; norm = None is T = mask.shape[1]."""
 
-    def __init__(self, *, norm: float | None) -> None:
+    def __init__(self, *, norm: float | None, rows: str = "nonempty") -> None:
+        super().__init__(rows=rows)
         self.norm = norm
 
     def numerator(self, values: Tensor, mask: Tensor) -> Tensor:
@@ -90,4 +103,4 @@ class SeqMeanTokenSumNorm(RatioAggregation):
 
     def denominator(self, mask: Tensor) -> Tensor:
         norm = float(max(mask.shape[1], 1)) if self.norm is None else float(self.norm)
-        return _nonempty_rows(mask).clamp_min(1.0) * norm
+        return self.count(mask).clamp_min(1.0) * norm

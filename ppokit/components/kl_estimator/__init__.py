@@ -2,6 +2,10 @@
 KL(pi || pi_ref) from the log-probabilities of sampled tokens a ~ pi. Called without a mask:
 the aggregation that consumes them does the masking.
 
+An estimator whose entry requires ``logp_old`` declares ``importance_weighted = True`` and is
+called ``kl(logp, logp_ref, logp_old)``: its estimate is weighted by the ratio π/π_old of the
+sampled tokens (in the loss; where logp is π_old itself, the ``kl`` metric, the weight is 1).
+
 Each takes ``straight_through``: when True the value is unchanged but the gradient with
 respect to ``logp`` is the k2 estimator's, (logp - logp_ref): value.detach() + (k2 - sg(k2)).
 
@@ -23,12 +27,23 @@ if TYPE_CHECKING:
 
 
 class KLEstimator(Protocol):
-    """``kl(logp, logp_ref) -> [B, T]`` float32, differentiable in logp."""
+    """``kl(logp, logp_ref) -> [B, T]`` float32, differentiable in logp (an
+    ``importance_weighted`` one: ``kl(logp, logp_ref, logp_old)``)."""
 
-    def __call__(self, logp: Tensor, logp_ref: Tensor) -> Tensor: ...
+    def __call__(
+        self, logp: Tensor, logp_ref: Tensor, logp_old: Tensor | None = None
+    ) -> Tensor: ...
 
 
-CONTRACT = Contract("elementwise", like=(0, "logp"), differentiable="logp")
+CONTRACT = Contract(
+    "elementwise",
+    like=(0, "logp"),
+    differentiable="logp",
+    optional={
+        "importance_weighted": "True: called kl(logp, logp_ref, logp_old), the estimate "
+        "weighted by π/π_old (its entry requires logp_old)"
+    },
+)
 MODULE = "ppokit.components.kl_estimator.impl"
 
 
@@ -41,7 +56,13 @@ class KLParams(Params):
 _STRAIGHT_THROUGH = "; straight_through: value + k2 - sg(k2) with sg(value)"
 
 
-def _estimator(name: str, summary: str, formula: str) -> Component:
+def _estimator(
+    name: str,
+    summary: str,
+    formula: str,
+    requires: tuple[str, ...] = ("logp_ref",),
+    source: str = str(papers.KL_APPROX),
+) -> Component:
     return Component(
         "kl_estimator",
         name,
@@ -49,8 +70,8 @@ def _estimator(name: str, summary: str, formula: str) -> Component:
         params=KLParams,
         summary=summary,
         formula=formula + _STRAIGHT_THROUGH,
-        requires=("logp_ref",),
-        source=str(papers.KL_APPROX),
+        requires=requires,
+        source=source,
     )
 
 
@@ -67,6 +88,16 @@ K3 = _estimator(
     f"d = clamp(logp_ref - logp, -{LOG_RATIO_BOUND:g}, {LOG_RATIO_BOUND:g})",
 )
 ABS = _estimator("abs", "Absolute log-ratio", "|logp - logp_ref|")
+K3_IS = _estimator(
+    "k3_is",
+    "k3 weighted by the ratio π/π_old: unbiased for KL(π || π_ref) on tokens sampled from π_old",
+    "k3_is = exp(clamp(logp - logp_old, -B, B)) · k3, the ratio not detached, "
+    f"B = {LOG_RATIO_BOUND:g}",
+    requires=("logp_ref", "logp_old"),
+    source=papers.cite(
+        ("the unbiased KL estimate", papers.DEEPSEEK_V32), "TRL's use_bias_correction_kl"
+    ),
+)
 
 #: Every built-in kl_estimator component, registered by the default plugin.
-ENTRIES: tuple[Component, ...] = (K1, K2, K3, ABS)
+ENTRIES: tuple[Component, ...] = (K1, K2, K3, ABS, K3_IS)

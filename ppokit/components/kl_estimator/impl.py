@@ -9,7 +9,7 @@ from ppokit.components import kl_estimator as catalogue
 from ppokit.components.kl_estimator import K3_MAX
 from ppokit.ops import LOG_RATIO_BOUND
 
-__all__ = ["K1", "K2", "K3", "AbsKL", "LogRatioEstimator"]
+__all__ = ["K1", "K2", "K3", "K3IS", "AbsKL", "LogRatioEstimator"]
 
 
 def _k2(diff: Tensor) -> Tensor:
@@ -62,3 +62,22 @@ class K3(LogRatioEstimator):
 class AbsKL(LogRatioEstimator):
     def estimate(self, diff: Tensor) -> Tensor:
         return diff.abs()
+
+
+@catalogue.K3_IS.implementation
+class K3IS(K3):
+    """k3 times ρ = π/π_old, ρ not detached (TRL's ``use_bias_correction_kl``): the gradient
+    flows through the weight too. Where logp is π_old (the ``kl`` metric) ρ = 1."""
+
+    importance_weighted = True
+
+    def __call__(self, logp: Tensor, logp_ref: Tensor, logp_old: Tensor | None = None) -> Tensor:
+        diff = logp.float() - logp_ref.detach().float()
+        value = self.estimate(diff)
+        if logp_old is not None:
+            log_rho = logp.float() - logp_old.detach().float()
+            value = value * log_rho.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
+        if not self.straight_through:
+            return value
+        k2 = _k2(diff)
+        return value.detach() + (k2 - k2.detach())

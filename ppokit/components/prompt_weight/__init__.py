@@ -1,5 +1,6 @@
 """Prompt weights of the actor loss (``policy.weight``) and the critic loss (``critic.weight``):
-``w(batch) -> float32 [B]``, one weight per response (responses to one prompt share it).
+``w(batch) -> float32 [B]``, one weight per response (responses to one prompt share it,
+but for ``untruncated``, which weighs each response by its own truncation).
 
 A row without tokens is no response: it weighs 0 and does not count in its group.
 
@@ -71,9 +72,21 @@ INFORMATIVE_GROUPS = Component(
     source=str(papers.DAPO),
 )
 
+UNTRUNCATED = Component(
+    "prompt_weight",
+    "untruncated",
+    MODULE,
+    params=NoParams,
+    summary="Truncated responses weigh 0: out of the loss, still in their group's statistics",
+    formula="w = 1[not truncated] (0 for a row without tokens)",
+    requires=("truncated",),
+    source=papers.cite(("overlong filtering", papers.DAPO), "TRL's mask_truncated_completions"),
+)
+
 #: Every built-in prompt_weight component, registered by the default plugin.
 ENTRIES: tuple[Component, ...] = (
     UNIFORM,
     PASS_RATE_VARIANCE,
     INFORMATIVE_GROUPS,
+    UNTRUNCATED,
 )

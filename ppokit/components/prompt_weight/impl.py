@@ -8,7 +8,7 @@ from torch import Tensor
 from ppokit.batch import RolloutBatch
 from ppokit.components import prompt_weight as catalogue
 
-__all__ = ["InformativeGroups", "PassRateVariance", "Uniform"]
+__all__ = ["InformativeGroups", "PassRateVariance", "Uniform", "Untruncated"]
 
 
 @catalogue.UNIFORM.implementation
@@ -41,3 +41,11 @@ class InformativeGroups:
         high = batch.group_max(torch.where(live, scores, -torch.inf))
         low = batch.group_min(torch.where(live, scores, torch.inf))
         return ((high > low) & live).to(torch.float32)
+
+
+@catalogue.UNTRUNCATED.implementation
+class Untruncated:
+    def __call__(self, batch: RolloutBatch) -> Tensor:
+        if batch.truncated is None:
+            raise ValueError("the 'untruncated' prompt weight needs batch.truncated")
+        return (batch.nonempty & ~batch.truncated.bool()).to(torch.float32)

@@ -15,7 +15,7 @@ This module is the torch-free catalogue; the tensor code is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import Field
 
@@ -35,7 +35,13 @@ class RolloutCorrection(Protocol):
     def __call__(self, batch: RolloutBatch) -> Tensor: ...
 
 
-CONTRACT = Contract("estimate")
+CONTRACT = Contract(
+    "estimate",
+    optional={
+        "keeps_rejected": "True: a rejected token (weight 0) stays in mask', so in the "
+        "loss's normaliser (TRL's *_mask modes)"
+    },
+)
 MODULE = "ppokit.components.rollout_correction.impl"
 REQUIRES = ("logp_old", "logp_rollout")
 #: What every correction reports each round (its ``metrics(batch, weights)``).
@@ -67,7 +73,19 @@ class BoundsParams(Bounds):
     high: float = Field(2.0, ge=1.0, le=1e6, description="the largest ratio kept (>= 1)")
 
 
-class TokenMISParams(BoundsParams):
+class MISParams(Params):
+    low: float | None = Field(
+        0.5, gt=0.0, le=1.0, description="the smallest ratio kept (<= 1); null: no lower bound"
+    )
+    high: float = Field(2.0, ge=1.0, le=1e6, description="the largest ratio kept (>= 1)")
+    rejected: Literal["dropped", "zero"] = Field(
+        "dropped",
+        description="a rejected token leaves mask' and the loss's normaliser (dropped) or "
+        "weighs 0 and stays in it (zero: TRL's token_mask and sequence_mask)",
+    )
+
+
+class TokenMISParams(MISParams):
     high: float = Field(5.0, ge=1.0, le=1e6, description="the largest ratio kept (>= 1)")
 
 
@@ -109,7 +127,7 @@ TOKEN_MIS = Component(
     MODULE,
     params=TokenMISParams,
     summary="Masked importance sampling per token: tokens whose ratio leaves [low, high] are dropped",
-    formula="c_t = r_t · 1[low <= r_t <= high]",
+    formula="c_t = r_t · 1[low <= r_t <= high]; rejected: zero keeps c_t = 0 in mask'",
     requires=REQUIRES,
     metrics=METRICS,
     source=ICEPOP,
@@ -131,9 +149,9 @@ SEQ_MIS = Component(
     "rollout_correction",
     "seq_mis",
     MODULE,
-    params=BoundsParams,
+    params=MISParams,
     summary="Masked importance sampling per sequence: rows whose ratio leaves [low, high] are dropped",
-    formula="ρ = exp(Σ_t Δ_t); c_t = ρ · 1[low <= ρ <= high]",
+    formula="ρ = exp(Σ_t Δ_t); c_t = ρ · 1[low <= ρ <= high]; rejected: zero keeps c_t = 0 in mask'",
     requires=REQUIRES,
     metrics=METRICS,
     source=VERL_RS,

@@ -7,6 +7,8 @@ far outside every bound and cap, so the result is the same.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -76,8 +78,10 @@ class TokenTIS(_Reports):
 
 @TOKEN_MIS.implementation
 class TokenMIS(_Reports):
-    def __init__(self, *, low: float, high: float) -> None:
-        self.low, self.high = low, high
+    def __init__(self, *, low: float | None, high: float, rejected: str = "dropped") -> None:
+        self.low = -math.inf if low is None else low
+        self.high = high
+        self.keeps_rejected = rejected == "zero"
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
         r = _ratio(log_ratio(batch))
@@ -97,8 +101,10 @@ class SeqTIS(_Reports):
 
 @SEQ_MIS.implementation
 class SeqMIS(_Reports):
-    def __init__(self, *, low: float, high: float) -> None:
-        self.low, self.high = low, high
+    def __init__(self, *, low: float | None, high: float, rejected: str = "dropped") -> None:
+        self.low = -math.inf if low is None else low
+        self.high = high
+        self.keeps_rejected = rejected == "zero"
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
         rho = _ratio(log_ratio(batch).sum(1))

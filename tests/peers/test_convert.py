@@ -1,0 +1,151 @@
+"""``ppokit convert``: the spec converted from a TRL or verl config computes the peer's own
+loss (tests/peers/test_trl.py's and test_verl.py's machinery), validates, and reports every
+option it does not carry over."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from ppokit.cli import app
+from ppokit.convert import convert
+from ppokit.spec import validate_spec
+from ppokit.spec.compose import compose
+from tests.helpers.peers import fixed, ppokit_loss
+
+pytest.importorskip("trl", minversion="1.16")
+from tests.peers import test_trl, test_verl
+
+SET = ("num_generations", "max_completion_length")  # the peer test's config sets them
+
+
+def spec_of(peer: str, config: dict[str, Any], t: int) -> Any:
+    spec, _ = convert(peer, config)
+    data = compose(spec).data
+    data["rollout"]["max_new_tokens"] = t
+    return validate_spec(data)
+
+
+def test_trl_dr_grpo_masked_converts_to_trls_loss() -> None:
+    """The check case: dr_grpo, beta 0.04, scale_rewards none, 4 generations, truncated
+    completions masked."""
+    case = fixed([6, 2, 3, 4, 1, 6, 6, 2])
+    config = {"loss_type": "dr_grpo", "beta": 0.04, "scale_rewards": "none",
+              "num_generations": 4, "mask_truncated_completions": True,
+              "max_completion_length": case.t}  # fmt: skip
+    spec, notes = convert("trl", config)
+    assert spec["variant"] == "dr_grpo" and notes == []
+    theirs = test_trl.trl_loss(case, 4, **{k: v for k, v in config.items() if k not in SET})
+    logp = case.fresh()
+    mine = ppokit_loss(spec_of("trl", config, case.t), case, logp, 4)
+    torch.testing.assert_close(theirs[0], mine.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_trl_configs_convert_to_trls_loss(loss_type: str) -> None:
+    case = fixed()
+    config = {"loss_type": loss_type, "beta": 0.04, "epsilon_high": 0.28,
+              "max_completion_length": case.t, "num_generations": 4}  # fmt: skip
+    theirs = test_trl.trl_loss(case, 4, **{k: v for k, v in config.items() if k not in SET})
+    mine = ppokit_loss(spec_of("trl", config, case.t), case, case.fresh(), 4)
+    torch.testing.assert_close(theirs[0], mine.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_verl_config_converts_to_verls_loss() -> None:
+    case = fixed()
+    config = {"algorithm": {"adv_estimator": "grpo"},
+              "actor_rollout_ref": {"actor": {"clip_ratio_high": 0.28, "use_kl_loss": True,
+                                              "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl",
+                                              "loss_agg_mode": "seq-mean-token-mean"},
+                                    "rollout": {"n": 4}}}  # fmt: skip
+    theirs = test_verl.verl_loss(case, 4, "seq-mean-token-mean", kl="low_var_kl", kl_coef=0.1)
+    mine = ppokit_loss(spec_of("verl", config, case.t), case, case.fresh(), 4)
+    torch.testing.assert_close(theirs[0], mine.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_options_are_reported(tmp_path: Any) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"loss_type": "grpo", "frobnicate": 3}))
+    result = CliRunner().invoke(app, ["convert", "trl", str(path)])
+    assert result.exit_code == 0
+    assert "# no equivalent: frobnicate" in result.stdout
+    out = tmp_path / "spec.yaml"
+    out.write_text("x")
+    assert CliRunner().invoke(app, ["convert", "trl", str(path), "--out", str(out)]).exit_code == 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a\n- b\n")
+    result = CliRunner().invoke(app, ["convert", "verl", str(bad)])
+    assert result.exit_code == 1
+    result = CliRunner().invoke(app, ["convert", "nope", str(path)])
+    assert result.exit_code == 1
+
+
+def test_page_rows_are_the_mapping() -> None:
+    """Every option of the module's mapping is named on docs/from-trl-verl.md."""
+    from pathlib import Path
+
+    from ppokit.convert import TRL, VERL
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "from-trl-verl.md").read_text()
+    missing = [k for k in TRL if f"`{k}" not in text]
+    missing += [k for k in VERL if f"{k.rsplit('.', 1)[-1]}`" not in text]
+    assert not missing, missing
+
+
+def test_differs_lines_go_to_stderr_too(tmp_path: Any) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "loss_type": "bnpo",
+                "vllm_importance_sampling_clip_min": 0.5,
+                "use_vllm": True,
+                "vllm_importance_sampling_mode": "token_truncate",
+            }
+        )
+    )
+    result = CliRunner().invoke(app, ["convert", "trl", str(path)])
+    assert result.exit_code == 0
+    for line in ("# differs: loss_type", "# no equivalent: vllm_importance_sampling_clip_min"):
+        assert line in result.stdout and line in result.stderr
+
+
+@pytest.mark.parametrize("mode", ["token_mask", "sequence_mask"])
+def test_trl_vllm_mask_modes_convert_to_trls_loss(mode: str) -> None:
+    case = fixed()
+    config = {"loss_type": "dapo", "use_vllm": True, "vllm_importance_sampling_mode": mode,
+              "vllm_importance_sampling_clip_max": 1.5, "num_generations": 4,
+              "max_completion_length": case.t}  # fmt: skip
+    theirs = test_trl.trl_loss(case, 4, **{k: v for k, v in config.items() if k not in SET})
+    mine = ppokit_loss(spec_of("trl", config, case.t), case, case.fresh(), 4)
+    torch.testing.assert_close(theirs[0], mine.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_written_spec_validates(tmp_path: Any) -> None:
+    """The check case through the command: the YAML it writes composes and validates."""
+    path = tmp_path / "c.yaml"
+    path.write_text("loss_type: dr_grpo\nbeta: 0.04\nscale_rewards: none\nnum_generations: 4\n"
+                    "mask_truncated_completions: true\n")  # fmt: skip
+    out = tmp_path / "spec.yaml"
+    result = CliRunner().invoke(app, ["convert", "trl", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    spec = validate_spec(compose(yaml.safe_load(out.read_text())).data)
+    assert spec.policy.weight.name == "untruncated"
+    assert spec.kl is not None and spec.kl.estimator.name == "k3_is"
+
+
+def test_verl_interpolations_are_read_or_reported() -> None:
+    config = {"data": {"max_response_length": 64},
+              "actor_rollout_ref": {"rollout": {"response_length": "${oc.select:data.max_response_length,512}",
+                                                "n": "${oc.env:N}"},
+                                    "actor": {"ppo_micro_batch_size_per_gpu": None}}}  # fmt: skip
+    spec, notes = convert("verl", config)
+    assert spec["rollout"]["max_new_tokens"] == 64
+    assert (
+        "# no equivalent: actor_rollout_ref.rollout.n: an interpolation not read: the default used"
+        in notes
+    )
