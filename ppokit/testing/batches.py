@@ -279,7 +279,8 @@ def batch_properties(
                 _empty_rows(returns),
             ),
         )
-    if returns == "prompt_weight":
+    if returns == "prompt_weight" and "truncated" not in requires:
+        # a weight that reads a response's own field (truncated) is one a response, by design
         props.append(
             ("per_group", "one weight per prompt (equal across its group)", f32, _per_group)
         )

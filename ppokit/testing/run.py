@@ -46,6 +46,8 @@ def _plan(
     if returns == "elementwise":
         assert contract is not None
         names = call_args(kind)
+        if kind == "kl_estimator" and not getattr(component, "importance_weighted", False):
+            names = tuple(n for n in names if n != "logp_old")  # kl(logp, logp_ref) only
         head = (
             int(getattr(component, "head_size", 1) or 1) if "head_size" in contract.optional else 0
         )

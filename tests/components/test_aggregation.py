@@ -55,10 +55,10 @@ MASK = torch.tensor(
     ("agg", "expected"),
     [
         (TokenMean(), (1 + 2 + 3 + 4 + 6 + 7) / 6),
-        (SeqMeanTokenMean(), (6 / 3 + 17 / 3) / 2),
-        (SeqMeanTokenSum(), (6 + 17) / 2),
-        (SeqMeanTokenSumNorm(norm=None), (6 + 17) / 2 / 4),
-        (SeqMeanTokenSumNorm(norm=10.0), (6 + 17) / 2 / 10),
+        (SeqMeanTokenMean(rows="nonempty"), (6 / 3 + 17 / 3) / 2),
+        (SeqMeanTokenSum(rows="nonempty"), (6 + 17) / 2),
+        (SeqMeanTokenSumNorm(norm=None, rows="nonempty"), (6 + 17) / 2 / 4),
+        (SeqMeanTokenSumNorm(norm=10.0, rows="nonempty"), (6 + 17) / 2 / 10),
         (make("aggregation", "seq_mean_token_sum_norm"), (6 + 17) / 2 / 4),
     ],
 )
@@ -142,14 +142,16 @@ def test_equal_lengths_make_token_mean_equal_seq_mean_token_mean(seed, b, t):
     order = torch.rand(b, t, generator=g).argsort(dim=1)
     mask = order < n
     values = torch.randn(b, t, generator=g)
-    torch.testing.assert_close(TokenMean()(values, mask), SeqMeanTokenMean()(values, mask))
+    torch.testing.assert_close(
+        TokenMean()(values, mask), SeqMeanTokenMean(rows="nonempty")(values, mask)
+    )
 
 
 def test_unequal_lengths_separate_token_mean_from_seq_mean_token_mean():
     mask = torch.tensor([[True, False], [True, True]])
     values = torch.tensor([[1.0, 0.0], [3.0, 5.0]])
     torch.testing.assert_close(TokenMean()(values, mask), torch.tensor(3.0))
-    torch.testing.assert_close(SeqMeanTokenMean()(values, mask), torch.tensor(2.5))
+    torch.testing.assert_close(SeqMeanTokenMean(rows="nonempty")(values, mask), torch.tensor(2.5))
 
 
 @SETTINGS
@@ -158,7 +160,8 @@ def test_norm_variant_is_seq_mean_token_sum_over_t(case):
     values, mask = case
     t = values.shape[1]
     torch.testing.assert_close(
-        SeqMeanTokenSumNorm(norm=None)(values, mask), SeqMeanTokenSum()(values, mask) / t
+        SeqMeanTokenSumNorm(norm=None, rows="nonempty")(values, mask),
+        SeqMeanTokenSum(rows="nonempty")(values, mask) / t,
     )
     # the padded length comes from the whole minibatch's mask, even for a narrower part
     agg = make("aggregation", "seq_mean_token_sum_norm")

@@ -211,7 +211,7 @@ def test_gspo_token_form_gives_the_sequence_objective_gradient(case):
     logp, logp_old, adv, mask = _inputs(case, spread=0.2)
     adv = adv[:, :1].expand_as(logp)
     loss = GSPO(clip_low=0.05, clip_high=0.08)
-    agg = SeqMeanTokenMean()
+    agg = SeqMeanTokenMean(rows="nonempty")
     lp = logp.clone().requires_grad_(True)
     (g_token,) = torch.autograd.grad(agg.numerator(loss(lp, logp_old, adv, mask), mask), lp)
     lp2 = logp.clone().requires_grad_(True)

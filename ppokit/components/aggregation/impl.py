@@ -36,7 +36,7 @@ def _nonempty_rows(mask: Tensor) -> Tensor:
 class _Rows:
     """#rows of a seq-mean: the non-empty rows of the mask, or all of them."""
 
-    def __init__(self, *, rows: str = "nonempty") -> None:
+    def __init__(self, *, rows: str) -> None:
         self.rows = rows
 
     def count(self, mask: Tensor) -> Tensor:
@@ -94,7 +94,7 @@ class SeqMeanTokenSum(_Rows, RatioAggregation):
 class SeqMeanTokenSumNorm(_Rows, RatioAggregation):
     """Dr. GRPO's length-unbiased constant; norm = None is T = mask.shape[1]."""
 
-    def __init__(self, *, norm: float | None, rows: str = "nonempty") -> None:
+    def __init__(self, *, norm: float | None, rows: str) -> None:
         super().__init__(rows=rows)
         self.norm = norm
 

@@ -78,7 +78,7 @@ class TokenTIS(_Reports):
 
 @TOKEN_MIS.implementation
 class TokenMIS(_Reports):
-    def __init__(self, *, low: float | None, high: float, rejected: str = "dropped") -> None:
+    def __init__(self, *, low: float | None, high: float, rejected: str) -> None:
         self.low = -math.inf if low is None else low
         self.high = high
         self.keeps_rejected = rejected == "zero"
@@ -101,7 +101,7 @@ class SeqTIS(_Reports):
 
 @SEQ_MIS.implementation
 class SeqMIS(_Reports):
-    def __init__(self, *, low: float | None, high: float, rejected: str = "dropped") -> None:
+    def __init__(self, *, low: float | None, high: float, rejected: str) -> None:
         self.low = -math.inf if low is None else low
         self.high = high
         self.keeps_rejected = rejected == "zero"
