@@ -177,19 +177,7 @@ def _summary(
     sweep_specs: list[SweepSpec], runs: list[SweepRun], out: Path, threshold: float
 ) -> dict[str, Any]:
     """The sweep's summary.json, summary.md and compare.png, written; the summary."""
-    records = [
-        RunRecord(
-            r.name,
-            r.seed,
-            r.dir,
-            r.status,
-            r.rounds,
-            r.error,
-            read_history(r.dir) if r.status == "finished" else [],
-            read_run_spec(r.dir) if r.status == "finished" else None,
-        )
-        for r in runs
-    ]
+    records = [RunRecord.of(r) for r in runs]
     specs = {s.name: yaml.safe_load(s.spec.to_yaml()) for s in sweep_specs}
     return write_outputs(out, records, threshold, [s.name for s in sweep_specs], specs)
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ppokit.compare.runs import FINAL_WINDOW, parse_seeds, read_history
+from ppokit.compare.runs import FINAL_WINDOW, parse_seeds
 from ppokit.compare.summary import RunRecord
 from ppokit.errors import UserError
 from ppokit.metrics_table import ROUND, known
@@ -254,17 +254,5 @@ def run_study(
     study = read_study(path)
     arms = write_arms(study, out)
     summary, runs, completed = sweep(arms, parse_seeds(study.seeds), out)
-    records = [
-        RunRecord(
-            r.name,
-            r.seed,
-            r.dir,
-            r.status,
-            r.rounds,
-            r.error,
-            read_history(r.dir) if r.status == "finished" else [],
-            None,
-        )
-        for r in runs
-    ]
+    records = [RunRecord.of(r, spec=False) for r in runs]
     return summary, write_study(out, study, records), runs, completed

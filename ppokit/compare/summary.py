@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ppokit.compare.runs import FINAL_WINDOW, SECTION_NAME_SLOT
+from ppokit.compare.runs import (
+    FINAL_WINDOW,
+    SECTION_NAME_SLOT,
+    SweepRun,
+    read_history,
+    read_run_spec,
+)
 from ppokit.metrics_table import ACCURACY, EVAL_PREFIX, REWARD, ROUND, ROUND_TIME, THROUGHPUT
 from ppokit.slots import SLOTS
 from ppokit.stats import mean_ci95
@@ -129,6 +135,22 @@ class RunRecord:
     error: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     spec: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, run: SweepRun, spec: bool = True) -> RunRecord:
+        """A sweep's run read back from its folder: a finished run's metrics (and, with
+        ``spec``, its spec.yaml)."""
+        done = run.status == "finished"
+        return cls(
+            run.name,
+            run.seed,
+            run.dir,
+            run.status,
+            run.rounds,
+            run.error,
+            read_history(run.dir) if done else [],
+            read_run_spec(run.dir) if done and spec else None,
+        )
 
 
 def _final(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
