@@ -521,9 +521,10 @@ def train(
         if smoke:
             from ppokit.trainer.loop import smoke_spec
 
-            spec = smoke_spec(spec, out_dir or "<a new temporary directory>")
-            for path in _changed_paths(composed.data, spec):
+            smoke_run = smoke_spec(spec, out_dir or "<a new temporary directory>")
+            for path in _changed_paths(spec, smoke_run):
                 composed.mark(path, "--smoke")
+            spec = smoke_run
         source = f"the packaged demo spec ({DEMO_SPEC})" if spec_path is None else spec_path
         typer.echo(
             f"# ppokit train: {source}, resolved; each value's comment says where it comes "
@@ -587,11 +588,9 @@ def train(
         _print_json(result)
 
 
-def _changed_paths(data: dict[str, Any], spec: Spec) -> list[str]:
-    """The section values ``spec`` (a smoke run's) holds that differ from the validated
-    ``data``."""
-    before = validate_spec(data).model_dump()
-    after = spec.model_dump()
+def _changed_paths(spec: Spec, changed: Spec) -> list[str]:
+    """The section values in which ``changed`` (a smoke run's spec) differs from ``spec``."""
+    before, after = spec.model_dump(), changed.model_dump()
     return [
         f"{section}.{key}"
         for section, values in after.items()

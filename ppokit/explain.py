@@ -79,13 +79,11 @@ class _Writer:
 def _rollout(w: _Writer, spec: Spec, source: str | None) -> None:
     r = spec.rollout
     w.line(f"ppokit run{': ' + source if source else ''}")
-    named = [f"{word} {getattr(spec, word)}" for word in ("variant", "task") if getattr(spec, word)]
     for word in ("variant", "task"):
         name = getattr(spec, word)
-        if name and w.registry.has_entry(word, name):
-            named[named.index(f"{word} {name}")] += ": " + w.registry.entry(word, name).title
-    for text in named:
-        w.line(text)
+        if name:  # its title where it is registered (a run folder's spec may outlive it)
+            known = w.registry.has_entry(word, name)
+            w.line(f"{word} {name}" + (f": {w.registry.entry(word, name).title}" if known else ""))
     comp = spec.data.prompt_source(w.registry)
     known = w.registry.has("prompt_source", comp.name)
     prompts = (

@@ -17,9 +17,9 @@ import yaml
 
 from ppokit.catalogue import Task, Variant
 from ppokit.errors import UserError, printable
-from ppokit.registry import COMPONENT_NAME, Registry, get_registry
+from ppokit.registry import Registry, get_registry
 from ppokit.slots import SLOTS
-from ppokit.spec import DEFAULT_TASK, SpecError, compose, leaves, validate_spec
+from ppokit.spec import DEFAULT_TASK, SpecError, compose, leaf_values, validate_spec
 
 __all__ = ["entry_rows", "new_spec", "paper_names", "sets_text", "show_entry"]
 
@@ -45,10 +45,7 @@ def sets_text(settings: Any) -> str:
     values (``advantage grpo, policy.loss ppo_clip, kl.estimator k3 (+7 values)``)."""
     slots = {s.path for s in SLOTS}
     named, other = [], 0
-    for path in leaves(dict(settings)):
-        node: Any = settings
-        for part in path.split("."):
-            node = node[part]
+    for path, node in leaf_values(dict(settings)).items():
         if path in slots:
             if isinstance(node, list):
                 named.append(f"{path} " + ("+".join(_component(v) for v in node) or "none"))
@@ -166,9 +163,3 @@ def write_new_spec(text: str, out: Path | None) -> None:
         raise UserError(f"{out}: already exists; choose another file or remove it") from None
     except OSError as exc:
         raise UserError(f"{out}: {exc.strerror or exc}") from None
-
-
-def check_name(word: str, name: str) -> None:
-    """A one-line error for a name that cannot be a variant's or task's."""
-    if not COMPONENT_NAME.fullmatch(name):
-        raise UserError(f"{word} name {name!r} is not an identifier")

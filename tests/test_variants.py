@@ -19,7 +19,7 @@ from ppokit.catalogue import Variant
 from ppokit.cli import app
 from ppokit.explain import explain
 from ppokit.registry import Registry, get_registry
-from ppokit.spec import DEFAULT_TASK, Spec, SpecError, compose, leaves, validate_spec
+from ppokit.spec import DEFAULT_TASK, Spec, SpecError, compose, leaf_values, validate_spec
 from ppokit.spec.files import read_spec_file
 from tests.helpers import ROOT
 
@@ -78,24 +78,11 @@ def _settings(word: str, name: str) -> dict[str, Any]:
     """The values a variant (with its bases) or a task sets, by path."""
     data = compose({word: name}, (), REGISTRY).data
     data.pop(word)
-    out = {}
-    for path in leaves(data):
-        node: Any = data
-        for part in path.split("."):
-            node = node[part]
-        out[path] = node
-    return out
+    return leaf_values(data)
 
 
 def _file_values(path: Path) -> dict[str, Any]:
-    data = read_spec_file(path)
-    out = {}
-    for leaf in leaves(data):
-        node: Any = data
-        for part in leaf.split("."):
-            node = node[part]
-        out[leaf] = node
-    return out
+    return leaf_values(read_spec_file(path))
 
 
 def _chain(name: str | None) -> set[str]:

@@ -20,7 +20,6 @@ Torch-free.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -29,14 +28,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ppokit.compare.runs import FINAL_WINDOW, parse_seeds
-from ppokit.compare.summary import RunRecord
+from ppokit.compare.summary import RunRecord, final_value, interval
 from ppokit.errors import UserError
-from ppokit.metrics_table import ROUND, known
+from ppokit.metrics_table import known
 from ppokit.registry import get_registry
 from ppokit.runfolder import write_atomic
 from ppokit.spec import SpecError, compose, validate_spec
 from ppokit.spec.files import read_spec_file
-from ppokit.stats import mean_ci95
 
 __all__ = ["MIN_SEEDS", "Study", "is_study", "read_study", "run_study", "verdict", "write_arms"]
 
@@ -143,39 +141,19 @@ def write_arms(study: Study, out: Path) -> list[Path]:
     return paths
 
 
-def _final(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
-    if not history:
-        return None
-    last = history[-1][ROUND]
-    window = [
-        float(h[key])
-        for h in history
-        if h[ROUND] > last - FINAL_WINDOW and isinstance(h.get(key), (int, float))
-    ]
-    return math.fsum(window) / len(window) if window else None
-
-
-def _interval(values: Sequence[float]) -> dict[str, Any]:
-    if not values:
-        return {"mean": None, "ci95": None, "n": 0, "values": []}
-    mean, half = mean_ci95(values)
-    return {"mean": mean, "ci95": None if math.isnan(half) else half, "n": len(values),
-            "values": list(values)}  # fmt: skip
-
-
 def verdict(study: Study, records: Sequence[RunRecord]) -> dict[str, Any]:
     """Each arm's metric over its finished seeds, the paired difference the rule reads and
     the verdict (module docstring)."""
     per_arm: dict[str, dict[int, float]] = {name: {} for name in study.arms}
     for r in records:
-        value = _final(r.history, study.metric) if r.status == "finished" else None
+        value = final_value(r.history, study.metric) if r.status == "finished" else None
         if r.group in per_arm and value is not None and r.seed is not None:
             per_arm[r.group][r.seed] = value
     rule = study.holds_when
     sign = 1.0 if rule.is_ == "higher" else -1.0
     paired = sorted(set(per_arm[rule.arm]) & set(per_arm[rule.than]))
     diffs = [per_arm[rule.arm][s] - per_arm[rule.than][s] for s in paired]
-    diff = _interval(diffs)
+    diff = interval(diffs)
     if len(diffs) < 2 or diff["ci95"] is None:
         outcome = "inconclusive"
     elif sign * diff["mean"] - diff["ci95"] > 0:
@@ -190,7 +168,7 @@ def verdict(study: Study, records: Sequence[RunRecord]) -> dict[str, Any]:
         "paper": study.paper,
         "metric": study.metric,
         "rule": f"{rule.arm} is {rule.is_} than {rule.than}",
-        "arms": {name: _interval(list(v.values())) for name, v in per_arm.items()},
+        "arms": {name: interval(list(v.values())) for name, v in per_arm.items()},
         "difference": {**diff, "seeds": paired, "of": f"{rule.arm} - {rule.than}"},
         "verdict": outcome,
         "why_not": study.why_not if outcome != "reproduced" else "",

@@ -153,7 +153,7 @@ class RunRecord:
         )
 
 
-def _final(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
+def final_value(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
     """Mean of ``key`` over the last FINAL_WINDOW rounds; a metric logged in none of them
     (an evaluation every k > FINAL_WINDOW rounds) takes its last logged value."""
     if not history:
@@ -186,7 +186,9 @@ def _eval_keys(records: Sequence[RunRecord]) -> list[str]:
     return sorted(keys, key=lambda k: (k != ACCURACY, k))
 
 
-def _stat(values: Sequence[float]) -> dict[str, Any]:
+def interval(values: Sequence[float]) -> dict[str, Any]:
+    """``{mean, ci95, n, values}``: the mean and the half-width of its 95% interval (None
+    with one value or none)."""
     if not values:
         return {"mean": None, "ci95": None, "n": 0, "values": []}
     mean, half = mean_ci95(values)
@@ -213,8 +215,8 @@ def run_metrics(history: Sequence[Mapping[str, Any]], threshold: float) -> dict[
     return {
         "signs": fired(hist),
         "rounds": hist[-1][ROUND] if hist else 0,
-        "final_reward": _final(hist, REWARD),
-        "eval": {k: _final(hist, k) for k in evals},
+        "final_reward": final_value(hist, REWARD),
+        "eval": {k: final_value(hist, k) for k in evals},
         "rounds_to_threshold": reached,
         "wall_time_s": math.fsum(h[ROUND_TIME] for h in hist if is_number(h.get(ROUND_TIME))),
         THROUGHPUT: math.fsum(tps) / len(tps) if tps else None,
@@ -294,11 +296,11 @@ def summarize(
                 "finished": len(done),
                 "failed": sum(p["status"] == "failed" for p in per_run),
                 "other": sum(p["status"] not in ("finished", "failed") for p in per_run),
-                "final_reward": _stat(
+                "final_reward": interval(
                     [p["final_reward"] for p in done if p["final_reward"] is not None]
                 ),
                 "eval": {
-                    k: _stat([p["eval"][k] for p in done if p["eval"].get(k) is not None])
+                    k: interval([p["eval"][k] for p in done if p["eval"].get(k) is not None])
                     for k in evals
                 },
                 "rounds_to_threshold": {
@@ -307,13 +309,13 @@ def summarize(
                     "of": len(done),
                     "values": reached,
                 },
-                "wall_time_s": _stat([p["wall_time_s"] for p in done]),
+                "wall_time_s": interval([p["wall_time_s"] for p in done]),
                 # each health sign that fired, and in how many of the finished runs
                 "signs": {
                     s: sum(s in p["signs"] for p in done)
                     for s in sorted({s for p in done for s in p["signs"]})
                 },
-                THROUGHPUT: _stat([p[THROUGHPUT] for p in done if p[THROUGHPUT] is not None]),
+                THROUGHPUT: interval([p[THROUGHPUT] for p in done if p[THROUGHPUT] is not None]),
                 "runs": per_run,
             }
         )

@@ -46,6 +46,7 @@ __all__ = [
     "Composed",
     "annotated_yaml",
     "compose",
+    "leaf_values",
     "leaves",
     "load_spec",
     "named_spec",
@@ -121,6 +122,17 @@ def leaves(data: Any, at: str = "") -> Iterator[str]:
         return
     for key, value in data.items():
         yield from leaves(value, f"{at}.{key}" if at else str(key))
+
+
+def leaf_values(data: dict[str, Any]) -> dict[str, Any]:
+    """Each path :func:`leaves` finds in a spec fragment, with its value."""
+    out = {}
+    for path in leaves(data):
+        node: Any = data
+        for part in path.split("."):
+            node = node[part]
+        out[path] = node
+    return out
 
 
 def _variant_chain(name: str, registry: Registry) -> list[Variant]:

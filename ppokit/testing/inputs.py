@@ -78,8 +78,10 @@ def close(a: Tensor, b: Tensor, where: Tensor | None = None, what: str = "the ou
         )
 
 
-def call_args(kind: str) -> tuple[str, ...]:
-    """The argument names of a kind's call, read from the Protocol in its package."""
+def call_args(kind: str, requires: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The argument names of a kind's call, read from the Protocol in its package: its
+    required ones, and an optional one that names a batch field the component ``requires``
+    (a KL estimator that requires ``logp_old`` is called with it)."""
     package = KIND_PACKAGES[KINDS.index(kind)]
     for obj in vars(package).values():
         if (
@@ -88,8 +90,12 @@ def call_args(kind: str) -> tuple[str, ...]:
             and obj.__module__ == package.__name__
             and "__call__" in vars(obj)
         ):
-            params = inspect.signature(obj.__call__).parameters
-            return tuple(p for p in params if p != "self")
+            params = inspect.signature(obj.__call__).parameters.values()
+            return tuple(
+                p.name
+                for p in params
+                if p.name != "self" and (p.default is p.empty or p.name in requires)
+            )
     raise LookupError(f"{kind} has no Protocol with __call__")
 
 

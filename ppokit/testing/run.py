@@ -45,9 +45,7 @@ def _plan(
         return batch_properties(returns, requires), component, describe_batch_case
     if returns == "elementwise":
         assert contract is not None
-        names = call_args(kind)
-        if kind == "kl_estimator" and not getattr(component, "importance_weighted", False):
-            names = tuple(n for n in names if n != "logp_old")  # kl(logp, logp_ref) only
+        names = call_args(kind, requires)
         head = (
             int(getattr(component, "head_size", 1) or 1) if "head_size" in contract.optional else 0
         )

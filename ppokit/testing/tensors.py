@@ -30,6 +30,7 @@ from ppokit.testing.inputs import (
 from ppokit.testing.strategies import group_sets
 
 __all__ = ["aggregation_properties", "elementwise_properties", "group_filter_properties"]
+__all__ += ["shuffled_groups"]
 
 Property = tuple[str, str, Any, Callable[..., None]]
 SEEDS = st.integers(0, 2**31 - 1)
@@ -282,8 +283,9 @@ def _filter_contract(keep: Any, groups: Groups) -> None:
         raise Violation(f"returned {got}, expected bool [{groups.size}]")
 
 
-def _group_order(keep: Any, case: tuple[Groups, int]) -> None:
-    groups, seed = case
+def shuffled_groups(groups: Groups, seed: int) -> tuple[Groups, Tensor]:
+    """``groups`` with the responses shuffled inside each group and the groups themselves
+    shuffled (seeded), and the groups' new order (group i of the result is ``order[i]``)."""
     gen = torch.Generator().manual_seed(seed)
     g, n = groups.rewards.shape
     inside = torch.argsort(torch.rand(g, n, generator=gen), dim=1)
@@ -295,6 +297,12 @@ def _group_order(keep: Any, case: tuple[Groups, int]) -> None:
         lengths=groups.lengths.gather(1, inside)[order],
         truncated=groups.truncated.gather(1, inside)[order],
     )
+    return shuffled, order
+
+
+def _group_order(keep: Any, case: tuple[Groups, int]) -> None:
+    groups, seed = case
+    shuffled, order = shuffled_groups(groups, seed)
     out, moved = keep(groups), keep(shuffled)
     if not torch.equal(moved, out[order]):
         i = first_bad(moved != out[order])[0]

@@ -38,6 +38,7 @@ __all__ = [
     "gather_batch",
     "kl_controller_step",
     "kl_to_reference",
+    "log_band",
     "mismatch_metrics",
     "round_batch",
 ]
@@ -282,6 +283,12 @@ def clip_band(spec: Spec) -> tuple[float, float]:
     return 1.0 - low, 1.0 + high
 
 
+def log_band(band: tuple[float, float]) -> tuple[float, float]:
+    """The logs of a ratio band's ends (−inf for a lower end of 0: nothing is below it)."""
+    low, high = band
+    return (math.log(low) if low > 0 else -math.inf), math.log(high)
+
+
 def mismatch_metrics(
     batch: RolloutBatch, band: tuple[float, float] = (1.0 - DEFAULT_CLIP, 1.0 + DEFAULT_CLIP)
 ) -> dict[str, Tensor]:
@@ -303,7 +310,8 @@ def mismatch_metrics(
     top = torch.where(mask, delta, -math.inf).amax() if delta.numel() else delta.new_zeros(())
     w = torch.where(mask, (delta - top).exp(), 0.0)
     ess = w.sum() ** 2 / (tokens * (w**2).sum()).clamp_min(1e-30)
-    outside = mask & ((delta < math.log(band[0])) | (delta > math.log(band[1])))
+    low, high = log_band(band)
+    outside = mask & ((delta < low) | (delta > high))
     return {
         "rollout/mismatch_k1": (-delta).sum() / tokens,
         "rollout/mismatch_k3": torch.where(mask, k3, 0.0).sum() / tokens,

@@ -11,7 +11,6 @@ passes and the losses are counted into the active non-finite counter
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -22,7 +21,7 @@ from ppokit import distributed
 from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly, aggregate, denominator, optional
 from ppokit.trainer.checks import count
-from ppokit.trainer.estimation import UpdateData, clip_band
+from ppokit.trainer.estimation import UpdateData, clip_band, log_band
 from ppokit.trainer.forwards import Forwards
 from ppokit.trainer.metrics import Meter
 from ppokit.trainer.rollout import Rollout
@@ -46,8 +45,15 @@ class Objective:
     @cached_property
     def log_band(self) -> tuple[float, float]:
         """log of the policy loss's clip band, which ``ratio_outside`` counts outside."""
-        low, high = clip_band(self.spec)
-        return math.log(low) if low > 0 else -math.inf, math.log(high)
+        return log_band(clip_band(self.spec))
+
+    @cached_property
+    def kl_reads_logp_old(self) -> bool:
+        """Whether the KL estimator's entry requires ``logp_old``: it is then called
+        ``kl(logp, logp_ref, logp_old)``."""
+        return any(
+            s.startswith("kl.estimator") for s in self.spec.requirements().get("logp_old", [])
+        )
 
     def denominators(self, data: UpdateData, idx: Tensor) -> Denominators:
         """Each aggregation's denominator over the whole minibatch ``idx``: the policy
@@ -141,7 +147,7 @@ class Objective:
             # compared with itself: KL 0 there, so a huge log-ratio at a dropped position
             # (exp overflows) cannot put 0·inf = NaN into the gradient
             policy_logp = torch.where(mask, logp, ref)
-            if optional(parts.kl, "kl_estimator", "importance_weighted"):
+            if self.kl_reads_logp_old:
                 estimate = parts.kl(policy_logp, ref, torch.where(mask, logp_old, ref))
             else:
                 estimate = parts.kl(policy_logp, ref)

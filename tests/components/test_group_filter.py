@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ppokit.components.group_filter import Groups
 from ppokit.errors import ComponentError
+from ppokit.testing.tensors import shuffled_groups
 from ppokit.trainer.assembly import Checked, Where
 from tests.helpers.components import make, names
 
@@ -66,17 +67,7 @@ def test_flags_are_bool_per_group_and_permutation_invariant(
     nothing but the flags of the groups."""
     keep = make("group_filter", name)(groups)
     assert keep.dtype == torch.bool and keep.shape == (groups.size,)
-    gen = torch.Generator().manual_seed(seed)
-    g, n = groups.rewards.shape
-    inside = torch.argsort(torch.rand(g, n, generator=gen), dim=1)
-    order = torch.randperm(g, generator=gen)
-    shuffled = Groups(
-        rows=[groups.rows[i] for i in order.tolist()],
-        responses=groups.responses,
-        rewards=groups.rewards.gather(1, inside)[order],
-        lengths=groups.lengths.gather(1, inside)[order],
-        truncated=groups.truncated.gather(1, inside)[order],
-    )
+    shuffled, order = shuffled_groups(groups, seed)
     assert torch.equal(make("group_filter", name)(shuffled), keep[order])
 
 

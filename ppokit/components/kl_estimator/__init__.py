@@ -2,8 +2,7 @@
 KL(pi || pi_ref) from the log-probabilities of sampled tokens a ~ pi. Called without a mask:
 the aggregation that consumes them does the masking.
 
-An estimator whose entry requires ``logp_old`` declares ``importance_weighted = True`` and is
-called ``kl(logp, logp_ref, logp_old)``: its estimate is weighted by the ratio π/π_old of the
+An estimator whose entry requires ``logp_old`` is called ``kl(logp, logp_ref, logp_old)``: its estimate is weighted by the ratio π/π_old of the
 sampled tokens (in the loss; where logp is π_old itself, the ``kl`` metric, the weight is 1).
 
 Each takes ``straight_through``: when True the value is unchanged but the gradient with
@@ -28,22 +27,14 @@ if TYPE_CHECKING:
 
 class KLEstimator(Protocol):
     """``kl(logp, logp_ref) -> [B, T]`` float32, differentiable in logp (an
-    ``importance_weighted`` one: ``kl(logp, logp_ref, logp_old)``)."""
+    estimator whose entry requires ``logp_old``: ``kl(logp, logp_ref, logp_old)``)."""
 
     def __call__(
         self, logp: Tensor, logp_ref: Tensor, logp_old: Tensor | None = None
     ) -> Tensor: ...
 
 
-CONTRACT = Contract(
-    "elementwise",
-    like=(0, "logp"),
-    differentiable="logp",
-    optional={
-        "importance_weighted": "True: called kl(logp, logp_ref, logp_old), the estimate "
-        "weighted by π/π_old (its entry requires logp_old)"
-    },
-)
+CONTRACT = Contract("elementwise", like=(0, "logp"), differentiable="logp")
 MODULE = "ppokit.components.kl_estimator.impl"
 
 

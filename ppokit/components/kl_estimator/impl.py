@@ -67,9 +67,8 @@ class AbsKL(LogRatioEstimator):
 @catalogue.K3_IS.implementation
 class K3IS(K3):
     """k3 times ρ = π/π_old, ρ not detached (TRL's ``use_bias_correction_kl``): the gradient
-    flows through the weight too. Where logp is π_old (the ``kl`` metric) ρ = 1."""
-
-    importance_weighted = True
+    flows through the weight too. Where logp is π_old (the ``kl`` metric) ρ = 1. Its entry
+    requires ``logp_old``: the trainer passes it."""
 
     def __call__(self, logp: Tensor, logp_ref: Tensor, logp_old: Tensor | None = None) -> Tensor:
         diff = logp.float() - logp_ref.detach().float()
