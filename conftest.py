@@ -15,6 +15,10 @@ Each worker's torch pool has a thread per core, so the workers' OpenMP threads o
 cores; an OpenMP thread that spins while it waits for work takes the core another worker's
 test needs. :data:`OMP_WAIT_POLICY` makes them sleep instead (set before any test imports
 torch; a caller's own setting wins).
+
+Under ``CI`` (set by ``.ci/run``) every optional package is installed: a test skipped because
+one could not be imported fails instead (:func:`missing_package_fails`), so an install step
+the README's test command lost cannot pass as green.
 """
 
 from __future__ import annotations
@@ -43,3 +47,26 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 settings.register_profile("ppokit", derandomize=True, print_blob=True, database=None)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile("ppokit")
+
+
+def missing_package_fails(report: pytest.CollectReport | pytest.TestReport) -> None:
+    """Under ``CI``, a skip for a package that could not be imported becomes a failure."""
+    if not os.environ.get("CI") or not report.skipped:
+        return
+    longrepr = report.longrepr
+    reason = str(longrepr[-1]) if isinstance(longrepr, tuple) else str(longrepr)
+    if "could not import" in reason:
+        report.outcome = "failed"
+        report.longrepr = f"CI installs every optional package, yet a test skipped: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    missing_package_fails(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-untyped-def]
+    outcome = yield
+    missing_package_fails(outcome.get_result())

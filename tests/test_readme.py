@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -60,3 +62,26 @@ def test_the_readme_states_no_test_counts_and_one_figure_per_command() -> None:
     assert not re.search(r"\d[\d,]* (?:tests|passed)", text)
     assert not re.search(r"\bload(?: average)? \d", text)
     assert not re.search(r"\b[A-Z]+_FIGURE\b", text)  # a figure still to be measured
+
+
+def test_ci_fails_a_test_skipped_for_a_package_it_should_have_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under CI a skip for a missing package fails; another skip, or any skip elsewhere, stays."""
+    from conftest import missing_package_fails
+
+    def report(reason: str) -> pytest.TestReport:
+        return pytest.TestReport(
+            "t.py::t", ("t.py", 1, "t"), {}, "skipped", ("t.py", 1, reason), "call"
+        )
+
+    missing = "Skipped: could not import 'trl': No module named 'trl'"
+    for ci, reason, outcome in [
+        ("true", missing, "failed"),
+        ("true", "Skipped: root ignores chmod", "skipped"),
+        ("", missing, "skipped"),
+    ]:
+        monkeypatch.setenv("CI", ci)
+        r = report(reason)
+        missing_package_fails(r)
+        assert r.outcome == outcome
