@@ -16,9 +16,10 @@ cores; an OpenMP thread that spins while it waits for work takes the core anothe
 test needs. :data:`OMP_WAIT_POLICY` makes them sleep instead (set before any test imports
 torch; a caller's own setting wins).
 
-Under ``CI`` (set by ``.ci/run``) every optional package is installed: a test skipped because
-one could not be imported fails instead (:func:`missing_package_fails`), so an install step
-the README's test command lost cannot pass as green.
+With ``PPOKIT_REQUIRE_EXTRAS=1`` (``.ci/run`` sets it: every optional package is installed
+there) a test skipped because a package could not be imported fails instead
+(:func:`missing_package_fails`), so an install step the README's test command lost cannot
+pass as green.
 """
 
 from __future__ import annotations
@@ -50,14 +51,15 @@ settings.load_profile("ppokit")
 
 
 def missing_package_fails(report: pytest.CollectReport | pytest.TestReport) -> None:
-    """Under ``CI``, a skip for a package that could not be imported becomes a failure."""
-    if not os.environ.get("CI") or not report.skipped:
+    """With ``PPOKIT_REQUIRE_EXTRAS=1``, a skip for a package that could not be imported
+    becomes a failure."""
+    if os.environ.get("PPOKIT_REQUIRE_EXTRAS") != "1" or not report.skipped:
         return
     longrepr = report.longrepr
     reason = str(longrepr[-1]) if isinstance(longrepr, tuple) else str(longrepr)
     if "could not import" in reason:
         report.outcome = "failed"
-        report.longrepr = f"CI installs every optional package, yet a test skipped: {reason}"
+        report.longrepr = f"PPOKIT_REQUIRE_EXTRAS=1, yet a test skipped: {reason}"
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -67,7 +67,8 @@ def test_the_readme_states_no_test_counts_and_one_figure_per_command() -> None:
 def test_ci_fails_a_test_skipped_for_a_package_it_should_have_installed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Under CI a skip for a missing package fails; another skip, or any skip elsewhere, stays."""
+    """With PPOKIT_REQUIRE_EXTRAS=1 (.ci/run) a skip for a missing package fails; another
+    skip, or any skip without it, stays a skip."""
     from conftest import missing_package_fails
 
     def report(reason: str) -> pytest.TestReport:
@@ -76,12 +77,13 @@ def test_ci_fails_a_test_skipped_for_a_package_it_should_have_installed(
         )
 
     missing = "Skipped: could not import 'trl': No module named 'trl'"
-    for ci, reason, outcome in [
-        ("true", missing, "failed"),
-        ("true", "Skipped: root ignores chmod", "skipped"),
+    assert "export PPOKIT_REQUIRE_EXTRAS=1" in (ROOT / ".ci" / "run").read_text()
+    for required, reason, outcome in [
+        ("1", missing, "failed"),
+        ("1", "Skipped: root ignores chmod", "skipped"),
         ("", missing, "skipped"),
     ]:
-        monkeypatch.setenv("CI", ci)
+        monkeypatch.setenv("PPOKIT_REQUIRE_EXTRAS", required)
         r = report(reason)
         missing_package_fails(r)
         assert r.outcome == outcome
