@@ -77,7 +77,7 @@ SEQ_MEAN_TOKEN_MEAN = Component(
     "seq_mean_token_mean",
     MODULE,
     params=SeqMeanParams,
-    summary="Mean over non-empty rows of each row's token mean (GRPO)",
+    summary="Mean over the rows (non-empty ones by default: rows) of each row's token mean (GRPO)",
     formula="(1 / #rows) sum_i [sum_t m L / max(sum_t m, 1)]",
     source=str(papers.GRPO),
 )
@@ -88,7 +88,7 @@ SEQ_MEAN_TOKEN_SUM = Component(
     "seq_mean_token_sum",
     MODULE,
     params=SeqMeanParams,
-    summary="Mean over non-empty rows of each row's token sum",
+    summary="Mean over the rows (non-empty ones by default: rows) of each row's token sum",
     formula="(1 / #rows) sum_i sum_t m L",
     source=str(papers.DR_GRPO),
 )
