@@ -19,13 +19,19 @@ trained) with ``--set`` overrides, and are translated into a ``GRPOConfig``:
   ``ppo_epochs`` -> ``num_iterations``; ``kl.coef`` -> ``beta`` (k3 in the loss); the clip
   range -> ``epsilon``/``epsilon_high``; ``token_mean`` -> ``loss_type="dapo"``; ``grpo`` ->
   ``scale_rewards="group"``; ``model.lora`` -> a peft ``LoraConfig``;
-- dtype: ``--trl-dtype bf16`` is TRL's ``bf16=True`` (autocast on a CPU), ``float32`` plain.
+- dtype: ``--trl-dtype bf16`` is TRL's ``bf16=True`` (autocast on a CPU), ``float32`` plain;
+- TRL's fastest configuration that fits: the whole step's completions in one backward (no
+  gradient accumulation; ``--trl-micro N`` for fewer), gradient checkpointing only where the
+  spec sets it, the same thread count as ppokit's learners.
 
 ppokit's learners are named presets (``--ppokit NAME,...``, :data:`PRESETS`): an engine, the
 trainer's dtype and its micro-batches. Each step prints its seconds, reward, KL to the
 reference and tokens, and for ppokit the phases (generate, score, log-probs: the no-grad
-passes, update, sync) and its process's peak memory. The first step of each is a warm-up;
-the medians of the rest are compared: TRL's best seconds per step over each learner's.
+passes, update, sync) and its process's peak memory. The first step of each is a warm-up.
+After it the learners run in interleaved pairs (TRL step i, then each ppokit learner's round
+i), each pair preceded by a probe of the host's speed (a fixed float32 matmul in the driver,
+GFLOP/s), so a pair's two sides meet the same load; the report gives each pair's ratio, TRL's
+seconds over ppokit's, per step and per generated token, and their median and spread.
 
 Memory: a learner's process is started only while the learners already running, at their
 measured peak (after their warm-up step), and the next one's (the largest so far) fit in
@@ -33,7 +39,7 @@ measured peak (after their warm-up step), and the next one's (the largest so far
 is not started, and the run says so, rather than meeting the kernel's out-of-memory killer.
 
     python benchmarks/trl_grpo.py [--long] [--steps N] [--ppokit hf,vllm-bf16]
-        [--trl-dtype bf16,float32] [--trl-micro 4] [--threads 1] [--memory-gb 12]
+        [--trl-dtype bf16,float32] [--trl-micro N] [--threads 1] [--memory-gb 12]
         [--spec PATH] [--set KEY=VALUE ...] [--trl-vllm]
 
 Needs TRL: ``pip install --no-deps 'trl==1.16.0'`` (``.[bench]``; its other requirements
@@ -102,6 +108,23 @@ PHASES = ("generate", "score", "logprob", "update", "sync")
 
 def _load() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _probe(seconds: float = 0.3) -> float:
+    """The host's speed now: GFLOP/s of a fixed 512 x 512 float32 matmul on one thread, the
+    best over ``seconds`` (a pair measured under a slower probe met a busier host)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    best, end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    torch.set_num_threads(threads)
+    return 2 * 512**3 / best / 1e9
 
 
 def _peak_gb() -> float:
@@ -200,7 +223,7 @@ def _trl_config(spec: Any, args: argparse.Namespace, out: str, bf16: bool) -> An
     r, t = spec.rollout, spec.train
     clip = {"clip_low": 0.2, "clip_high": 0.2, **spec.policy.loss.params}  # ppo_clip's defaults
     batch = r.prompts_per_round * r.n
-    micro = min(args.trl_micro, batch)
+    micro = min(args.trl_micro, batch) if args.trl_micro > 0 else batch
     if batch % micro:
         raise SystemExit("trl_grpo.py: --trl-micro must divide the batch")
     extra: dict[str, Any] = {}
@@ -370,7 +393,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="steps of each, the first a warm-up")
     parser.add_argument("--ppokit", default="hf-bf16,vllm-bf16", help=f"of {', '.join(PRESETS)}")
     parser.add_argument("--trl-dtype", default="bf16", help="bf16, float32 or both")
-    parser.add_argument("--trl-micro", type=int, default=4, help="TRL's completions a backward")
+    parser.add_argument(
+        "--trl-micro", type=int, default=0, help="TRL's completions a backward (0: all)"
+    )
     parser.add_argument("--trl-vllm", action="store_true", help="TRL's vLLM colocate mode")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--memory-gb", type=float, default=12.0, help="for all learners")
@@ -388,7 +413,8 @@ def main() -> None:
         f"spec {args.spec.name}{' --long' if args.long else ''}, lora "
         f"{spec.model.lora is not None}, {r.prompts_per_round} prompts x {r.n} samples, "
         f"max_new_tokens {r.max_new_tokens}, lr {spec.train.actor_lr:g}; TRL "
-        f"{args.trl_micro} completions a backward; {args.steps} steps each, the first a "
+        f"{args.trl_micro or r.prompts_per_round * r.n} completions a backward, gradient "
+        f"checkpointing {spec.model.gradient_checkpointing}; {args.steps} steps each, the first a "
         f"warm-up; memory budget {args.memory_gb:g} GB, available {_available_gb():.1f} GB; "
         f"load {_load()}",
         flush=True,
@@ -434,7 +460,8 @@ def _drive(
         row = _receive(conn, process, name)
         _show(name, 0, row)
         rows[name], peaks[name] = [row], row["peak_gb"]
-    for i in range(1, args.steps):  # interleaved
+    for i in range(1, args.steps):  # interleaved pairs, each after a probe of the host
+        print(f"step {i}: host probe {_probe():.1f} GFLOP/s; load {_load()}", flush=True)
         for name, (process, conn) in running.items():
             conn.send(i)
             row = _receive(conn, process, name)
@@ -445,8 +472,33 @@ def _drive(
         process.join(timeout=120)
 
 
+def _spread(values: list[float]) -> str:
+    """The median and the range of ``values``: ``1.53x (1.37-1.68)``."""
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
+def _pairs(rows: dict[str, list[dict[str, Any]]]) -> None:
+    """Each measured step's pair, TRL's seconds over each ppokit learner's (per step and
+    per generated token), and the median and range over the pairs."""
+    trl = sorted(n for n in rows if n.startswith("trl"))
+    ours = [n for n in rows if not n.startswith("trl")]
+    for t in trl:
+        for n in ours:
+            steps = min(len(rows[t]), len(rows[n]))
+            step, token = [], []
+            for i in range(1, steps):
+                a, b = rows[t][i], rows[n][i]
+                step.append(a["step"] / b["step"])
+                per = (a["step"] / max(a["tokens"], 1.0)) / (b["step"] / max(b["tokens"], 1.0))
+                token.append(per)
+                print(f"  pair {i}: {t} / {n}: {step[-1]:.2f}x a step, {per:.2f}x a token")
+            if step:
+                print(f"{t} / {n}: {_spread(step)} a step, {_spread(token)} a token, over "
+                      f"{len(step)} pairs")  # fmt: skip
+
+
 def _report(rows: dict[str, list[dict[str, Any]]]) -> None:
-    """The medians of each learner's measured steps, and TRL's best over each."""
+    """The medians of each learner's measured steps, TRL's best over each, and the pairs."""
     measured = {n: x[1:] for n, x in rows.items() if len(x) > 1}
     if not measured:
         return
@@ -465,6 +517,7 @@ def _report(rows: dict[str, list[dict[str, Any]]]) -> None:
             f"{n:15s} {m['step']:7.1f} {m['reward']:7.3f} {m['kl']:7.4f} {m['peak_gb']:8.1f} "
             f"{ratio:>15s}  {phases}"
         )
+    _pairs(rows)
 
 
 if __name__ == "__main__":
