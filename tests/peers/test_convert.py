@@ -127,7 +127,10 @@ def test_trl_vllm_mask_modes_convert_to_trls_loss(mode: str) -> None:
 
 
 def test_the_written_spec_validates(tmp_path: Any) -> None:
-    """The check case through the command: the YAML it writes composes and validates."""
+    """The check case through the command: ``ppokit convert trl`` of a GRPOConfig YAML with
+    ``loss_type: dr_grpo``, ``beta: 0.04``, ``scale_rewards: none``, ``num_generations: 4``,
+    ``mask_truncated_completions: true`` writes a spec that composes, validates and computes
+    TRL's loss (``max_completion_length`` TRL's default, 512, on both sides)."""
     path = tmp_path / "c.yaml"
     path.write_text("loss_type: dr_grpo\nbeta: 0.04\nscale_rewards: none\nnum_generations: 4\n"
                     "mask_truncated_completions: true\n")  # fmt: skip
@@ -137,6 +140,14 @@ def test_the_written_spec_validates(tmp_path: Any) -> None:
     spec = validate_spec(compose(yaml.safe_load(out.read_text())).data)
     assert spec.policy.weight.name == "untruncated"
     assert spec.kl is not None and spec.kl.estimator.name == "k3_is"
+    case = fixed([6, 2, 3, 4, 1, 6, 6, 2])
+    options = {k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "num_generations"}
+    theirs = test_trl.trl_loss(case, 4, max_completion_length=512, **options)
+    logp = case.fresh()
+    mine = ppokit_loss(spec, case, logp, 4)
+    mine.backward()
+    close(theirs, mine)
+    torch.testing.assert_close(theirs[1], logp.grad, rtol=1e-5, atol=1e-6)
 
 
 def test_verl_interpolations_are_read_or_reported() -> None:

@@ -25,12 +25,14 @@ FAST = settings(max_examples=12, deadline=None, derandomize=True)
 
 def config(case: Case, micro: int, steps: int = 1, **kw: Any) -> Any:
     """One generation batch (the case) in ``steps`` optimizer steps of micro-batches of
-    ``micro`` responses (TRL's ``steps_per_generation`` counts micro-batches)."""
+    ``micro`` responses (TRL's ``steps_per_generation`` counts micro-batches);
+    ``max_completion_length`` the case's width unless given."""
     micros = case.b // micro
+    kw.setdefault("max_completion_length", case.t)
     return trl.GRPOConfig(
         output_dir="/nonexistent", report_to=[], use_cpu=True, num_generations=case.n,
         per_device_train_batch_size=micro, gradient_accumulation_steps=micros // steps,
-        steps_per_generation=micros, max_completion_length=case.t, **kw,
+        steps_per_generation=micros, **kw,
     )  # fmt: skip
 
 
