@@ -1,8 +1,10 @@
 """``ppokit convert trl|verl CONFIG``: a TRL ``GRPOConfig`` YAML (its dataclass's keys) or a
 verl Hydra YAML as the equivalent ppokit spec.
 
-The spec names the built-in variant the config's method is (``grpo``, ``dr_grpo``) and sets
-only what differs from it. Every option that is not carried over exactly gets one
+The spec names the built-in variant the config's method is (TRL: ``grpo``, ``dr_grpo``,
+``dapo``, ``gspo``, ``cispo``; verl: the variant of ``algorithm.adv_estimator``, ``ppo`` for
+``gae``) and sets only what differs from it, the variant's own settings the config does not
+share (DAPO's dynamic sampling, PPO's KL in the reward, ...) set back to ppokit's defaults. Every option that is not carried over exactly gets one
 ``# differs: KEY: ...`` or ``# no equivalent: KEY: ...`` line, in the spec and on stderr;
 an unknown key is reported the same way, never dropped silently. The option-by-option
 mapping is :data:`TRL` and :data:`VERL` (docs/from-trl-verl.md states it and names the test
@@ -75,12 +77,19 @@ VERL_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.actor.ppo_mini_batch_size": 256, "actor_rollout_ref.actor.optim.lr": 1e-6,
     "actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.rollout.temperature": 1.0,
     "actor_rollout_ref.rollout.top_p": 1.0, "data.train_batch_size": 1024,
-    "data.max_response_length": 512,
+    "data.max_response_length": 512, "algorithm.gamma": 1.0, "algorithm.lam": 1.0,
+    "critic.cliprange_value": 0.5, "actor_rollout_ref.actor.policy_loss.loss_mode": "vanilla",
 }  # fmt: skip
 
 #: verl option -> where it goes.
 VERL: dict[str, str] = {
-    "algorithm.adv_estimator": "advantage (grpo, rloo, reinforce_plus_plus, remax, opo, gae)",
+    "algorithm.adv_estimator": "variant and advantage (grpo, rloo, reinforce_plus_plus(_baseline), "
+    "remax, opo; gae: the ppo variant, with a critic)",
+    "algorithm.gamma": "advantage.gamma (reinforce_plus_plus, gae), critic.target.gamma",
+    "algorithm.lam": "advantage.lam, critic.target.lam (gae)",
+    "critic.cliprange_value": "critic.loss: clipped_mse clip (gae)",
+    "actor_rollout_ref.actor.policy_loss.loss_mode": "policy.loss (vanilla ppo_clip, gspo, cispo)",
+    "actor_rollout_ref.actor.loss_scale_factor": "policy.aggregation.norm (seq-mean-token-sum-norm)",
     "algorithm.norm_adv_by_std_in_grpo": "advantage: dr_grpo (false)",
     "algorithm.use_kl_in_reward": "kl.placement: reward",
     "algorithm.kl_penalty": "kl.estimator (in the reward)",
@@ -91,7 +100,8 @@ VERL: dict[str, str] = {
     "actor_rollout_ref.actor.loss_agg_mode": "policy.aggregation",
     "actor_rollout_ref.actor.use_kl_loss": "kl.placement: loss",
     "actor_rollout_ref.actor.kl_loss_coef": "kl.coef",
-    "actor_rollout_ref.actor.kl_loss_type": "kl.estimator (low_var_kl k3, kl k1, mse k2, abs)",
+    "actor_rollout_ref.actor.kl_loss_type": "kl.estimator (low_var_kl k3, kl k1, mse k2, abs; "
+    "a trailing +: straight_through)",
     "actor_rollout_ref.actor.entropy_coeff": "policy.entropy_coef",
     "actor_rollout_ref.actor.ppo_epochs": "train.ppo_epochs",
     "actor_rollout_ref.actor.ppo_mini_batch_size": "train.minibatch_size (x rollout.n)",
@@ -111,7 +121,17 @@ VERL_ADVANTAGE = {
     "reinforce_plus_plus_baseline": "reinforce_pp_baseline", "remax": "remax", "opo": "opo",
     "gae": "gae",
 }  # fmt: skip
-VERL_KL = {"low_var_kl": "k3", "kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "abs": "abs"}
+#: ppokit's variant of each verl advantage estimator (``grpo`` without the std: ``dr_grpo``)
+VERL_VARIANT = {**{k: v for k, v in VERL_ADVANTAGE.items() if k != "gae"}, "gae": "ppo"}
+VERL_KL = {
+    "low_var_kl": "k3",
+    "k3": "k3",
+    "kl": "k1",
+    "k1": "k1",
+    "mse": "k2",
+    "k2": "k2",
+    "abs": "abs",
+}
 VERL_AGG = {
     "token-mean": "token_mean", "seq-mean-token-mean": "seq_mean_token_mean",
     "seq-mean-token-sum": "seq_mean_token_sum", "seq-mean-token-sum-norm": "seq_mean_token_sum_norm",
@@ -161,7 +181,17 @@ def _trl(config: dict[str, Any], out: _Out) -> str:
     micro = int(c["per_device_train_batch_size"])
     steps = c["steps_per_generation"] or c["gradient_accumulation_steps"]
     length = int(c["max_completion_length"])
-    variant = "dr_grpo" if loss_type == "dr_grpo" else "grpo"
+    high = c["epsilon_high"] if c["epsilon_high"] is not None else c["epsilon"]
+    if loss_type == "cispo":
+        variant = "cispo"
+    elif c["importance_sampling_level"] == "sequence":
+        variant = "gspo"
+    elif loss_type == "dr_grpo":
+        variant = "dr_grpo"
+    elif loss_type == "dapo" and high != c["epsilon"]:
+        variant = "dapo"  # clip-higher with the token-level loss
+    else:
+        variant = "grpo"
     out.set("rollout.n", n)
     out.set("rollout.max_new_tokens", length)
     out.set("rollout.prompts_per_round", max(1, micro * int(steps) // n))
@@ -181,8 +211,11 @@ def _trl(config: dict[str, Any], out: _Out) -> str:
     else:
         out.set("advantage", {"name": "grpo", "eps": 1e-4})
         if scale == "batch":
-            out.none("scale_rewards", "batch: the example plugin's lite_ppo; grpo's group std used")
-    high = c["epsilon_high"] if c["epsilon_high"] is not None else c["epsilon"]
+            out.none(
+                "scale_rewards",
+                "batch: the example plugin's advantage lite_ppo with eps 1e-4 "
+                "(pip install ./plugins/ppokit-example); grpo's group std used",
+            )
     if loss_type == "cispo":
         loss: dict[str, Any] = {"name": "cispo", "clip_high": high - 1.0}
     elif c["importance_sampling_level"] == "sequence":
@@ -200,9 +233,12 @@ def _trl(config: dict[str, Any], out: _Out) -> str:
     else:
         agg = {"name": "token_mean"}
         if loss_type == "bnpo":
-            out.differs(
-                "loss_type", "bnpo: token_mean over the whole minibatch, not the local batch"
-            )
+            if int(c["gradient_accumulation_steps"]) > 1:
+                out.differs(
+                    "loss_type",
+                    "bnpo over several micro-batches: token_mean divides by the optimizer "
+                    "step's tokens, not each micro-batch's",
+                )
         elif loss_type not in ("dapo", "cispo"):
             out.none("loss_type", f"{loss_type}: token_mean used")
         elif int(c["gradient_accumulation_steps"]) < int(steps):
@@ -294,19 +330,28 @@ def _verl(config: dict[str, Any], out: _Out) -> str:
     adv = VERL_ADVANTAGE.get(estimator)
     if adv is None:
         out.none("algorithm.adv_estimator", f"{estimator}: grpo used")
-        adv = "grpo"
+        estimator, adv = "grpo", "grpo"
+    variant = VERL_VARIANT[estimator]
     if adv == "grpo" and not c["algorithm.norm_adv_by_std_in_grpo"]:
-        adv = "dr_grpo"
-    variant = "dr_grpo" if adv == "dr_grpo" else "grpo"
-    out.set("advantage", {"name": adv, "eps": 1e-6} if adv == "grpo" else {"name": adv})
-    if adv == "gae":
-        out.differs("algorithm.adv_estimator", "gae needs a critic section: add critic by hand")
+        adv = variant = "dr_grpo"
+    gamma, lam = c["algorithm.gamma"], c["algorithm.lam"]
+    if adv == "grpo":
+        out.set("advantage", {"name": "grpo", "eps": 1e-6})
+    elif adv == "reinforce_pp":
+        out.set("advantage", {"name": adv, "gamma": gamma})
+    elif adv == "gae":
+        out.set("advantage", {"name": "gae", "gamma": gamma, "lam": lam, "whiten": True})
+        out.set("model.critic", "separate")
+        target = {"name": "lambda_return", "gamma": gamma, "lam": lam}
+        clip = {"name": "clipped_mse", "clip": c["critic.cliprange_value"]}
+        out.set("critic", {"target": target, "loss": clip})
+    else:
+        out.set("advantage", {"name": adv})
     n = int(c[r + "n"])
     out.set("rollout.n", n)
     out.set("rollout.prompts_per_round", int(c["data.train_batch_size"]))
-    out.set(
-        "rollout.max_new_tokens", int(c.get(r + "response_length") or c["data.max_response_length"])
-    )
+    length = int(c.get(r + "response_length") or c["data.max_response_length"])
+    out.set("rollout.max_new_tokens", length)
     out.set("rollout.temperature", c[r + "temperature"])
     out.set("rollout.top_p", c[r + "top_p"])
     if "actor_rollout_ref.model.path" in c:
@@ -316,28 +361,39 @@ def _verl(config: dict[str, Any], out: _Out) -> str:
         out.set("train.micro_batch_size", int(c[a + "ppo_micro_batch_size_per_gpu"]))
     out.set("train.ppo_epochs", c[a + "ppo_epochs"])
     out.set("train.actor_lr", c[a + "optim.lr"])
-    loss = {"name": "ppo_clip", "clip_low": c[a + "clip_ratio_low"],
-            "clip_high": c[a + "clip_ratio_high"], "dual_clip": c[a + "clip_ratio_c"]}  # fmt: skip
-    out.set("policy.loss", loss)
+    out.set("policy.loss", _verl_loss(c, out))
     mode = c[a + "loss_agg_mode"]
     agg: dict[str, Any] = {"name": VERL_AGG.get(mode, "token_mean")}
     if mode not in VERL_AGG:
         out.none(a + "loss_agg_mode", f"{mode}: token_mean used")
     if mode == "seq-mean-token-sum-norm":
         factor = c.get(a + "loss_scale_factor")
-        if factor is not None:
-            agg["norm"] = factor
+        if factor is None:
+            factor = length
+            out.differs(
+                a + "loss_scale_factor",
+                f"unset: verl divides by the padded width, norm: {length} (the response "
+                "length) written",
+            )
+        agg["norm"] = factor
     out.set("policy.aggregation", agg)
     if c[a + "entropy_coeff"]:
         out.set("policy.entropy_coef", c[a + "entropy_coeff"])
     if c[a + "use_kl_loss"]:
-        kind = c[a + "kl_loss_type"]
-        est = VERL_KL.get(str(kind).removesuffix("+"), "k3")
-        if str(kind) not in VERL_KL:
-            out.differs(a + "kl_loss_type", f"{kind}: {est} used")
+        kind = str(c[a + "kl_loss_type"])
+        est: Any = VERL_KL.get(kind.removesuffix("+"))
+        if est is None:
+            out.none(a + "kl_loss_type", f"{kind}: k3 used")
+            est = "k3"
+        elif kind.endswith("+"):
+            est = {"name": est, "straight_through": True}
         out.set("kl", {"estimator": est, "coef": c[a + "kl_loss_coef"], "placement": "loss"})
     elif c["algorithm.use_kl_in_reward"]:
-        est = VERL_KL.get(str(c["algorithm.kl_penalty"]), "k1")
+        kind = str(c["algorithm.kl_penalty"])
+        est = VERL_KL.get(kind.removesuffix("+"))
+        if est is None:
+            out.none("algorithm.kl_penalty", f"{kind}: k1 used")
+            est = "k1"
         kl: dict[str, Any] = {"estimator": est, "coef": c["algorithm.kl_ctrl.kl_coef"], "placement": "reward"}  # fmt: skip
         if c["algorithm.kl_ctrl.type"] == "adaptive":
             kl["target"] = c.get("algorithm.kl_ctrl.target_kl", 0.1)
@@ -345,9 +401,28 @@ def _verl(config: dict[str, Any], out: _Out) -> str:
         out.set("kl", kl)
     else:
         out.set("kl", None)
-    for key in sorted(set(flat) - set(VERL) - {"algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon", a + "loss_scale_factor"}):  # fmt: skip
+    for key in sorted(set(flat) - set(VERL) - {"algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon"}):  # fmt: skip
         out.none(key)
     return variant
+
+
+def _verl_loss(c: dict[str, Any], out: _Out) -> dict[str, Any]:
+    """``policy.loss`` of verl's ``policy_loss.loss_mode`` and clip ratios."""
+    a = "actor_rollout_ref.actor."
+    mode, low, high = c[a + "policy_loss.loss_mode"], c[a + "clip_ratio_low"], c[a + "clip_ratio_high"]  # fmt: skip
+    if mode == "gspo":
+        return {"name": "gspo", "clip_low": low, "clip_high": high}
+    if mode == "cispo":
+        if low < 1:
+            out.differs(
+                a + "clip_ratio_low",
+                f"cispo: verl also raises an IS weight below {1 - low:g} to it; ppokit's "
+                "cispo truncates from above only",
+            )
+        return {"name": "cispo", "clip_high": high}
+    if mode != "vanilla":
+        out.none(a + "policy_loss.loss_mode", f"{mode}: ppo_clip used")
+    return {"name": "ppo_clip", "clip_low": low, "clip_high": high, "dual_clip": c[a + "clip_ratio_c"]}  # fmt: skip
 
 
 def _slot_diff(want: Any, have: Any) -> Any:
@@ -380,6 +455,44 @@ def _minimal(want: dict[str, Any], have: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: The algorithm's settings: where the variant sets one the converted config does not, the
+#: spec sets it back to ppokit's default (the peer has no such option, e.g. DAPO's dynamic
+#: sampling or PPO's truncation penalty).
+ALGORITHM = ("truncation", "kl", "advantage", "policy", "rollout.filter", "rollout.engine")
+
+_MISSING = object()
+
+
+def _get(data: Any, path: str) -> Any:
+    """The value at ``path``; a leaf on the way (a component, None) counts as the value."""
+    node = data
+    for key in path.split("."):
+        if not isinstance(node, dict) or "name" in node:
+            return node
+        if key not in node:
+            return _MISSING
+        node = node[key]
+    return node
+
+
+def _reset(want: dict[str, Any], have: dict[str, Any]) -> None:
+    """Sets in ``want`` ppokit's default of each algorithm setting the variant (``have``)
+    sets and ``want`` does not."""
+    from ppokit.spec import validate_spec
+
+    default = validate_spec({"model": {"actor": "demo"}}).model_dump()
+    for section in ALGORITHM:
+        value = _get(have, section)
+        if value is _MISSING:
+            continue
+        paths = [section]
+        if isinstance(value, dict) and "name" not in value and section != "kl":
+            paths = [f"{section}.{key}" for key in value]
+        for path in paths:
+            if _get(want, path) is _MISSING:
+                _set(want, path, _get(default, path))
+
+
 def convert(peer: str, config: Any) -> tuple[dict[str, Any], list[str]]:
     """The spec (a mapping naming a variant) and the notes of a ``peer`` config mapping."""
     from ppokit.spec.compose import compose
@@ -397,7 +510,8 @@ def convert(peer: str, config: Any) -> tuple[dict[str, Any], list[str]]:
     have = compose({"variant": variant}).data
     spec: dict[str, Any] = {"variant": variant}
     want = out.spec
-    want.setdefault("model", {"actor": "demo"})
+    want.setdefault("model", {}).setdefault("actor", "demo")
+    _reset(want, have)
     spec.update(_minimal(want, have))
     return spec, out.notes
 

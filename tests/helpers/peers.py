@@ -125,12 +125,16 @@ def spec_of(**sections: Any) -> Spec:
     return validate_spec({**BASE, **sections})
 
 
-def ppokit_loss(spec: Spec, case: Case, logp: Tensor, micro: int, minibatches: int = 1) -> Tensor:
+def ppokit_loss(
+    spec: Spec, case: Case, logp: Tensor, micro: int, minibatches: int = 1, **fields: Tensor
+) -> Tensor:
     """The sum over the minibatches (``minibatches`` equal slices of the batch, in order) of
-    the sum of their micro-batch losses (``micro`` rows each): what the update backpropagates."""
+    the sum of their micro-batch losses (``micro`` rows each): what the update backpropagates.
+    ``fields``: more of the batch's fields (a critic's ``values``, ReMax's
+    ``baseline_rewards``)."""
     parts = Assembly.from_spec(spec)
     objective = Objective(spec, parts, None)  # type: ignore[arg-type]
-    batch = parts.truncation(case.batch())
+    batch = parts.truncation(case.batch().replace(**fields))
     adv = parts.advantage(batch).float().detach()
     weights = parts.policy_weight(batch).float().detach()
     correction = parts.correction(batch).float().detach()

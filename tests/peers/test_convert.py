@@ -102,6 +102,7 @@ def test_differs_lines_go_to_stderr_too(tmp_path: Any) -> None:
         yaml.safe_dump(
             {
                 "loss_type": "bnpo",
+                "gradient_accumulation_steps": 2,
                 "vllm_importance_sampling_clip_min": 0.5,
                 "use_vllm": True,
                 "vllm_importance_sampling_mode": "token_truncate",
@@ -126,7 +127,10 @@ def test_trl_vllm_mask_modes_convert_to_trls_loss(mode: str) -> None:
 
 
 def test_the_written_spec_validates(tmp_path: Any) -> None:
-    """The check case through the command: the YAML it writes composes and validates."""
+    """The check case through the command: ``ppokit convert trl`` of a GRPOConfig YAML with
+    ``loss_type: dr_grpo``, ``beta: 0.04``, ``scale_rewards: none``, ``num_generations: 4``,
+    ``mask_truncated_completions: true`` writes a spec that composes, validates and computes
+    TRL's loss (``max_completion_length`` TRL's default, 512, on both sides)."""
     path = tmp_path / "c.yaml"
     path.write_text("loss_type: dr_grpo\nbeta: 0.04\nscale_rewards: none\nnum_generations: 4\n"
                     "mask_truncated_completions: true\n")  # fmt: skip
@@ -136,6 +140,14 @@ def test_the_written_spec_validates(tmp_path: Any) -> None:
     spec = validate_spec(compose(yaml.safe_load(out.read_text())).data)
     assert spec.policy.weight.name == "untruncated"
     assert spec.kl is not None and spec.kl.estimator.name == "k3_is"
+    case = fixed([6, 2, 3, 4, 1, 6, 6, 2])
+    options = {k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "num_generations"}
+    theirs = test_trl.trl_loss(case, 4, max_completion_length=512, **options)
+    logp = case.fresh()
+    mine = ppokit_loss(spec, case, logp, 4)
+    mine.backward()
+    close(theirs, mine)
+    torch.testing.assert_close(theirs[1], logp.grad, rtol=1e-5, atol=1e-6)
 
 
 def test_verl_interpolations_are_read_or_reported() -> None:
@@ -149,3 +161,128 @@ def test_verl_interpolations_are_read_or_reported() -> None:
         "# no equivalent: actor_rollout_ref.rollout.n: an interpolation not read: the default used"
         in notes
     )
+
+
+def close(theirs: tuple[torch.Tensor, torch.Tensor], mine: torch.Tensor) -> None:
+    torch.testing.assert_close(theirs[0], mine.detach(), rtol=1e-5, atol=1e-6)
+
+
+#: the configs of tests/peers/test_trl.py's rows: (config, micro-batch rows, policy spread)
+TRL_CONFIGS: dict[str, tuple[dict[str, Any], int, float]] = {
+    "cispo": ({"loss_type": "cispo", "epsilon_high": 1.3}, 4, 0.5),
+    "gspo": ({"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-3,
+              "epsilon_high": 4e-3}, 4, 0.01),
+    "delta": ({"loss_type": "dapo", "delta": 1.5}, 4, 1.0),
+    "k3": ({"loss_type": "dapo", "beta": 0.04, "use_bias_correction_kl": False}, 4, 0.3),
+    "k3_is": ({"loss_type": "dapo", "beta": 0.04}, 4, 0.3),
+    "bnpo": ({"loss_type": "bnpo"}, 8, 0.3),
+    "entropy": ({"loss_type": "dapo", "entropy_coef": 0.1}, 8, 0.3),
+    "masked grpo": ({"loss_type": "grpo", "mask_truncated_completions": True}, 4, 0.3),
+    "token_truncate": ({"loss_type": "dapo", "use_vllm": True,
+                        "vllm_importance_sampling_mode": "token_truncate",
+                        "vllm_importance_sampling_clip_max": 1.5}, 4, 0.3),
+    "sequence_truncate": ({"loss_type": "dapo", "use_vllm": True,
+                           "vllm_importance_sampling_mode": "sequence_truncate",
+                           "vllm_importance_sampling_clip_max": 1.5}, 4, 0.3),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(TRL_CONFIGS))
+def test_trl_rows_convert_to_trls_loss(name: str) -> None:
+    """Each config of a TRL row: the converted spec, exactly as written (no note but the
+    engine's), computes TRL's loss; the variant is the method's."""
+    options, micro, spread = TRL_CONFIGS[name]
+    case = fixed(spread=spread)
+    config = {**options, "num_generations": 4, "max_completion_length": case.t}
+    spec, notes = convert("trl", config)
+    assert [n for n in notes if not n.startswith("# differs: use_vllm")] == [], notes
+    variant = {"cispo": "cispo", "gspo": "gspo"}.get(name, "grpo")
+    assert spec["variant"] == variant
+    theirs = test_trl.trl_loss(case, micro, **options)
+    close(theirs, ppokit_loss(spec_of("trl", config, case.t), case, case.fresh(), micro))
+
+
+def test_trl_dapo_clip_higher_is_the_dapo_variant() -> None:
+    """``loss_type: dapo`` with ``epsilon_high``: the ``dapo`` variant, its dynamic sampling
+    and overlong punishment set back (TRL has neither)."""
+    spec, notes = convert("trl", {"loss_type": "dapo", "epsilon_high": 0.28})
+    assert spec["variant"] == "dapo" and notes == []
+    assert spec["rollout"]["filter"] == "none" and spec["truncation"] == "terminal"
+
+
+VERL_ESTIMATORS = ["rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
+                   "opo", "gae", "grpo"]  # fmt: skip
+
+
+@pytest.mark.parametrize("estimator", VERL_ESTIMATORS)
+def test_verl_adv_estimators_convert_to_verls_loss(estimator: str) -> None:
+    """``algorithm.adv_estimator``: the variant of the estimator (``gae``: ``ppo``, with a
+    critic), its settings that differ written out; the spec computes verl's advantage and
+    loss (``grpo`` here with ``norm_adv_by_std_in_grpo: false``: ``dr_grpo``)."""
+    from tests.peers import test_verl_advantage as adv
+
+    case = fixed()
+    algorithm: dict[str, Any] = {"adv_estimator": estimator, "gamma": 0.9, "lam": 0.95}
+    if estimator == "grpo":
+        algorithm["norm_adv_by_std_in_grpo"] = False
+    config = {"algorithm": algorithm,
+              "actor_rollout_ref": {"rollout": {"n": 4}, "actor": {"clip_ratio_high": 0.28}}}  # fmt: skip
+    spec, notes = convert("verl", config)
+    assert notes == [], notes
+    assert spec["variant"] == {"gae": "ppo", "grpo": "dr_grpo", "reinforce_plus_plus": "reinforce_pp", "reinforce_plus_plus_baseline": "reinforce_pp_baseline"}.get(estimator, estimator)  # fmt: skip
+    advantage, _ = adv.verl_advantage(case, estimator, gamma=0.9, lam=0.95, norm_by_std=False)
+    theirs = test_verl.verl_loss(case, 4, "token-mean", adv=advantage)
+    fields = {"values": adv.values_of(case), "baseline_rewards": adv.baselines_of(case)}
+    close(theirs, ppokit_loss(spec_of("verl", config, case.t), case, case.fresh(), 4, **fields))
+
+
+#: the actor options of tests/peers/test_verl.py's rows and verl_loss's arguments
+VERL_CONFIGS: dict[str, tuple[dict[str, Any], dict[str, Any], float]] = {
+    "gspo": ({"policy_loss": {"loss_mode": "gspo"}, "clip_ratio_low": 3e-3,
+              "clip_ratio_high": 4e-3, "loss_agg_mode": "seq-mean-token-mean"},
+             {"loss_mode": "gspo", "clip_ratio_low": 3e-3, "clip_ratio_high": 4e-3}, 0.01),
+    "cispo": ({"policy_loss": {"loss_mode": "cispo"}, "clip_ratio_low": 1.0,
+               "clip_ratio_high": 0.3},
+              {"loss_mode": "cispo", "clip_ratio_low": 1.0, "clip_ratio_high": 0.3}, 0.5),
+    "k3+": ({"use_kl_loss": True, "kl_loss_type": "k3+", "kl_loss_coef": 0.1},
+            {"kl": "k3+", "kl_coef": 0.1}, 0.3),
+    "abs": ({"use_kl_loss": True, "kl_loss_type": "abs", "kl_loss_coef": 0.1},
+            {"kl": "abs", "kl_coef": 0.1}, 0.3),
+    "norm": ({"loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_factor": 8},
+             {"scale": 8}, 0.3),
+    "seq-mean-token-sum": ({"loss_agg_mode": "seq-mean-token-sum"}, {}, 0.3),
+    "entropy": ({"entropy_coeff": 0.05}, {"entropy_coeff": 0.05}, 0.3),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(VERL_CONFIGS))
+def test_verl_rows_convert_to_verls_loss(name: str) -> None:
+    """Each actor config of a verl row: the converted spec, exactly as written (no note),
+    computes verl's loss."""
+    actor, kw, spread = VERL_CONFIGS[name]
+    case = fixed(spread=spread)
+    config = {"algorithm": {"adv_estimator": "grpo"},
+              "actor_rollout_ref": {"rollout": {"n": 4}, "actor": {"clip_ratio_high": 0.28, **actor}}}  # fmt: skip
+    _, notes = convert("verl", config)
+    assert notes == [], notes
+    mode = actor.get("loss_agg_mode", "token-mean")
+    theirs = test_verl.verl_loss(case, 4, mode, **kw)
+    close(theirs, ppokit_loss(spec_of("verl", config, case.t), case, case.fresh(), 4))
+
+
+def test_verl_options_without_equivalent_are_one_line_each() -> None:
+    config = {"algorithm": {"adv_estimator": "gpg"},
+              "actor_rollout_ref": {"rollout": {"n": 4},
+                                    "actor": {"policy_loss": {"loss_mode": "clip_cov"},
+                                              "loss_agg_mode": "token-sum"}}}  # fmt: skip
+    spec, notes = convert("verl", config)
+    assert spec["variant"] == "grpo"
+    a = "actor_rollout_ref.actor."
+    assert notes == [
+        "# no equivalent: algorithm.adv_estimator: gpg: grpo used",
+        f"# no equivalent: {a}policy_loss.loss_mode: clip_cov: ppo_clip used",
+        f"# no equivalent: {a}loss_agg_mode: token-sum: token_mean used",
+    ]
+    cispo = {"policy_loss": {"loss_mode": "cispo"}}
+    _, notes = convert("verl", {"actor_rollout_ref": {"actor": cispo}})
+    assert any(n.startswith(f"# differs: {a}clip_ratio_low: cispo") for n in notes)

@@ -25,12 +25,14 @@ FAST = settings(max_examples=12, deadline=None, derandomize=True)
 
 def config(case: Case, micro: int, steps: int = 1, **kw: Any) -> Any:
     """One generation batch (the case) in ``steps`` optimizer steps of micro-batches of
-    ``micro`` responses (TRL's ``steps_per_generation`` counts micro-batches)."""
+    ``micro`` responses (TRL's ``steps_per_generation`` counts micro-batches);
+    ``max_completion_length`` the case's width unless given."""
     micros = case.b // micro
+    kw.setdefault("max_completion_length", case.t)
     return trl.GRPOConfig(
         output_dir="/nonexistent", report_to=[], use_cpu=True, num_generations=case.n,
         per_device_train_batch_size=micro, gradient_accumulation_steps=micros // steps,
-        steps_per_generation=micros, max_completion_length=case.t, **kw,
+        steps_per_generation=micros, **kw,
     )  # fmt: skip
 
 
@@ -270,3 +272,71 @@ def test_vllm_mask_mode_dropped_differs() -> None:
     correction = {"name": "token_mis", "low": None, "high": 1.5}
     policy = {"loss": "ppo_clip", "aggregation": "token_mean", "correction": correction}
     assert gap(theirs, ours(case, 4, **GRPO, policy=policy)) > 1e-4
+
+
+TRUNCATE_MODES = {"token_truncate": "token_tis", "sequence_truncate": "seq_tis"}
+
+
+@FAST
+@given(cases(n=N, t=T, mismatch=0.6), MICRO, st.sampled_from(sorted(TRUNCATE_MODES)))
+def test_vllm_truncate_modes_are_tis(case: Case, micro: int, mode: str) -> None:
+    """``use_vllm`` with ``vllm_importance_sampling_mode: token_truncate`` /
+    ``sequence_truncate``, ``_clip_max: C`` and no ``_clip_min``: ``token_tis`` / ``seq_tis``
+    with ``cap: C``."""
+    theirs = trl_loss(
+        case, micro, loss_type="dapo", use_vllm=True, vllm_importance_sampling_mode=mode,
+        vllm_importance_sampling_clip_max=1.5,
+    )  # fmt: skip
+    correction = {"name": TRUNCATE_MODES[mode], "cap": 1.5}
+    policy = {"loss": "ppo_clip", "aggregation": "token_mean", "correction": correction}
+    same(theirs, ours(case, micro, **GRPO, policy=policy))
+
+
+def test_vllm_truncate_clip_min_differs() -> None:
+    """TRL's ``*_truncate`` with ``_clip_min: m`` raises a ratio below m to m; ppokit's
+    ``*_tis`` truncate from above only: a token of ratio r < m weighs r, not m."""
+    case = fixed(spread=0.3)
+    gen = torch.Generator().manual_seed(1)
+    case.logp_rollout = case.logp_old + 0.8 * torch.randn(case.b, case.t, generator=gen)
+    theirs = trl_loss(
+        case, 4, loss_type="dapo", use_vllm=True, vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=1.5, vllm_importance_sampling_clip_min=0.5,
+    )  # fmt: skip
+    correction = {"name": "token_tis", "cap": 1.5}
+    policy = {"loss": "ppo_clip", "aggregation": "token_mean", "correction": correction}
+    assert gap(theirs, ours(case, 4, **GRPO, policy=policy)) > 1e-3
+    assert bool(((case.logp_old - case.logp_rollout).exp() < 0.5)[case.mask].any())
+
+
+@FAST
+@given(cases(n=N, t=T))
+def test_bnpo_one_micro_batch_is_token_mean(case: Case) -> None:
+    """``loss_type: bnpo`` with one micro-batch an optimizer step
+    (``gradient_accumulation_steps: 1``): ``token_mean``."""
+    theirs = trl_loss(case, case.b, loss_type="bnpo")
+    mine = ours(case, case.b, **GRPO, policy={"loss": "ppo_clip", "aggregation": "token_mean"})
+    same(theirs, mine)
+
+
+def test_bnpo_several_micro_batches_differs() -> None:
+    """``bnpo`` over k micro-batches an optimizer step is the mean of their own token means;
+    ``token_mean`` divides by the step's tokens: the same when the micro-batches hold as
+    many tokens each, otherwise a micro-batch of fewer tokens weighs more in TRL's."""
+    uneven = fixed([1, 1, 1, 1, 6, 6, 5, 6])
+    policy = {"loss": "ppo_clip", "aggregation": "token_mean"}
+    theirs = trl_loss(uneven, 4, loss_type="bnpo")
+    assert gap(theirs, ours(uneven, 4, **GRPO, policy=policy)) > 1e-3
+    even = fixed([1, 6, 2, 5, 6, 1, 5, 2])  # 14 tokens in each half
+    same(trl_loss(even, 4, loss_type="bnpo"), ours(even, 4, **GRPO, policy=policy))
+
+
+@FAST
+@given(cases(n=N, t=T), MICRO)
+def test_scale_rewards_batch_is_lite_ppo(case: Case, micro: int) -> None:
+    """``scale_rewards: batch``: the example plugin's ``advantage: {name: lite_ppo, eps:
+    1e-4}`` (R − group mean, over the batch's unbiased std + 1e-4)."""
+    pytest.importorskip("ppokit_example")
+    theirs = trl_loss(case, micro, loss_type="grpo", scale_rewards="batch")
+    adv = {"name": "lite_ppo", "eps": 1e-4}
+    policy = {"loss": "ppo_clip", "aggregation": "seq_mean_token_mean"}
+    same(theirs, ours(case, micro, advantage=adv, policy=policy))
