@@ -208,14 +208,10 @@ def _trl(config: dict[str, Any], out: _Out) -> str:
     scale = c["scale_rewards"]
     if scale in ("none", False):
         out.set("advantage", {"name": "dr_grpo"})
+    elif scale == "batch":
+        out.set("advantage", {"name": "grpo", "eps": 1e-4, "std": "batch"})
     else:
         out.set("advantage", {"name": "grpo", "eps": 1e-4})
-        if scale == "batch":
-            out.none(
-                "scale_rewards",
-                "batch: the example plugin's advantage lite_ppo with eps 1e-4 "
-                "(pip install ./plugins/ppokit-example); grpo's group std used",
-            )
     if loss_type == "cispo":
         loss: dict[str, Any] = {"name": "cispo", "clip_high": high - 1.0}
     elif c["importance_sampling_level"] == "sequence":

@@ -68,6 +68,12 @@ GRPO = Paper(
     2024,
     "arXiv:2402.03300",
 )
+LITE_PPO = Paper(
+    "Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning",
+    "Liu et al.",
+    2025,
+    "arXiv:2508.08221",
+)
 GDPO = Paper(
     "GDPO: Group reward-Decoupled Normalization Policy Optimization for Multi-reward RL "
     "Optimization",

@@ -580,3 +580,29 @@ def test_gdpo_with_one_reward_is_grpo_whitened(batch):
     var = ((grpo - mean) ** 2 * live).sum() / max(n - 1, 1)
     expected = torch.where(live, (grpo - mean) / (var + 1e-8).sqrt(), 0.0)
     assert close(row_values(one, make("gdpo")(one)), expected.double(), 1e-4)
+
+
+@FAST
+@given(batches())
+def test_grpo_batch_std_is_dr_grpo_over_one_std(batch):
+    """``std: batch`` divides Dr. GRPO's centred reward by one number for the whole batch:
+    the unbiased std of the non-empty rows' scores."""
+    live = batch.nonempty
+    scores = batch.scores[live].double()
+    std = scores.std() if scores.numel() > 1 else torch.zeros((), dtype=torch.float64)
+    expected = make("dr_grpo")(batch).double() / (std + 1e-6)
+    assert close(make("grpo", std="batch")(batch), expected, tol=1e-4)
+
+
+def test_grpo_batch_std_by_hand():
+    """Two groups of two, scores (1, 0) and (1, 1): the batch mean 0.75, unbiased std
+    sqrt(0.75 / 3) = 0.5; group-centred (0.5, -0.5) and (0, 0) over 0.5 + ε."""
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    rewards = torch.zeros(4, 2)
+    rewards[:, 1] = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    batch = RolloutBatch(
+        response_mask=mask, token_rewards=rewards, group_ids=torch.tensor([0, 0, 1, 1])
+    )
+    adv = make("grpo", std="batch", eps=1e-6)(batch)
+    expected = torch.tensor([1.0, -1.0, 0.0, 0.0])[:, None].expand(4, 2) * 0.5 / (0.5 + 1e-6)
+    assert torch.allclose(adv, expected, atol=1e-5)

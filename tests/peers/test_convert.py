@@ -55,6 +55,19 @@ def test_trl_configs_convert_to_trls_loss(loss_type: str) -> None:
     torch.testing.assert_close(theirs[0], mine.detach(), rtol=1e-5, atol=1e-6)
 
 
+def test_trl_batch_scaled_rewards_convert_to_trls_loss() -> None:
+    """``scale_rewards: batch`` converts to grpo with the batch's std, never dropped."""
+    case = fixed()
+    config = {"loss_type": "grpo", "scale_rewards": "batch", "num_generations": 4,
+              "max_completion_length": case.t}  # fmt: skip
+    spec, notes = convert("trl", config)
+    assert spec["advantage"] == {"name": "grpo", "eps": 1e-4, "std": "batch"}
+    assert not any("scale_rewards" in note for note in notes)
+    theirs = test_trl.trl_loss(case, 4, **{k: v for k, v in config.items() if k not in SET})
+    mine = ppokit_loss(spec_of("trl", config, case.t), case, case.fresh(), 4)
+    torch.testing.assert_close(theirs[0], mine.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_verl_config_converts_to_verls_loss() -> None:
     case = fixed()
     config = {"algorithm": {"adv_estimator": "grpo"},

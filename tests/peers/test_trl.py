@@ -332,6 +332,17 @@ def test_bnpo_several_micro_batches_differs() -> None:
 
 @FAST
 @given(cases(n=N, t=T), MICRO)
+def test_scale_rewards_batch_is_grpo_with_the_batch_std(case: Case, micro: int) -> None:
+    """``scale_rewards: batch``: ``advantage: {name: grpo, std: batch, eps: 1e-4}`` (R − group
+    mean, over the batch's unbiased std + 1e-4: Lite PPO)."""
+    theirs = trl_loss(case, micro, loss_type="grpo", scale_rewards="batch")
+    adv = {"name": "grpo", "std": "batch", "eps": 1e-4}
+    policy = {"loss": "ppo_clip", "aggregation": "seq_mean_token_mean"}
+    same(theirs, ours(case, micro, advantage=adv, policy=policy))
+
+
+@FAST
+@given(cases(n=N, t=T), MICRO)
 def test_scale_rewards_batch_is_lite_ppo(case: Case, micro: int) -> None:
     """``scale_rewards: batch``: the example plugin's ``advantage: {name: lite_ppo, eps:
     1e-4}`` (R − group mean, over the batch's unbiased std + 1e-4)."""

@@ -14,7 +14,7 @@ This module is the torch-free catalogue (params, formulas, papers); the tensor c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import Field
 
@@ -51,11 +51,19 @@ class LengthAdaptiveGAEParams(Gamma):
     whiten: bool = Field(default=True, description="batch-whiten over all response tokens")
 
 
-class GRPOParams(Params):
+class GroupEpsParams(Params):
     eps: float = Field(
         default=1e-6,
         gt=0.0,
         description="added to the group std (> 0: a group of equal rewards has std 0)",
+    )
+
+
+class GRPOParams(GroupEpsParams):
+    std: Literal["group", "batch"] = Field(
+        default="group",
+        description="the std the centred reward is divided by: the group's (GRPO) or the "
+        "batch's (Lite PPO; TRL's scale_rewards: batch)",
     )
 
 
@@ -101,9 +109,9 @@ GRPO = Component(
     MODULE,
     params=GRPOParams,
     summary="Group-normalised outcome reward (GRPO)",
-    formula="A_i = (R_i − mean_g R) / (std_g R + ε), broadcast over the response; g: the group's non-empty responses",
+    formula="A_i = (R_i − mean_g R) / (std_g R + ε), broadcast over the response; g: the group's non-empty responses; std: batch divides by std_B R, over the batch's non-empty responses",
     requires=("group_ids",),
-    source=str(papers.GRPO),
+    source=papers.cite(papers.GRPO, ("std: batch", papers.LITE_PPO)),
 )
 
 
@@ -111,7 +119,7 @@ GDPO = Component(
     "advantage",
     "gdpo",
     MODULE,
-    params=GRPOParams,
+    params=GroupEpsParams,
     summary="Each reward normalised within its group apart, then their weighted sum, "
     "batch-normalised (GDPO)",
     formula="A_{k,i} = (r_{k,i} − mean_g r_k) / (std_g r_k + ε) for each reward part k; "

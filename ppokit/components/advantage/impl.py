@@ -21,6 +21,7 @@ __all__ = [
     "ReMax",
     "ReinforcePP",
     "ReinforcePPBaseline",
+    "batch_std",
 ]
 
 
@@ -62,15 +63,28 @@ class LengthAdaptiveGAE:
 
 @catalogue.GRPO.implementation
 class GRPO:
-    """std is unbiased, over the group's non-empty rows (1 with fewer than two)."""
+    """std is unbiased, over the group's non-empty rows (1 with fewer than two); with
+    ``std: batch`` over the batch's non-empty rows (0 with fewer than two, so that a
+    batch of one response gets its centred reward / ε, as TRL's)."""
 
-    def __init__(self, *, eps: float) -> None:
+    def __init__(self, *, eps: float, std: str) -> None:
         self.eps = eps
+        self.batch_std = std == "batch"
 
     def __call__(self, batch: RolloutBatch) -> Tensor:
         stats = GroupStats(batch)
-        adv = stats.centred() / (stats.std() + self.eps)
+        std = batch_std(batch) if self.batch_std else stats.std()
+        adv = stats.centred() / (std + self.eps)
         return broadcast_rows(adv, batch.response_mask)
+
+
+def batch_std(batch: RolloutBatch) -> Tensor:
+    """The unbiased std of the scores over the batch's non-empty rows (0-d)."""
+    live = batch.nonempty.float()
+    count = live.sum()
+    mean = (batch.scores * live).sum() / count.clamp_min(1.0)
+    var = ((batch.scores - mean) ** 2 * live).sum() / (count - 1.0).clamp_min(1.0)
+    return var.sqrt()
 
 
 @catalogue.GDPO.implementation
