@@ -7,26 +7,35 @@ Every micro-batch uses the whole minibatch's aggregation denominators
 process), so the sum of the micro-batch losses is exactly the minibatch loss. The forward
 passes and the losses are counted into the active non-finite counter
 (:func:`~ppokit.trainer.checks.count`); the components count their own results.
+
+A loss reports its diagnostics from its one call: a loss whose catalogue entry declares
+``metrics`` is called with ``metrics=``, a dict it fills with per-position values
+(``clipfrac``: where its clip is active), averaged here over the loss's mask (mask', m^V);
+a loss that declares none may still give ``clipped``, a second computation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ppokit import distributed
+from ppokit.errors import ComponentError
+from ppokit.registry import get_registry
 from ppokit.spec import Spec
-from ppokit.trainer.assembly import Assembly, aggregate, denominator, optional
+from ppokit.trainer.assembly import Assembly, Where, aggregate, denominator, optional
 from ppokit.trainer.checks import count
+from ppokit.trainer.contract import describe
 from ppokit.trainer.estimation import UpdateData, clip_band, log_band
 from ppokit.trainer.forwards import Forwards
 from ppokit.trainer.metrics import Meter
 from ppokit.trainer.rollout import Rollout
 
-__all__ = ["Denominators", "Objective"]
+__all__ = ["Denominators", "Objective", "loss_metrics"]
 
 #: Each aggregation's denominator over the whole minibatch (``policy``, ``nll``,
 #: ``critic``), None for an aggregation that declares none.
@@ -54,6 +63,31 @@ class Objective:
         return any(
             s.startswith("kl.estimator") for s in self.spec.requirements().get("logp_old", [])
         )
+
+    @cached_property
+    def reporting(self) -> frozenset[str]:
+        """The loss slots (``policy.loss``, ``critic.loss``) whose component's catalogue
+        entry declares ``metrics``: each is called with ``metrics=``."""
+        registry, out = get_registry(), set()
+        losses = [("policy.loss", "policy_loss", self.spec.policy.loss)]
+        if self.spec.critic is not None:
+            losses.append(("critic.loss", "regression_loss", self.spec.critic.loss))
+        for slot, kind, comp in losses:
+            if registry.info(kind, comp.name).entry.metrics:
+                out.add(slot)
+        return frozenset(out)
+
+    def _loss(
+        self, slot: str, loss: Any, args: tuple[Tensor, ...], mask: Tensor, meter: Meter
+    ) -> Tensor:
+        """``loss(*args)``; a loss that reports metrics (:attr:`reporting`) is called with
+        ``metrics=``, and what it reports is averaged over ``mask`` into ``meter``."""
+        if slot not in self.reporting:
+            return loss(*args)
+        sink: dict[str, Tensor] = {}
+        out = loss(*args, metrics=sink)
+        loss_metrics(self.parts.name(slot), sink, mask, meter)
+        return out
 
     def denominators(self, data: UpdateData, idx: Tensor) -> Denominators:
         """Each aggregation's denominator over the whole minibatch ``idx``: the policy
@@ -134,7 +168,9 @@ class Objective:
         def term(elementwise: Tensor, m: Tensor, denom: Tensor | None) -> Tensor:
             return aggregate(parts.policy_agg, elementwise, m, denom, share)
 
-        elementwise = parts.policy_loss(logp, logp_old, adv, mask)
+        reported = Meter()  # the loss's own diagnostics, from its one call
+        args = (logp, logp_old, adv, mask)
+        elementwise = self._loss("policy.loss", parts.policy_loss, args, mask, reported)
         weights = data.policy_weights[j][:, None] * data.correction[j, :w]  # ω · c
         pg = term(elementwise * weights, mask, denoms["policy"])
         count(str(parts.name("policy.aggregation")), pg, "scalar")
@@ -169,8 +205,9 @@ class Objective:
             low, high = self.log_band
             outside = mask & ((log_ratio < low) | (log_ratio > high))
             meter.add("ratio_outside", outside.float().sum(), tokens)
+            meter.merge(reported)
             clipped = optional(parts.policy_loss, "policy_loss", "clipped")
-            if clipped is not None:
+            if clipped is not None and "policy.loss" not in self.reporting:
                 active = clipped(logp, logp_old, adv, mask) & mask
                 meter.add("clipfrac", active.float().sum(), tokens)
         return loss
@@ -196,15 +233,32 @@ class Objective:
         target = data.targets[j, :w]
         old = data.batch.values[j, :w].float()
         vmask = data.value_mask[j, :w]
-        elementwise = parts.critic_loss(pred, target, old)
+        reported = Meter()  # the loss's own diagnostics, from its one call
+        args = (pred, target, old)
+        elementwise = self._loss("critic.loss", parts.critic_loss, args, vmask, reported)
         weighted = elementwise * data.value_weights[j][:, None]
         value = aggregate(parts.critic_agg, weighted, vmask, denoms.get("critic"), share)
         count(str(parts.name("critic.aggregation")), value, "scalar")
 
         meter.add("value_loss", value, share)
+        meter.merge(reported)
         clipped = optional(parts.critic_loss, "regression_loss", "clipped")
-        if clipped is not None:
+        if clipped is not None and "critic.loss" not in self.reporting:
             with torch.no_grad():
                 active = clipped(pred, target, old) & vmask
                 meter.add("vf_clipfrac", active.float().sum(), vmask.float().sum())
         return self.spec.train.vf_coef * value
+
+
+def loss_metrics(where: Where, sink: dict[str, Tensor], mask: Tensor, meter: Meter) -> None:
+    """Each per-position diagnostic a loss reported (``sink``: a ``[B, T]`` tensor per
+    name) into ``meter`` as its sum over ``mask``'s positions and their number: the metric
+    is its mean over the loss's positions of the round's steps."""
+    tokens = mask.float().sum()
+    for name, value in sink.items():
+        if not isinstance(name, str) or not isinstance(value, Tensor) or value.shape != mask.shape:
+            raise ComponentError(
+                f"{where} reported metric {name!r} as {describe(value)}: expected a tensor "
+                f"of shape {list(mask.shape)} per metric name"
+            )
+        meter.add(name, torch.where(mask, value.detach().float(), 0.0).sum(), tokens)

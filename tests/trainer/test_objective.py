@@ -23,10 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ppokit.errors import ComponentError
 from ppokit.explain import explain
 from ppokit.registry import get_registry
 from ppokit.spec import ComponentSpec, Spec
+from ppokit.trainer.contract import Where
 from ppokit.trainer.estimation import UpdateData, estimate, round_batch
+from ppokit.trainer.metrics import Meter
+from ppokit.trainer.objective import loss_metrics
 from ppokit.trainer.rollout import Rollout
 from tests.helpers.trainer import (
     Trainee,
@@ -392,3 +396,41 @@ def test_explain_states_the_objective(tmp_path) -> None:
         "(rows of weight ω = 0 stay in m^V and in the denominator)",
     ):
         assert line in text, line
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "gspo", "{name: cispo, clip_high: 0.1}"])
+def test_a_loss_reports_its_clipfrac_from_its_one_ratio(tmp_path, monkeypatch, loss: str) -> None:
+    """Each micro-batch computes the policy loss's ratio once and clipped_mse's branches once:
+    clipfrac and vf_clipfrac come from the losses' own calls, not from a second one."""
+    from ppokit.components.policy_loss import impl
+    from ppokit.components.regression_loss.impl import ClippedMSE
+
+    _, lrn, data, _ = _setup(tmp_path, f"policy.loss={loss}")
+    calls: list[str] = []
+    log_ratio, sequence, branches = impl._log_ratio, impl.GSPO.sequence_ratio, ClippedMSE._branches
+
+    def counted(name: str, fn: Any) -> Any:
+        return lambda *args: calls.append(name) or fn(*args)
+
+    monkeypatch.setattr(impl, "_log_ratio", counted("ratio", log_ratio))
+    monkeypatch.setattr(impl.GSPO, "sequence_ratio", staticmethod(counted("ratio", sequence)))
+    monkeypatch.setattr(ClippedMSE, "_branches", counted("branches", branches))
+    objective, b = lrn.setup.objective, len(REWARDS)
+    idx = torch.arange(b)
+    denoms = objective.denominators(data, idx)
+    meter = Meter()
+    for j in idx.split(5):
+        calls.clear()
+        share = j.shape[0] / b
+        objective.micro_loss(data, j, denoms, share, lrn.state.kl_coef, True, meter)
+        assert sorted(calls) == ["branches", "ratio"]
+    means = meter.means()
+    assert 0 <= float(means["clipfrac"]) <= 1 and 0 <= float(means["vf_clipfrac"]) <= 1
+
+
+def test_a_loss_metric_that_is_not_per_position_is_one_line() -> None:
+    where = Where("policy.loss", "mine", "plugin x")
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    loss_metrics(where, {"clipfrac": torch.zeros(2, 3)}, mask, Meter())
+    with pytest.raises(ComponentError, match=r"policy.loss .*'clipfrac'.*\[2, 3\]"):
+        loss_metrics(where, {"clipfrac": torch.zeros(())}, mask, Meter())
