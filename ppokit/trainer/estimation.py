@@ -177,35 +177,22 @@ def round_batch(
         outcome = scores - ro.turn_rewards.sum(1)
         rewards = ro.turn_rewards + torch.where(batch.last_mask, outcome[:, None], 0.0)
     batch = batch.replace(token_rewards=rewards)
-    models = forwards.models
-    if micro is not None and micro.budget is not None:
-        with torch.no_grad():
-            return _by_micro_batches(batch, ro, micro, forwards, assembly, recompute_logp_old)
     with torch.no_grad():
-        if recompute_logp_old:
-            batch = batch.replace(logp_old=forwards.policy_logprobs(ro) * mask)
-        if models.critic is not None:
-            shared = forwards.hidden(models.actor, ro) if models.shared_critic else None
-            v_all = assembly.value(forwards.critic_head_out(ro, shared))  # [B, T+1]
-            batch = batch.replace(
-                values=v_all[:, :-1] * mask,
-                bootstrap_values=v_all.gather(1, batch.last_index[:, None] + 1).squeeze(1),
-            )
-        if models.has_reference:
-            batch = batch.replace(logp_ref=forwards.reference_logprobs(ro) * mask)
-    return batch
+        return _forward_passes(batch, ro, micro, forwards, assembly, recompute_logp_old)
 
 
-def _by_micro_batches(
+def _forward_passes(
     batch: RolloutBatch,
     ro: Rollout,
-    micro: MicroBatches,
+    micro: MicroBatches | None,
     forwards: Forwards,
     assembly: Assembly,
     recompute_logp_old: bool,
 ) -> RolloutBatch:
-    """:func:`round_batch`'s no-grad passes over the micro-batches of a token budget, each
-    cut to its own rows' lengths; the results placed back in the round's ``[B, T]``."""
+    """:func:`round_batch`'s no-grad passes, in one pass over the whole round or, by a token
+    budget (``micro``), over its micro-batches, each cut to its own rows' lengths; the
+    results placed in the round's ``[B, T]``: log π_old, the critic's values V_old with the
+    value after each row's last token, log π_ref."""
     models, mask = forwards.models, ro.response_mask
     b, t = mask.shape
     logp_old = mask.new_zeros((b, t), dtype=torch.float32) if recompute_logp_old else None
@@ -213,19 +200,23 @@ def _by_micro_batches(
     head_out = None
     if logp_old is None and logp_ref is None and models.critic is None:
         return batch  # no pass to run
-    for m in micro.whole(b, mask.device):
-        part = m.rollout(ro)
+    passes: list[tuple[Tensor | slice, Rollout]]
+    if micro is not None and micro.budget is not None:
+        passes = [(m.index, m.rollout(ro)) for m in micro.whole(b, mask.device)]
+    else:  # the whole round in one pass
+        passes = [(slice(None), ro)]
+    for rows, part in passes:
         width = part.response_ids.shape[1]
         if logp_old is not None:
-            logp_old[m.index, :width] = forwards.policy_logprobs(part)
+            logp_old[rows, :width] = forwards.policy_logprobs(part)
         if models.critic is not None:
             shared = forwards.hidden(models.actor, part) if models.shared_critic else None
             out = forwards.critic_head_out(part, shared)
             if head_out is None:
                 head_out = out.new_zeros((b, t + 1, out.shape[-1]))
-            head_out[m.index, : width + 1] = out
+            head_out[rows, : width + 1] = out
         if logp_ref is not None:
-            logp_ref[m.index, :width] = forwards.reference_logprobs(part)
+            logp_ref[rows, :width] = forwards.reference_logprobs(part)
     if logp_old is not None:
         batch = batch.replace(logp_old=logp_old * mask)
     if head_out is not None:
