@@ -11,7 +11,7 @@ process, which keeps its own rows (:meth:`UpdateData.own_rows`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ppokit import distributed
 from ppokit.batch import FIELDS as BATCH_FIELDS
-from ppokit.batch import PART_FIELDS, RolloutBatch
+from ppokit.batch import PART_FIELDS, RolloutBatch, take_rows
 from ppokit.errors import ComponentError
 from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly, optional
@@ -75,9 +75,11 @@ def kl_controller_step(
 
 @dataclass
 class UpdateData:
-    """The tensors of one round the updates read (all ``[B, ...]`` on the device)."""
+    """The tensors of one round the updates read (all ``[B, ...]`` on the device): the
+    rollout (the models' inputs), the estimated batch and the estimates the batch does not
+    hold. Its rows are taken one way, :meth:`rows`."""
 
-    rollout: Rollout
+    rollout: Rollout | None  # None: rows whose rollout is cut apart (a micro-batch's)
     batch: RolloutBatch
     advantages: Tensor
     actor_mask: Tensor  # bool [B, T]: mask' = response mask · [ω > 0] · [c > 0]
@@ -91,39 +93,33 @@ class UpdateData:
     #: masks are gathered at (None: one process)
     round_width: int | None = None
 
+    def rows(
+        self, index: Tensor | slice, width: int | None = None, rollout: Rollout | None = None
+    ) -> UpdateData:
+        """The rows ``index`` of the batch and of every estimate
+        (:func:`~ppokit.batch.take_rows`), their positions cut to ``width``, with
+        ``rollout`` as theirs (None: a micro-batch's, cut apart by
+        :meth:`~ppokit.trainer.microbatches.Micro.rollout`)."""
+        taken: dict[str, Any] = {
+            f.name: take_rows(getattr(self, f.name), index, width)
+            for f in fields(self)
+            if f.name not in ("rollout", "batch", "round_width")
+        }
+        batch = self.batch.rows(index, width)
+        return replace(self, rollout=rollout, batch=batch, **taken)
+
     def own_rows(self, rollout: Rollout, rows: slice) -> UpdateData:
         """This process's ``rows`` of data estimated on the whole round, with its own
         ``rollout`` (whose responses may be shorter than the round's longest)."""
-        length = rollout.response_mask.shape[1]
-
-        def cut(x: Tensor | None, positions: bool = True) -> Tensor | None:
-            if x is None:
-                return None
-            x = x[rows]
-            return x[:, :length] if x.dim() >= 2 and positions else x
-
-        fields = {f: cut(getattr(self.batch, f), f not in PART_FIELDS) for f in BATCH_FIELDS}
-        batch = RolloutBatch(**fields)  # type: ignore[arg-type]
-        return UpdateData(
-            rollout,
-            batch,
-            cut(self.advantages),  # type: ignore[arg-type]
-            cut(self.actor_mask),  # type: ignore[arg-type]
-            cut(self.policy_weights),  # type: ignore[arg-type]
-            cut(self.correction),  # type: ignore[arg-type]
-            cut(self.nll_mask),
-            cut(self.targets),
-            cut(self.value_mask),
-            cut(self.value_weights),
-            round_width=self.batch.seq_len,
-        )
+        mine = self.rows(rows, rollout.response_mask.shape[1], rollout)
+        return replace(mine, round_width=self.batch.seq_len)
 
 
 def gather_batch(batch: RolloutBatch, rows: int) -> RolloutBatch:
     """The whole round's batch from every process's ``batch`` (``rows`` rows each), padded
     to the round's longest response; group ids are made unique across processes."""
     length = distributed.max_over_processes(batch.seq_len, batch.device)
-    fields: dict[str, Any] = {}
+    gathered: dict[str, Any] = {}
     for name in BATCH_FIELDS:
         x = getattr(batch, name)
         if x is None:
@@ -131,8 +127,8 @@ def gather_batch(batch: RolloutBatch, rows: int) -> RolloutBatch:
         if name == "group_ids":
             x = x + distributed.world().rank * rows
         # a [B, K] field has the same K on every process: nothing to pad
-        fields[name] = distributed.gather_rows(x, x.shape[1] if name in PART_FIELDS else length)
-    return RolloutBatch(**fields)
+        gathered[name] = distributed.gather_rows(x, x.shape[1] if name in PART_FIELDS else length)
+    return RolloutBatch(**gathered)
 
 
 def round_batch(

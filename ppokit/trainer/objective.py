@@ -77,17 +77,10 @@ class Objective:
                 out.add(slot)
         return frozenset(out)
 
-    def _loss(
-        self, slot: str, loss: Any, args: tuple[Tensor, ...], mask: Tensor, meter: Meter
-    ) -> Tensor:
-        """``loss(*args)``; a loss that reports metrics (:attr:`reporting`) is called with
-        ``metrics=``, and what it reports is averaged over ``mask`` into ``meter``."""
-        if slot not in self.reporting:
-            return loss(*args)
-        sink: dict[str, Tensor] = {}
-        out = loss(*args, metrics=sink)
-        loss_metrics(self.parts.name(slot), sink, mask, meter)
-        return out
+    def sink(self, slot: str) -> dict[str, Any]:
+        """The keywords of the loss in ``slot``: ``metrics=``, a dict its call fills, for a
+        loss that reports metrics (:attr:`reporting`); none for one that does not."""
+        return {"metrics": {}} if slot in self.reporting else {}
 
     def denominators(self, data: UpdateData, idx: Tensor) -> Denominators:
         """Each aggregation's denominator over the whole minibatch ``idx``: the policy
@@ -101,12 +94,12 @@ class Objective:
                 return mask
             return distributed.gather_rows(mask, data.round_width)
 
-        parts = self.parts
-        out = {"policy": clamp(denominator(parts.policy_agg, whole(data.actor_mask[idx])))}
-        if data.nll_mask is not None:
-            out["nll"] = clamp(denominator(parts.policy_agg, whole(data.nll_mask[idx])))
-        if data.value_mask is not None and parts.critic_agg is not None:
-            out["critic"] = clamp(denominator(parts.critic_agg, whole(data.value_mask[idx])))
+        parts, mine = self.parts, data.rows(idx)
+        out = {"policy": clamp(denominator(parts.policy_agg, whole(mine.actor_mask)))}
+        if mine.nll_mask is not None:
+            out["nll"] = clamp(denominator(parts.policy_agg, whole(mine.nll_mask)))
+        if mine.value_mask is not None and parts.critic_agg is not None:
+            out["critic"] = clamp(denominator(parts.critic_agg, whole(mine.value_mask)))
         return out
 
     def micro_loss(
@@ -125,7 +118,9 @@ class Objective:
         the round's rollout, cut to their own longest response (default: as the round pads
         them); the round's ``[B, T]`` tensors are read over the same positions."""
         models, parts, forwards = self.forwards.models, self.parts, self.forwards
-        ro = data.rollout.rows(j) if ro is None else ro
+        if ro is None:
+            assert data.rollout is not None
+            ro = data.rollout.rows(j)
         loss = torch.zeros((), device=data.actor_mask.device)
         shared = None
         if train_actor:
@@ -159,26 +154,25 @@ class Objective:
         agg(pl(logp, logp_old, A, mask')·ω·c, mask') + β·agg(kl(logp, logp_ref), mask')
         − c_H·agg(entropy, mask') + c_NLL·agg(−logp, mask'·[R > 0])."""
         policy, parts = self.spec.policy, self.parts
-        w = logp.shape[1]  # the micro-batch's positions of the round's [B, T]
-        mask = data.actor_mask[j, :w]
-        assert data.batch.logp_old is not None
-        logp_old = data.batch.logp_old[j, :w].float()
-        adv = data.advantages[j, :w]
+        mine = data.rows(j, logp.shape[1])  # over the micro-batch's positions
+        mask = mine.actor_mask
+        assert mine.batch.logp_old is not None
+        logp_old = mine.batch.logp_old.float()
+        adv = mine.advantages
 
         def term(elementwise: Tensor, m: Tensor, denom: Tensor | None) -> Tensor:
             return aggregate(parts.policy_agg, elementwise, m, denom, share)
 
-        reported = Meter()  # the loss's own diagnostics, from its one call
-        args = (logp, logp_old, adv, mask)
-        elementwise = self._loss("policy.loss", parts.policy_loss, args, mask, reported)
-        weights = data.policy_weights[j][:, None] * data.correction[j, :w]  # ω · c
+        sink = self.sink("policy.loss")  # the loss's own diagnostics, from its one call
+        elementwise = parts.policy_loss(logp, logp_old, adv, mask, **sink)
+        weights = mine.policy_weights[:, None] * mine.correction  # ω · c
         pg = term(elementwise * weights, mask, denoms["policy"])
         count(str(parts.name("policy.aggregation")), pg, "scalar")
         loss = pg
         kl = self.spec.kl
         if kl is not None and kl.placement == "loss":
-            assert parts.kl is not None and data.batch.logp_ref is not None
-            ref = data.batch.logp_ref[j, :w].float()
+            assert parts.kl is not None and mine.batch.logp_ref is not None
+            ref = mine.batch.logp_ref.float()
             # where the aggregation drops a position (padding, rows of weight 0) log π_ref is
             # compared with itself: KL 0 there, so a huge log-ratio at a dropped position
             # (exp overflows) cannot put 0·inf = NaN into the gradient
@@ -190,8 +184,8 @@ class Objective:
             loss = loss + beta * term(estimate, mask, denoms["policy"])
         if policy.entropy_coef > 0:
             loss = loss - policy.entropy_coef * term(ent, mask, denoms["policy"])
-        if data.nll_mask is not None:
-            loss = loss + policy.nll_coef * term(-logp, data.nll_mask[j, :w], denoms["nll"])
+        if mine.nll_mask is not None:
+            loss = loss + policy.nll_coef * term(-logp, mine.nll_mask, denoms["nll"])
 
         meter.add("policy_loss", pg, share)
         with torch.no_grad():
@@ -205,7 +199,7 @@ class Objective:
             low, high = self.log_band
             outside = mask & ((log_ratio < low) | (log_ratio > high))
             meter.add("ratio_outside", outside.float().sum(), tokens)
-            meter.merge(reported)
+            loss_metrics(parts.name("policy.loss"), sink.get("metrics", {}), mask, meter)
             clipped = optional(parts.policy_loss, "policy_loss", "clipped")
             if clipped is not None and "policy.loss" not in self.reporting:
                 active = clipped(logp, logp_old, adv, mask) & mask
@@ -225,23 +219,22 @@ class Objective:
         """L_V of the micro-batch (docs/design.md): vf_coef·agg(ℓ(pred, Y, V_old)·ω^V, m^V)."""
         parts = self.parts
         assert parts.critic_loss is not None and parts.critic_agg is not None
-        assert data.targets is not None and data.value_mask is not None
-        assert data.value_weights is not None and data.batch.values is not None
         pred = parts.prediction(self.forwards.critic_head_out(ro, shared)[:, :-1])
         count("the critic's forward pass", pred, "values")
-        w = pred.shape[1]  # the micro-batch's positions of the round's [B, T]
-        target = data.targets[j, :w]
-        old = data.batch.values[j, :w].float()
-        vmask = data.value_mask[j, :w]
-        reported = Meter()  # the loss's own diagnostics, from its one call
-        args = (pred, target, old)
-        elementwise = self._loss("critic.loss", parts.critic_loss, args, vmask, reported)
-        weighted = elementwise * data.value_weights[j][:, None]
+        mine = data.rows(j, pred.shape[1])  # over the micro-batch's positions
+        assert mine.targets is not None and mine.value_mask is not None
+        assert mine.value_weights is not None and mine.batch.values is not None
+        target = mine.targets
+        old = mine.batch.values.float()
+        vmask = mine.value_mask
+        sink = self.sink("critic.loss")  # the loss's own diagnostics, from its one call
+        elementwise = parts.critic_loss(pred, target, old, **sink)
+        weighted = elementwise * mine.value_weights[:, None]
         value = aggregate(parts.critic_agg, weighted, vmask, denoms.get("critic"), share)
         count(str(parts.name("critic.aggregation")), value, "scalar")
 
         meter.add("value_loss", value, share)
-        meter.merge(reported)
+        loss_metrics(parts.name("critic.loss"), sink.get("metrics", {}), vmask, meter)
         clipped = optional(parts.critic_loss, "regression_loss", "clipped")
         if clipped is not None and "critic.loss" not in self.reporting:
             with torch.no_grad():

@@ -434,3 +434,30 @@ def test_a_loss_metric_that_is_not_per_position_is_one_line() -> None:
     loss_metrics(where, {"clipfrac": torch.zeros(2, 3)}, mask, Meter())
     with pytest.raises(ComponentError, match=r"policy.loss .*'clipfrac'.*\[2, 3\]"):
         loss_metrics(where, {"clipfrac": torch.zeros(())}, mask, Meter())
+
+
+def test_the_rows_of_the_update_data_are_the_rows_of_every_field(tmp_path) -> None:
+    """One way to take a round's rows (a micro-batch's, a process's own): every estimate
+    and every batch field at those rows, the positions cut to the width ([B, K] fields
+    whole), with the rollout given."""
+    from dataclasses import fields
+
+    from ppokit.batch import FIELDS, PART_FIELDS
+
+    _, _, data, _ = _setup(tmp_path, "policy.loss.clip_high=0.28")
+    j, w = torch.tensor([3, 0, 7]), 3
+    mine = data.rows(j, w)
+    assert mine.rollout is None and mine.round_width == data.round_width
+
+    def expected(x: Tensor, whole: bool = False) -> Tensor:
+        return x[j] if x.dim() == 1 or whole else x[j][:, :w]
+
+    for f in fields(data):
+        x = getattr(data, f.name)
+        if isinstance(x, Tensor):
+            assert torch.equal(getattr(mine, f.name), expected(x)), f.name
+    for name in FIELDS:
+        x = getattr(data.batch, name)
+        if x is not None:
+            assert torch.equal(getattr(mine.batch, name), expected(x, name in PART_FIELDS))
+    assert mine.batch.seq_len == w and data.rows(j).batch.seq_len == data.batch.seq_len
