@@ -461,3 +461,41 @@ def test_the_rows_of_the_update_data_are_the_rows_of_every_field(tmp_path) -> No
         if x is not None:
             assert torch.equal(getattr(mine.batch, name), expected(x, name in PART_FIELDS))
     assert mine.batch.seq_len == w and data.rows(j).batch.seq_len == data.batch.seq_len
+
+
+def test_a_loss_that_declares_no_metrics_is_called_as_before(tmp_path, monkeypatch) -> None:
+    """A loss whose entry declares no metrics (a plugin's written before them) is called
+    with its four arguments and its ``clipped`` still gives clipfrac: the same fraction as
+    the one a loss reports from its call; clipped_mse's vf_clipfrac likewise."""
+    from ppokit.components.policy_loss import impl
+    from ppokit.components.regression_loss.impl import ClippedMSE
+
+    _, lrn, data, _ = _setup(tmp_path)
+    objective, b = lrn.setup.objective, len(REWARDS)
+    keywords: list[set[str]] = []
+    policy, critic = impl.PPOClip.__call__, ClippedMSE.__call__
+
+    def spied(real: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            keywords.append(set(kwargs))
+            return real(self, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(impl.PPOClip, "__call__", spied(policy))
+    monkeypatch.setattr(ClippedMSE, "__call__", spied(critic))
+
+    def metrics() -> dict[str, float]:
+        idx, meter = torch.arange(b), Meter()
+        denoms = objective.denominators(data, idx)
+        for j in idx.split(5):
+            share = j.shape[0] / b
+            objective.micro_loss(data, j, denoms, share, lrn.state.kl_coef, True, meter)
+        return {k: float(v) for k, v in meter.means().items() if "clipfrac" in k}
+
+    reported = metrics()
+    assert keywords and all(k == {"metrics"} for k in keywords)
+    keywords.clear()
+    monkeypatch.setitem(objective.__dict__, "reporting", frozenset())  # as if none declared
+    assert metrics() == reported and reported["clipfrac"] > 0
+    assert keywords and all(not k for k in keywords)
