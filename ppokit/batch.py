@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ppokit.slots import FIELDS as OPTIONAL_FIELDS
 
-__all__ = ["BatchError", "RolloutBatch"]
+__all__ = ["BatchError", "RolloutBatch", "take_rows"]
 
 #: Optional [B, T] fields with their expected dtype family.
 TOKEN_FIELDS = {f.name: f.dtype for f in OPTIONAL_FIELDS if f.shape == "BT"}
@@ -32,6 +32,21 @@ ROW_FIELDS = {f.name: f.dtype for f in OPTIONAL_FIELDS if f.shape == "B"}
 PART_FIELDS = {f.name: f.dtype for f in OPTIONAL_FIELDS if f.shape == "BK"}
 #: Every field of a batch.
 FIELDS = ("response_mask", "token_rewards", *(f.name for f in OPTIONAL_FIELDS))
+
+
+def take_rows(
+    x: Tensor | None, index: Tensor | slice, width: int | None = None, name: str = ""
+) -> Tensor | None:
+    """The rows ``index`` of ``x`` (None stays None); ``width``: a tensor of positions
+    (``[B, T, ...]``, not a ``[B, K]`` field ``name`` of :data:`PART_FIELDS`) cut to its
+    first ``width``. The one way a round's rows are taken: the batch's fields, the update's
+    estimates, each process's own rows."""
+    if x is None:
+        return None
+    x = x[index]
+    if width is not None and x.dim() >= 2 and name not in PART_FIELDS:
+        return x[:, :width]
+    return x
 
 
 class BatchError(ValueError):
@@ -154,11 +169,10 @@ class RolloutBatch:
             {f: (None if getattr(self, f) is None else getattr(self, f).to(device)) for f in FIELDS}
         )
 
-    def rows(self, index: Tensor | slice) -> RolloutBatch:
-        """The sub-batch of the given rows (every present field indexed along B)."""
-        return self._with(
-            {f: (None if getattr(self, f) is None else getattr(self, f)[index]) for f in FIELDS}
-        )
+    def rows(self, index: Tensor | slice, width: int | None = None) -> RolloutBatch:
+        """The sub-batch of the given rows (every present field indexed along B); ``width``:
+        its ``[B, T]`` fields cut to their first ``width`` positions (``[B, K]`` ones whole)."""
+        return self._with({f: take_rows(getattr(self, f), index, width, f) for f in FIELDS})
 
     def _with(self, changes: Mapping[str, Tensor | None]) -> RolloutBatch:
         """``dataclasses.replace`` with fields named at run time: a None for a required field

@@ -11,7 +11,7 @@ process, which keeps its own rows (:meth:`UpdateData.own_rows`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ppokit import distributed
 from ppokit.batch import FIELDS as BATCH_FIELDS
-from ppokit.batch import PART_FIELDS, RolloutBatch
+from ppokit.batch import PART_FIELDS, RolloutBatch, take_rows
 from ppokit.errors import ComponentError
 from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly, optional
@@ -75,9 +75,11 @@ def kl_controller_step(
 
 @dataclass
 class UpdateData:
-    """The tensors of one round the updates read (all ``[B, ...]`` on the device)."""
+    """The tensors of one round the updates read (all ``[B, ...]`` on the device): the
+    rollout (the models' inputs), the estimated batch and the estimates the batch does not
+    hold. Its rows are taken one way, :meth:`rows`."""
 
-    rollout: Rollout
+    rollout: Rollout | None  # None: rows whose rollout is cut apart (a micro-batch's)
     batch: RolloutBatch
     advantages: Tensor
     actor_mask: Tensor  # bool [B, T]: mask' = response mask · [ω > 0] · [c > 0]
@@ -91,39 +93,33 @@ class UpdateData:
     #: masks are gathered at (None: one process)
     round_width: int | None = None
 
+    def rows(
+        self, index: Tensor | slice, width: int | None = None, rollout: Rollout | None = None
+    ) -> UpdateData:
+        """The rows ``index`` of the batch and of every estimate
+        (:func:`~ppokit.batch.take_rows`), their positions cut to ``width``, with
+        ``rollout`` as theirs (None: a micro-batch's, cut apart by
+        :meth:`~ppokit.trainer.microbatches.Micro.rollout`)."""
+        taken: dict[str, Any] = {
+            f.name: take_rows(getattr(self, f.name), index, width)
+            for f in fields(self)
+            if f.name not in ("rollout", "batch", "round_width")
+        }
+        batch = self.batch.rows(index, width)
+        return replace(self, rollout=rollout, batch=batch, **taken)
+
     def own_rows(self, rollout: Rollout, rows: slice) -> UpdateData:
         """This process's ``rows`` of data estimated on the whole round, with its own
         ``rollout`` (whose responses may be shorter than the round's longest)."""
-        length = rollout.response_mask.shape[1]
-
-        def cut(x: Tensor | None, positions: bool = True) -> Tensor | None:
-            if x is None:
-                return None
-            x = x[rows]
-            return x[:, :length] if x.dim() >= 2 and positions else x
-
-        fields = {f: cut(getattr(self.batch, f), f not in PART_FIELDS) for f in BATCH_FIELDS}
-        batch = RolloutBatch(**fields)  # type: ignore[arg-type]
-        return UpdateData(
-            rollout,
-            batch,
-            cut(self.advantages),  # type: ignore[arg-type]
-            cut(self.actor_mask),  # type: ignore[arg-type]
-            cut(self.policy_weights),  # type: ignore[arg-type]
-            cut(self.correction),  # type: ignore[arg-type]
-            cut(self.nll_mask),
-            cut(self.targets),
-            cut(self.value_mask),
-            cut(self.value_weights),
-            round_width=self.batch.seq_len,
-        )
+        mine = self.rows(rows, rollout.response_mask.shape[1], rollout)
+        return replace(mine, round_width=self.batch.seq_len)
 
 
 def gather_batch(batch: RolloutBatch, rows: int) -> RolloutBatch:
     """The whole round's batch from every process's ``batch`` (``rows`` rows each), padded
     to the round's longest response; group ids are made unique across processes."""
     length = distributed.max_over_processes(batch.seq_len, batch.device)
-    fields: dict[str, Any] = {}
+    gathered: dict[str, Any] = {}
     for name in BATCH_FIELDS:
         x = getattr(batch, name)
         if x is None:
@@ -131,8 +127,8 @@ def gather_batch(batch: RolloutBatch, rows: int) -> RolloutBatch:
         if name == "group_ids":
             x = x + distributed.world().rank * rows
         # a [B, K] field has the same K on every process: nothing to pad
-        fields[name] = distributed.gather_rows(x, x.shape[1] if name in PART_FIELDS else length)
-    return RolloutBatch(**fields)
+        gathered[name] = distributed.gather_rows(x, x.shape[1] if name in PART_FIELDS else length)
+    return RolloutBatch(**gathered)
 
 
 def round_batch(
@@ -177,35 +173,22 @@ def round_batch(
         outcome = scores - ro.turn_rewards.sum(1)
         rewards = ro.turn_rewards + torch.where(batch.last_mask, outcome[:, None], 0.0)
     batch = batch.replace(token_rewards=rewards)
-    models = forwards.models
-    if micro is not None and micro.budget is not None:
-        with torch.no_grad():
-            return _by_micro_batches(batch, ro, micro, forwards, assembly, recompute_logp_old)
     with torch.no_grad():
-        if recompute_logp_old:
-            batch = batch.replace(logp_old=forwards.policy_logprobs(ro) * mask)
-        if models.critic is not None:
-            shared = forwards.hidden(models.actor, ro) if models.shared_critic else None
-            v_all = assembly.value(forwards.critic_head_out(ro, shared))  # [B, T+1]
-            batch = batch.replace(
-                values=v_all[:, :-1] * mask,
-                bootstrap_values=v_all.gather(1, batch.last_index[:, None] + 1).squeeze(1),
-            )
-        if models.has_reference:
-            batch = batch.replace(logp_ref=forwards.reference_logprobs(ro) * mask)
-    return batch
+        return _forward_passes(batch, ro, micro, forwards, assembly, recompute_logp_old)
 
 
-def _by_micro_batches(
+def _forward_passes(
     batch: RolloutBatch,
     ro: Rollout,
-    micro: MicroBatches,
+    micro: MicroBatches | None,
     forwards: Forwards,
     assembly: Assembly,
     recompute_logp_old: bool,
 ) -> RolloutBatch:
-    """:func:`round_batch`'s no-grad passes over the micro-batches of a token budget, each
-    cut to its own rows' lengths; the results placed back in the round's ``[B, T]``."""
+    """:func:`round_batch`'s no-grad passes, in one pass over the whole round or, by a token
+    budget (``micro``), over its micro-batches, each cut to its own rows' lengths; the
+    results placed in the round's ``[B, T]``: log π_old, the critic's values V_old with the
+    value after each row's last token, log π_ref."""
     models, mask = forwards.models, ro.response_mask
     b, t = mask.shape
     logp_old = mask.new_zeros((b, t), dtype=torch.float32) if recompute_logp_old else None
@@ -213,19 +196,23 @@ def _by_micro_batches(
     head_out = None
     if logp_old is None and logp_ref is None and models.critic is None:
         return batch  # no pass to run
-    for m in micro.whole(b, mask.device):
-        part = m.rollout(ro)
+    passes: list[tuple[Tensor | slice, Rollout]]
+    if micro is not None and micro.budget is not None:
+        passes = [(m.index, m.rollout(ro)) for m in micro.whole(b, mask.device)]
+    else:  # the whole round in one pass
+        passes = [(slice(None), ro)]
+    for rows, part in passes:
         width = part.response_ids.shape[1]
         if logp_old is not None:
-            logp_old[m.index, :width] = forwards.policy_logprobs(part)
+            logp_old[rows, :width] = forwards.policy_logprobs(part)
         if models.critic is not None:
             shared = forwards.hidden(models.actor, part) if models.shared_critic else None
             out = forwards.critic_head_out(part, shared)
             if head_out is None:
                 head_out = out.new_zeros((b, t + 1, out.shape[-1]))
-            head_out[m.index, : width + 1] = out
+            head_out[rows, : width + 1] = out
         if logp_ref is not None:
-            logp_ref[m.index, :width] = forwards.reference_logprobs(part)
+            logp_ref[rows, :width] = forwards.reference_logprobs(part)
     if logp_old is not None:
         batch = batch.replace(logp_old=logp_old * mask)
     if head_out is not None:

@@ -36,9 +36,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -46,7 +45,7 @@ from torch import Tensor
 from ppokit import distributed
 from ppokit.trainer.checks import count, counting
 from ppokit.trainer.episodes import episode_metrics
-from ppokit.trainer.estimation import estimate_round, round_batch
+from ppokit.trainer.estimation import UpdateData, estimate_round, round_batch
 from ppokit.trainer.groups import Filled
 from ppokit.trainer.metrics import Meter, peak_memory_gb
 from ppokit.trainer.microbatches import MicroBatches
@@ -66,12 +65,12 @@ GRAD_NORMS = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class RoundResult:
     """Metric tensors of a round (read once at its end), host-side measurements (seconds
     per phase ``time_*``; ``peak_memory_gb``), texts for samples, what was skipped and why
     (``on_nonfinite: skip``, a round without groups) and ``data``: what the update read
-    (None when no group entered the round)."""
+    (None when no group entered the round). Made once, when the round is over."""
 
     metrics: dict[str, Tensor]
     timings: dict[str, float]
@@ -79,7 +78,7 @@ class RoundResult:
     responses: list[str] = field(default_factory=list)
     scores: Tensor | None = None
     skipped: list[str] = field(default_factory=list)
-    data: Any = None
+    data: UpdateData | None = None
 
 
 def run_round(
@@ -147,22 +146,17 @@ def run_round(
     metrics.update(estimates)
     metrics.update(episode_metrics(kept.rollout))
     metrics["rollout/kept_reward_mean"] = round_scores.mean()
-    metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=device)
-
-    prompts = [row["prompt"] for row in kept.rows for _ in range(n)]
-    result = RoundResult(metrics, timings, prompts, kept.texts, kept.scores.total, skipped, data)
-    if not update:
-        metrics.update(produced.metrics)
-        return result
 
     # 5. update: ppo_epochs passes of shuffled minibatches, one optimizer step each
-    setup.reporter.phase("updating")
-    with _timed(timings, "time_update"):
+    meter, ro = Meter(), data.rollout  # the steps' metrics; the rollout the passes read
+    assert ro is not None
+    if update:
+        setup.reporter.phase("updating")
+    with _timed(timings, "time_update") if update else nullcontext():
         processes = distributed.world().size
         b = data.batch.batch_size  # this process's rows
         mb = t.minibatch_size // processes if t.minibatch_size else b
-        meter = Meter()
-        if problem is None:
+        if update and problem is None:
             setup.forwards.train_mode()
             for _epoch in range(t.ppo_epochs):
                 for idx, micros in micro.minibatches(torch.randperm(b), mb, device):
@@ -174,7 +168,7 @@ def run_round(
                             share = m.index.shape[0] / (idx.shape[0] * processes)
                             loss = setup.objective.micro_loss(
                                 data, m.index, denoms, share, state.kl_coef, train_actor,
-                                step, m.rollout(data.rollout),
+                                step, m.rollout(ro),
                             )  # fmt: skip
                             # the gradient reduction averages over the processes
                             (loss * processes if processes > 1 else loss).backward()
@@ -192,11 +186,14 @@ def run_round(
                     for name, norm in norms.items():
                         step.mean(f"grad_norm_{name}", norm)
                     meter.merge(step)
-            metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=device)
-        metrics.update(meter.means(distributed.all_sum))
-    timings["peak_memory_gb"] = peak_memory_gb(device)
+        means = meter.means(distributed.all_sum)
+    if update:
+        timings["peak_memory_gb"] = peak_memory_gb(device)
+    metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=device)
+    metrics.update(means)
     metrics.update(produced.metrics)
-    return result
+    prompts = [row["prompt"] for row in kept.rows for _ in range(n)]
+    return RoundResult(metrics, timings, prompts, kept.texts, kept.scores.total, skipped, data)
 
 
 @contextmanager

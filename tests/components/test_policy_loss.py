@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ppokit.components.aggregation.impl import SeqMeanTokenMean
 from ppokit.components.policy_loss.impl import CISPO, GSPO, PPOClip, Reinforce
-from ppokit.registry import RegistryError, build_registry
+from ppokit.registry import RegistryError, build_registry, get_registry
 from tests.helpers.components import builtin_names, make, make_any, names
 from tests.helpers.strategies import token_tensors
 
@@ -290,6 +290,11 @@ def test_masked_positions_give_zero_and_never_matter(key, case):
         assert clipped.dtype == torch.bool and clipped.shape == mask.shape
         assert not clipped[~mask].any()
         assert torch.equal(loss.clipped(*dirty, mask), clipped)
+    # what a loss reports from its call is what clipped gives, for the same loss value
+    if get_registry().info("policy_loss", LOSSES[key][0]).entry.metrics:
+        reported: dict[str, torch.Tensor] = {}
+        assert torch.equal(loss(logp, logp_old, adv, mask, metrics=reported), out.detach())
+        assert torch.equal(reported["clipfrac"], loss.clipped(logp, logp_old, adv, mask))
 
 
 @pytest.mark.parametrize("key", LOSSES)

@@ -64,6 +64,9 @@ def test_clipped_mse_gradient_is_zero_exactly_when_the_clipped_branch_is_further
     further = ((v_clip - target).abs() > (pred - target).abs()) & ((pred - old).abs() > clip)
     clipped = loss.clipped(pred, target, old)
     assert torch.equal(clipped, further)
+    reported: dict[str, torch.Tensor] = {}  # what its call reports: the same positions
+    assert torch.equal(loss(pred, target, old, metrics=reported), loss(pred, target, old))
+    assert torch.equal(reported["vf_clipfrac"], clipped)
     assert torch.equal(grad == 0, clipped | (pred == target))
     torch.testing.assert_close(grad, torch.where(clipped, torch.zeros_like(grad), pred - target))
     # the clipped loss is never below the plain one, and equal inside the clip range

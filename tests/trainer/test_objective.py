@@ -23,10 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ppokit.errors import ComponentError
 from ppokit.explain import explain
 from ppokit.registry import get_registry
 from ppokit.spec import ComponentSpec, Spec
+from ppokit.trainer.contract import Where
 from ppokit.trainer.estimation import UpdateData, estimate, round_batch
+from ppokit.trainer.metrics import Meter
+from ppokit.trainer.objective import loss_metrics
 from ppokit.trainer.rollout import Rollout
 from tests.helpers.trainer import (
     Trainee,
@@ -392,3 +396,106 @@ def test_explain_states_the_objective(tmp_path) -> None:
         "(rows of weight ω = 0 stay in m^V and in the denominator)",
     ):
         assert line in text, line
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "gspo", "{name: cispo, clip_high: 0.1}"])
+def test_a_loss_reports_its_clipfrac_from_its_one_ratio(tmp_path, monkeypatch, loss: str) -> None:
+    """Each micro-batch computes the policy loss's ratio once and clipped_mse's branches once:
+    clipfrac and vf_clipfrac come from the losses' own calls, not from a second one."""
+    from ppokit.components.policy_loss import impl
+    from ppokit.components.regression_loss.impl import ClippedMSE
+
+    _, lrn, data, _ = _setup(tmp_path, f"policy.loss={loss}")
+    calls: list[str] = []
+    log_ratio, sequence, branches = impl._log_ratio, impl.GSPO.sequence_ratio, ClippedMSE._branches
+
+    def counted(name: str, fn: Any) -> Any:
+        return lambda *args: calls.append(name) or fn(*args)
+
+    monkeypatch.setattr(impl, "_log_ratio", counted("ratio", log_ratio))
+    monkeypatch.setattr(impl.GSPO, "sequence_ratio", staticmethod(counted("ratio", sequence)))
+    monkeypatch.setattr(ClippedMSE, "_branches", counted("branches", branches))
+    objective, b = lrn.setup.objective, len(REWARDS)
+    idx = torch.arange(b)
+    denoms = objective.denominators(data, idx)
+    meter = Meter()
+    for j in idx.split(5):
+        calls.clear()
+        share = j.shape[0] / b
+        objective.micro_loss(data, j, denoms, share, lrn.state.kl_coef, True, meter)
+        assert sorted(calls) == ["branches", "ratio"]
+    means = meter.means()
+    assert 0 <= float(means["clipfrac"]) <= 1 and 0 <= float(means["vf_clipfrac"]) <= 1
+
+
+def test_a_loss_metric_that_is_not_per_position_is_one_line() -> None:
+    where = Where("policy.loss", "mine", "plugin x")
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    loss_metrics(where, {"clipfrac": torch.zeros(2, 3)}, mask, Meter())
+    with pytest.raises(ComponentError, match=r"policy.loss .*'clipfrac'.*\[2, 3\]"):
+        loss_metrics(where, {"clipfrac": torch.zeros(())}, mask, Meter())
+
+
+def test_the_rows_of_the_update_data_are_the_rows_of_every_field(tmp_path) -> None:
+    """One way to take a round's rows (a micro-batch's, a process's own): every estimate
+    and every batch field at those rows, the positions cut to the width ([B, K] fields
+    whole), with the rollout given."""
+    from dataclasses import fields
+
+    from ppokit.batch import FIELDS, PART_FIELDS
+
+    _, _, data, _ = _setup(tmp_path, "policy.loss.clip_high=0.28")
+    j, w = torch.tensor([3, 0, 7]), 3
+    mine = data.rows(j, w)
+    assert mine.rollout is None and mine.round_width == data.round_width
+
+    def expected(x: Tensor, whole: bool = False) -> Tensor:
+        return x[j] if x.dim() == 1 or whole else x[j][:, :w]
+
+    for f in fields(data):
+        x = getattr(data, f.name)
+        if isinstance(x, Tensor):
+            assert torch.equal(getattr(mine, f.name), expected(x)), f.name
+    for name in FIELDS:
+        x = getattr(data.batch, name)
+        if x is not None:
+            assert torch.equal(getattr(mine.batch, name), expected(x, name in PART_FIELDS))
+    assert mine.batch.seq_len == w and data.rows(j).batch.seq_len == data.batch.seq_len
+
+
+def test_a_loss_that_declares_no_metrics_is_called_as_before(tmp_path, monkeypatch) -> None:
+    """A loss whose entry declares no metrics (a plugin's written before them) is called
+    with its four arguments and its ``clipped`` still gives clipfrac: the same fraction as
+    the one a loss reports from its call; clipped_mse's vf_clipfrac likewise."""
+    from ppokit.components.policy_loss import impl
+    from ppokit.components.regression_loss.impl import ClippedMSE
+
+    _, lrn, data, _ = _setup(tmp_path)
+    objective, b = lrn.setup.objective, len(REWARDS)
+    keywords: list[set[str]] = []
+    policy, critic = impl.PPOClip.__call__, ClippedMSE.__call__
+
+    def spied(real: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            keywords.append(set(kwargs))
+            return real(self, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(impl.PPOClip, "__call__", spied(policy))
+    monkeypatch.setattr(ClippedMSE, "__call__", spied(critic))
+
+    def metrics() -> dict[str, float]:
+        idx, meter = torch.arange(b), Meter()
+        denoms = objective.denominators(data, idx)
+        for j in idx.split(5):
+            share = j.shape[0] / b
+            objective.micro_loss(data, j, denoms, share, lrn.state.kl_coef, True, meter)
+        return {k: float(v) for k, v in meter.means().items() if "clipfrac" in k}
+
+    reported = metrics()
+    assert keywords and all(k == {"metrics"} for k in keywords)
+    keywords.clear()
+    monkeypatch.setitem(objective.__dict__, "reporting", frozenset())  # as if none declared
+    assert metrics() == reported and reported["clipfrac"] > 0
+    assert keywords and all(not k for k in keywords)

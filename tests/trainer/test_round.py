@@ -213,14 +213,14 @@ def test_the_stack_from_ppokit_train_to_the_clipped_surrogate_is_the_documented_
     real = impl.PPOClip.__call__
     command = inspect.unwrap(cli.train).__code__  # the command itself, not its error handler
 
-    def spy(self, *args):  # type: ignore[no-untyped-def]
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         frame, names = sys._getframe(1), ["__call__"]  # this call stands for PPOClip's
         while frame is not None and frame.f_code is not command:
             names.append(frame.f_code.co_name)
             frame = frame.f_back
         assert frame is not None, "not called from ppokit train"
         stacks.append([*names, "train"][::-1])
-        return real(self, *args)
+        return real(self, *args, **kwargs)
 
     monkeypatch.setattr(impl.PPOClip, "__call__", spy)
     sets = [a for item in [*SMALL, "critic=null", "advantage=grpo"] for a in ("--set", item)]

@@ -2,8 +2,13 @@
 
 Every loss is exactly 0 where ``mask`` is False, whatever the inputs hold there, and is
 differentiable in ``logp`` only (``logp_old`` and ``adv`` are treated as constants).
-Optional ``clipped(logp, logp_old, adv, mask=None) -> bool [B, T]`` marks the positions where
-the clip is active, i.e. where clipping zeroes (or caps) the gradient: the ``clipfrac`` metric.
+A loss whose catalogue entry declares ``metrics`` is called with a keyword ``metrics``, a
+dict its call fills with ``{name: [B, T] tensor}``: per-position diagnostics taken from the
+ratio it computes anyway, which the trainer averages over mask' (the clipped losses report
+``clipfrac``, where the clip is active, i.e. where clipping zeroes or caps the gradient).
+Optional ``clipped(logp, logp_old, adv, mask=None) -> bool [B, T]`` gives the same positions
+by a second computation of the ratio: the trainer reads it only for a loss that declares no
+metrics.
 
 This module is the torch-free catalogue; the tensor code is
 :mod:`ppokit.components.policy_loss.impl`.
@@ -17,6 +22,7 @@ from pydantic import Field
 
 from ppokit import papers
 from ppokit.catalogue import LOG_RATIO_BOUND, Component, Contract, NoParams, Params
+from ppokit.metrics_table import Metric
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -25,7 +31,9 @@ if TYPE_CHECKING:
 class PolicyLoss(Protocol):
     """``pl(logp, logp_old, adv, mask) -> [B, T]``, 0 where mask is False, differentiable in logp.
 
-    Optional: ``clipped(logp, logp_old, adv, mask) -> bool [B, T]`` (the clipfrac metric)."""
+    A loss whose entry declares ``metrics`` takes ``metrics=``, a dict it fills with its
+    per-position diagnostics ``{name: [B, T]}``. Optional: ``clipped(logp, logp_old, adv,
+    mask) -> bool [B, T]`` (the clipfrac metric of a loss that declares no metrics)."""
 
     def __call__(self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> Tensor: ...
 
@@ -34,9 +42,15 @@ CONTRACT = Contract(
     "elementwise",
     like=(0, "logp"),
     differentiable="logp",
-    optional={"clipped": "bool [B, T]: where the clip is active (the clipfrac metric)"},
+    optional={
+        "clipped": "bool [B, T]: where the clip is active (the clipfrac metric of a loss "
+        "that declares no metrics)"
+    },
 )
 MODULE = "ppokit.components.policy_loss.impl"
+#: What a clipped loss reports from its call (``metrics["clipfrac"]``: where its clip is
+#: active, bool [B, T]).
+CLIPFRAC = (Metric("clipfrac", "fraction of tokens"),)
 
 
 class PPOClipParams(Params):
@@ -68,6 +82,7 @@ PPO_CLIP = Component(
         "dual clip c: l = min(l, -c A) where A < 0"
     ),
     requires=("logp_old",),
+    metrics=CLIPFRAC,
     source=papers.cite(papers.PPO, ("clip-higher", papers.DAPO), ("dual clip", papers.DUAL_CLIP)),
 )
 
@@ -83,6 +98,7 @@ GSPO = Component(
         "l = max(-A s_{i,t}, -A clip(s_{i,t}, 1 - clip_low, 1 + clip_high))"
     ),
     requires=("logp_old",),
+    metrics=CLIPFRAC,
     source=str(papers.GSPO),
 )
 
@@ -95,6 +111,7 @@ CISPO = Component(
     summary="Truncated, stop-gradient IS weight on a REINFORCE loss: no token loses its gradient",
     formula="l = -sg(min(rho, 1 + clip_high)) A logp",
     requires=("logp_old",),
+    metrics=CLIPFRAC,
     source=str(papers.CISPO),
 )
 

@@ -1,6 +1,9 @@
 """Regression losses of the critic: ``loss(pred, target, old) -> elementwise [B, T]`` float32,
 differentiable in ``pred`` (target and old values are constants). Called without a mask: the
-aggregation that consumes them does the masking.
+aggregation that consumes them does the masking. A loss whose catalogue entry declares
+``metrics`` is called with a keyword ``metrics``, a dict its call fills with its per-position
+diagnostics ``{name: [B, T] tensor}``, which the trainer averages over m^V (``clipped_mse``
+reports ``vf_clipfrac``: where the value clip is active).
 
 The implementations' base class ``RegressionLoss`` (in the ``impl`` module) holds the optional
 members the trainer reads: ``head_size`` (width of the value head), ``value(head_out)`` and
@@ -19,6 +22,7 @@ from pydantic import Field
 
 from ppokit import papers
 from ppokit.catalogue import Component, Contract, NoParams, Params
+from ppokit.metrics_table import Metric
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -27,8 +31,10 @@ if TYPE_CHECKING:
 class RegressionLoss(Protocol):
     """``loss(pred, target, old) -> [B, T]`` float32, differentiable in pred.
 
-    Optional: ``head_size: int`` (default 1), ``value(head_out) -> [B, T]``,
-    ``prediction(head_out)``, ``clipped(pred, target, old) -> bool [B, T]``."""
+    A loss whose entry declares ``metrics`` takes ``metrics=``, a dict it fills with its
+    per-position diagnostics ``{name: [B, T]}``. Optional: ``head_size: int`` (default 1),
+    ``value(head_out) -> [B, T]``, ``prediction(head_out)``, ``clipped(pred, target, old) ->
+    bool [B, T]`` (the vf_clipfrac metric of a loss that declares no metrics)."""
 
     def __call__(self, pred: Tensor, target: Tensor, old: Tensor) -> Tensor: ...
 
@@ -41,7 +47,8 @@ CONTRACT = Contract(
         "head_size": "int, the width of the value head (default 1)",
         "value": "V [B, T] from the head's output (default head_out[..., 0])",
         "prediction": "what the loss takes as pred (default value(head_out))",
-        "clipped": "bool [B, T]: where the value clip is active (the vf_clipfrac metric)",
+        "clipped": "bool [B, T]: where the value clip is active (the vf_clipfrac metric of a "
+        "loss that declares no metrics)",
     },
 )
 MODULE = "ppokit.components.regression_loss.impl"
@@ -74,6 +81,7 @@ CLIPPED_MSE = Component(
     summary="PPO value clipping: the worse of the plain and the clipped squared error",
     formula="0.5 max((V - Y)^2, (V_old + clamp(V - V_old, -clip, clip) - Y)^2)",
     requires=("values",),
+    metrics=(Metric("vf_clipfrac", "fraction of positions"),),
     source=str(papers.PPO),
 )
 

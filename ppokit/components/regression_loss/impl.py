@@ -55,11 +55,20 @@ class ClippedMSE(RegressionLoss):
         v_clip = v_old + (v - v_old).clamp(-self.clip, self.clip)
         return (v - y).square(), (v_clip - y).square()
 
-    def __call__(self, pred: Tensor, target: Tensor, old: Tensor | None = None) -> Tensor:
+    def __call__(
+        self,
+        pred: Tensor,
+        target: Tensor,
+        old: Tensor | None = None,
+        metrics: dict[str, Tensor] | None = None,
+    ) -> Tensor:
         if old is None:
             raise ValueError("clipped_mse needs the old values (old=V_old)")
         plain, clipped = self._branches(pred, target, old)
-        return 0.5 * torch.where(clipped > plain, clipped, plain)
+        further = clipped > plain
+        if metrics is not None:  # where the clip is active: vf_clipfrac
+            metrics["vf_clipfrac"] = further.detach()
+        return 0.5 * torch.where(further, clipped, plain)
 
     def clipped(self, pred: Tensor, target: Tensor, old: Tensor) -> Tensor:
         """Where the clipped branch is active and further from Y (the gradient is cut)."""
