@@ -31,7 +31,11 @@ __all__ = [
     "EVAL_CURVES",
     "EVAL_PREFIX",
     "EVAL_PROMPTS",
+    "FLOPS",
+    "FLOPS_GENERATE",
+    "FLOP_PHASES",
     "METRICS",
+    "MFU",
     "REQUIRED",
     "REWARD",
     "ROUND",
@@ -92,6 +96,12 @@ EVAL_PROMPTS = "eval/prompts"
 THROUGHPUT = "tokens_per_s"
 ROUND_TIME = "time_round"
 EVAL_PREFIX = "eval/"
+#: The phases whose model FLOPs a round counts (docs/speed.md): each phase's FLOPs, its
+#: seconds, and its model FLOP utilisation (FLOPs over seconds over the device's peak).
+FLOP_PHASES = ("generate", "logprob", "update")
+FLOPS = {p: f"flops_{p}" for p in FLOP_PHASES}
+MFU = {p: f"mfu_{p}" for p in FLOP_PHASES}
+FLOPS_GENERATE = FLOPS["generate"]
 
 #: Every metric of a run, in the order the views list them.
 METRICS: tuple[Metric, ...] = (
@@ -219,6 +229,12 @@ METRICS: tuple[Metric, ...] = (
     _m("health/", "a sign of docs/health.md fired (1; absent: it did not)", direction="lower"),
     _m(THROUGHPUT, "tokens per second", required=True, summary=True, timing=True),
     _m("peak_memory_gb", "GiB", timing=True),
+    _m(FLOPS["generate"], "model FLOPs of the round's generation (docs/speed.md)"),
+    _m(FLOPS["logprob"], "model FLOPs of the round's no-grad forward passes"),
+    _m(FLOPS["update"], "model FLOPs of the round's update, forward and backward"),
+    _m(MFU["generate"], "generation's model FLOP utilisation (of the measured peak)", timing=True),
+    _m(MFU["logprob"], "the no-grad passes' model FLOP utilisation", timing=True),
+    _m(MFU["update"], "the update's model FLOP utilisation", summary=True, timing=True),
     _m("time_generate", "seconds", required=True, timing=True),
     _m("time_score", "seconds (the scoring generation did not hide)", required=True, timing=True),
     _m("time_discarded", "seconds generating a batch ahead the round did not need", timing=True),

@@ -33,12 +33,21 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["PEAK_SIZE", "Shape", "peak_flops"]
+from ppokit.metrics_table import FLOP_PHASES, FLOPS, MFU
+
+if TYPE_CHECKING:
+    from ppokit.spec import Spec
+    from ppokit.trainer.models import Models
+
+__all__ = ["DTYPES", "PEAK_SIZE", "Passes", "Shape", "peak_flops", "phase_peaks", "utilisation"]
+
+#: The dtypes a phase may compute in, by the name a spec gives them.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 #: The side of the square matrices :func:`peak_flops` multiplies.
 PEAK_SIZE = 2048
@@ -70,13 +79,54 @@ class Shape:
         query against every key, ``4·L·d·T²``, as a dense attention kernel does."""
         t = lengths.to(torch.float64)
         attention = t * (t + 1) / 2 if causal else t * t
-        return (2 * self.matmul * t + 4 * self.layers * self.width * attention).sum()
+        return self.of_sums(t.sum(), attention.sum())
+
+    def of_sums(self, tokens: Tensor, pairs: Tensor) -> Tensor:
+        """FLOPs of forwards over ``tokens`` positions in all, whose queries meet ``pairs``
+        keys in all (``Σ T·(T+1)/2`` causally): ``2·P·tokens + 4·L·d·pairs``."""
+        return 2 * self.matmul * tokens + 4 * self.layers * self.width * pairs
 
     def generation(self, prompts: Tensor, responses: Tensor) -> Tensor:
         """FLOPs of generating ``responses`` tokens after ``prompts`` tokens (per row) with a
         KV cache: the forward of ``p + r - 1`` positions (no token for an empty response)."""
         positions = torch.where(responses > 0, prompts + responses - 1, 0)
         return self.forward(positions)
+
+
+@dataclass(frozen=True)
+class Passes:
+    """The FLOPs of the passes a round runs over its rows (``lengths``: prompt + response
+    tokens of each row): the actor (and the reference, the same shape) and a separate
+    critic's trunk (``critic``; None without a critic, or with one sharing the actor's
+    trunk, whose head is negligible). ``backward``: a backward pass over its forward, 2
+    when every weight trains, 1 with LoRA (the frozen weights' input gradients only).
+    Gradient checkpointing's recomputed forwards are not counted: model FLOPs are the work
+    the model needs, not what the hardware ran."""
+
+    actor: Shape
+    critic: Shape | None
+    backward: int
+
+    @classmethod
+    def of(cls, models: Models) -> Passes:
+        critic = models.critic
+        separate = critic is not None and not models.shared_critic and critic.trunk is not None
+        shape = Shape.of(critic.trunk) if separate else None  # type: ignore[union-attr, arg-type]
+        return cls(Shape.of(models.actor), shape, 1 if models.lora else 2)
+
+    def no_grad(self, lengths: Tensor, models: int) -> Tensor:
+        """The forwards without gradients: ``models`` of the actor's shape (log π_old, the
+        reference) and the critic's values."""
+        flops = models * self.actor.forward(lengths)
+        return flops + self.critic.forward(lengths) if self.critic is not None else flops
+
+    def update(self, lengths: Tensor, epochs: int, actor: bool) -> Tensor:
+        """``epochs`` passes of forward and backward over every row: the actor's (when it
+        trains) and the critic's."""
+        flops = (1 + self.backward) * self.actor.forward(lengths) * float(actor)
+        if self.critic is not None:
+            flops = flops + 3 * self.critic.forward(lengths)
+        return epochs * flops
 
 
 def _machine() -> str:
@@ -149,3 +199,27 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     except OSError:
         pass
     return peak
+
+
+def phase_peaks(spec: Spec, models: Models) -> dict[str, float]:
+    """Each phase's peak (FLOP/s) at this process's thread count: the trainer's passes in
+    its compute dtype (the autocast dtype, else the weights'), generation in the engine's
+    ``dtype`` where it names one, else the trainer's."""
+    runtime = models.runtime
+    trainer = runtime.amp_dtype or next(models.actor.parameters()).dtype
+    engine = DTYPES.get(str(spec.rollout.engine.params.get("dtype")), trainer)
+    dtypes = {"generate": engine, "logprob": trainer, "update": trainer}
+    return {phase: peak_flops(runtime.device, dtypes[phase]) for phase in FLOP_PHASES}
+
+
+def utilisation(
+    record: dict[str, Any], peaks: dict[str, float], processes: int
+) -> dict[str, float]:
+    """``mfu_<phase>`` of a round's ``record``: its ``flops_<phase>`` (the whole round's)
+    over its ``time_<phase>`` seconds, over the peak of the ``processes`` devices."""
+    out = {}
+    for phase in FLOP_PHASES:
+        flops, seconds = record.get(FLOPS[phase]), record.get(f"time_{phase}")
+        if flops and seconds:
+            out[MFU[phase]] = flops / (seconds * peaks[phase] * processes)
+    return out

@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 
 from ppokit import distributed
+from ppokit.metrics_table import FLOPS_GENERATE
+from ppokit.trainer.flops import Shape
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Scores
 
@@ -38,13 +40,25 @@ class Generated:
     """What every generated response of a round's batches adds up to, on this process, in
     sums of fixed size (memory stays flat over any number of generation batches): how
     many, R's sum and its sum of squares about the first score (its shift), R's least and
-    largest values, the lengths and truncations summed, the groups and those whose rewards
-    are all equal, each reward's scores summed and each flag a reward raised counted
-    (``names``, ``flags``: those of the first batch). :meth:`metrics` combines the
-    processes' sums (one gather) into the round's statistics."""
+    largest values, the lengths and truncations summed, the positions generation ran and
+    their causal attention pairs (for its FLOPs: :mod:`~ppokit.trainer.flops`), the groups
+    and those whose rewards are all equal, each reward's scores summed and each flag a
+    reward raised counted (``names``, ``flags``: those of the first batch). :meth:`metrics`
+    combines the processes' sums (one gather) into the round's statistics."""
 
     #: The sums' fields, then one sum per reward.
-    FIELDS = ("count", "shift", "sum", "sumsq", "min", "max", "length", "truncated")
+    FIELDS = (
+        "count",
+        "shift",
+        "sum",
+        "sumsq",
+        "min",
+        "max",
+        "length",
+        "truncated",
+        "positions",
+        "pairs",
+    )
     GROUP_FIELDS = ("groups", "equal")
 
     def __init__(self, n: int, names: list[str], flags: list[str], device: torch.device) -> None:
@@ -56,8 +70,10 @@ class Generated:
         self.sums = torch.zeros(width, dtype=dtype, device=device)
         self.first = True
 
-    def add(self, scores: Scores, lengths: Tensor, truncated: Tensor) -> None:
-        """Fold one batch's responses in (no host read)."""
+    def add(self, scores: Scores, lengths: Tensor, truncated: Tensor, positions: Tensor) -> None:
+        """Fold one batch's responses in (no host read); ``positions``: per row, the
+        positions its generation ran the model at (prompt + response − 1, 0 for an empty
+        response: the last token is sampled, never fed)."""
         s = scores.total.detach().to(self.sums.dtype)
         if self.first:
             self.sums[1] = s[0]
@@ -75,6 +91,8 @@ class Generated:
             s.new_zeros(()),
             lengths.to(s.dtype).sum(),
             truncated.to(s.dtype).sum(),
+            positions.to(s.dtype).sum(),
+            (positions.to(s.dtype) * (positions.to(s.dtype) + 1) / 2).sum(),
             s.new_tensor(float(groups.shape[0])),
             equal.to(s.dtype),
             *(scores.parts[name].detach().to(s.dtype).sum() for name in self.names),
@@ -89,9 +107,10 @@ class Generated:
         self.sums[4] = torch.minimum(self.sums[4], s.min())
         self.sums[5] = torch.maximum(self.sums[5], s.max())
 
-    def metrics(self, groups: bool) -> dict[str, Tensor]:
+    def metrics(self, groups: bool, shape: Shape | None = None) -> dict[str, Tensor]:
         """The round's ``reward_mean``, ``reward_std``, ``response_length_mean``,
-        ``truncated_frac``, ``tokens``; with ``groups`` ``rollout/zero_variance_groups``;
+        ``truncated_frac``, ``tokens``; with the actor's ``shape``, ``flops_generate``; with
+        ``groups`` ``rollout/zero_variance_groups``;
         with several rewards each one's mean (``reward/<name>``); each flag a reward raised,
         the fraction of the responses it was raised on (``reward/<name>/<flag>_frac``): over
         every process."""
@@ -114,13 +133,15 @@ class Generated:
             "truncated_frac": summed[1] / n,
             "tokens": summed[0],
         }
+        if shape is not None:
+            metrics[FLOPS_GENERATE] = shape.of_sums(summed[2], summed[3])
         if groups:
-            metrics["rollout/zero_variance_groups"] = summed[3] / summed[2]
+            metrics["rollout/zero_variance_groups"] = summed[5] / summed[4]
         if len(self.names) > 1:
             for i, name in enumerate(self.names):
-                metrics[f"reward/{name}"] = summed[4 + i] / n
+                metrics[f"reward/{name}"] = summed[6 + i] / n
         for i, name in enumerate(self.flags):
-            metrics[f"reward/{name}_frac"] = summed[4 + len(self.names) + i] / n
+            metrics[f"reward/{name}_frac"] = summed[6 + len(self.names) + i] / n
         return {k: v.float() for k, v in metrics.items()}
 
 

@@ -43,9 +43,11 @@ import torch
 from torch import Tensor
 
 from ppokit import distributed
+from ppokit.metrics_table import FLOPS
 from ppokit.trainer.checks import count, counting
 from ppokit.trainer.episodes import episode_metrics
 from ppokit.trainer.estimation import UpdateData, estimate_round, round_batch
+from ppokit.trainer.flops import Shape
 from ppokit.trainer.groups import Filled
 from ppokit.trainer.metrics import Meter, peak_memory_gb
 from ppokit.trainer.microbatches import MicroBatches
@@ -108,7 +110,7 @@ def run_round(
     with counting(produced.checks) as checks:  # it counted the rewards already
         got = produced.filled
         groups = n if n > 1 and "group_ids" in parts.requires else None
-        metrics = generated_metrics(got, groups, device)
+        metrics = generated_metrics(got, groups, device, setup.passes.actor)
         kept = got.kept
         if kept is None:  # nothing to estimate or update
             problem = checks.read_problem()
@@ -145,6 +147,12 @@ def run_round(
         skipped.append(state.guard(round_no, problem, "the round's update is skipped"))
     metrics.update(estimates)
     metrics.update(episode_metrics(kept.rollout))
+    # the rows' tokens, padding left out: the passes' model FLOPs (docs/speed.md)
+    lengths = kept.rollout.prompt_mask.sum(1) + kept.rollout.present.sum(1)
+    models = setup.models
+    shared = models.critic is not None and models.shared_critic  # the actor's trunk again
+    runs = int(setup.recompute_logp_old) + int(models.has_reference) + int(shared)
+    counted = [setup.passes.no_grad(lengths, runs)]
     metrics["rollout/kept_reward_mean"] = round_scores.mean()
 
     # 5. update: ppo_epochs passes of shuffled minibatches, one optimizer step each
@@ -157,6 +165,7 @@ def run_round(
         b = data.batch.batch_size  # this process's rows
         mb = t.minibatch_size // processes if t.minibatch_size else b
         if update and problem is None:
+            counted.append(setup.passes.update(lengths, t.ppo_epochs, train_actor))
             setup.forwards.train_mode()
             for _epoch in range(t.ppo_epochs):
                 for idx, micros in micro.minibatches(torch.randperm(b), mb, device):
@@ -191,6 +200,8 @@ def run_round(
         timings["peak_memory_gb"] = peak_memory_gb(device)
     metrics["skipped_steps"] = torch.full((), float(len(skipped)), device=device)
     metrics.update(means)
+    flops = distributed.all_sum(torch.stack(counted).float())  # the whole round's
+    metrics.update(zip((FLOPS["logprob"], FLOPS["update"]), flops, strict=False))
     metrics.update(produced.metrics)
     prompts = [row["prompt"] for row in kept.rows for _ in range(n)]
     return RoundResult(metrics, timings, prompts, kept.texts, kept.scores.total, skipped, data)
@@ -204,14 +215,17 @@ def _timed(timings: dict[str, float], key: str, add: bool = False) -> Iterator[N
     timings[key] = (timings.get(key, 0.0) if add else 0.0) + time.perf_counter() - start
 
 
-def generated_metrics(got: Filled, n: int | None, device: torch.device) -> dict[str, Tensor]:
+def generated_metrics(
+    got: Filled, n: int | None, device: torch.device, shape: Shape | None = None
+) -> dict[str, Tensor]:
     """What the policy generated this round, every response of every generation batch
     (over the processes): reward mean and std (each reward's mean when there are several;
     each flag a reward raised as ``reward/<name>/<flag>_frac``), response length,
     truncated fraction and tokens; with ``n``, the size of a group (a
     prompt's responses, side by side), the fraction of groups whose rewards are all equal
     (``rollout/zero_variance_groups``: a group baseline gives them advantage 0); and the
-    filter's counts (:meth:`~ppokit.trainer.groups.Filled.metrics`)."""
-    metrics = got.generated.metrics(groups=n is not None)
+    filter's counts (:meth:`~ppokit.trainer.groups.Filled.metrics`); with the actor's
+    ``shape``, generation's model FLOPs."""
+    metrics = got.generated.metrics(groups=n is not None, shape=shape)
     metrics.update(got.metrics(device))
     return metrics

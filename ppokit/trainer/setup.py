@@ -6,6 +6,7 @@ holds the models' weights and the state."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -20,6 +21,7 @@ from ppokit.spec import Spec
 from ppokit.trainer.assembly import Assembly, CheckedEngine
 from ppokit.trainer.checks import Guard
 from ppokit.trainer.episodes import Sampler
+from ppokit.trainer.flops import Passes, phase_peaks
 from ppokit.trainer.forwards import Forwards
 from ppokit.trainer.models import Models
 from ppokit.trainer.objective import Objective
@@ -104,6 +106,17 @@ class Setup:
     @property
     def device(self) -> torch.device:
         return self.models.runtime.device
+
+    @functools.cached_property
+    def passes(self) -> Passes:
+        """The shapes of the passes a round runs, for their model FLOPs."""
+        return Passes.of(self.models)
+
+    @functools.cached_property
+    def peaks(self) -> dict[str, float]:
+        """Each phase's peak FLOP/s on this device (:func:`~ppokit.trainer.flops.phase_peaks`),
+        measured at the first round's record (once per machine: it is cached)."""
+        return phase_peaks(self.spec, self.models)
 
     @property
     def engine(self) -> CheckedEngine:

@@ -171,7 +171,9 @@ def fill(
                 made = batch.scores
                 generated = Generated(settings.n, list(made.parts), list(made.flags), device)
             ro = batch.rollout
-            generated.add(batch.scores, ro.response_mask.sum(1), ro.truncated)
+            present = ro.present.sum(1)
+            positions = torch.where(present > 0, ro.prompt_mask.sum(1) + present - 1, 0)
+            generated.add(batch.scores, ro.response_mask.sum(1), ro.truncated, positions)
             batches += 1
             drawn += len(batch.rows)
             mine += len(batch.keep)
