@@ -39,12 +39,12 @@ from benchmarks.round import make_learner
 from benchmarks.trl_grpo import LONG
 from ppokit.data import make_prompt_source
 from ppokit.spec import load_spec
-from ppokit.trainer.loop import cpu_cores
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.producers import Asynchronous, Inline, starting_with
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.round import run_round
 from ppokit.trainer.setup import Setup
+from ppokit.trainer.threads import cpu_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "specs" / "smollm2_arithmetic_cpu.yaml"

@@ -106,16 +106,13 @@ def finished(out: Path, rounds: int) -> bool:
 def value_error(spec: Spec, out: Path, rounds: int) -> tuple[float, float]:
     """(mean |Y - V|, sqrt(mean (Y - V)^2)) of the run's final checkpoint on fresh rollouts."""
     from ppokit.data import make_prompt_source
-    from ppokit.trainer.assembly import Assembly
     from ppokit.trainer.checkpoint import load_checkpoint
-    from ppokit.trainer.models import build_models
     from ppokit.trainer.prompts import format_prompts
     from ppokit.trainer.round import run_round
-    from ppokit.trainer.setup import Setup, State
+    from ppokit.trainer.run import build
 
-    assembly = Assembly.from_spec(spec)
-    models = build_models(spec, assembly.head_size)
-    setup, state = Setup.start(spec, models, assembly), State.create(spec, models)
+    run = build(spec, threads=False)
+    setup, state, models = run.setup, run.state, run.setup.models
     source = make_prompt_source(spec.data, spec.seed)
     load_checkpoint(out, models, state, source)
     abs_sum = torch.zeros((), dtype=torch.float64)

@@ -71,19 +71,16 @@ def run_config(config: str) -> dict[str, Any]:
 
     from ppokit.data import make_prompt_source
     from ppokit.spec import validate_spec
-    from ppokit.trainer.assembly import Assembly
-    from ppokit.trainer.models import build_models
     from ppokit.trainer.prompts import format_prompts
     from ppokit.trainer.round import run_round
-    from ppokit.trainer.setup import Setup, State
+    from ppokit.trainer.run import build
 
     torch.manual_seed(0)
     spec = validate_spec(spec_data(config))
     imported = _peak_mib()
     start = time.perf_counter()
-    assembly = Assembly.from_spec(spec)
-    models = build_models(spec, assembly.head_size)
-    setup, state = Setup.start(spec, models, assembly), State.create(spec, models)
+    run = build(spec, threads=False)
+    setup, state, models = run.setup, run.state, run.setup.models
     built = _peak_mib()
     build_s = time.perf_counter() - start
 

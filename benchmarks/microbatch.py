@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import time
 from pathlib import Path
@@ -28,14 +27,12 @@ from pathlib import Path
 import torch
 
 from ppokit.spec import load_spec
-from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.microbatches import MicroBatches
-from ppokit.trainer.models import build_models
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.round import run_round
-from ppokit.trainer.setup import Setup, State
+from ppokit.trainer.run import build
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "specs" / "smollm2_arithmetic_cpu.yaml"
@@ -84,11 +81,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     overrides = ["eval=null", "output.progress=false", *(LONG if args.long else []), *args.set]
     spec = load_spec(args.spec, overrides)
-    random.seed(spec.seed)
-    torch.manual_seed(spec.seed)
-    assembly = Assembly.from_spec(spec)
-    models = build_models(spec, assembly.head_size)
-    setup, state = Setup.start(spec, models, assembly), State.create(spec, models)
+    run = build(spec, threads=False)  # args.threads
+    setup, state, models = run.setup, run.state, run.setup.models
     r = spec.rollout
     from ppokit.data import make_prompt_source
 

@@ -34,7 +34,6 @@ import copy
 import cProfile
 import math
 import pstats
-import random
 import statistics
 import time
 from collections.abc import Callable
@@ -51,11 +50,12 @@ from ppokit.spec import Spec, SpecError, load_spec
 from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.logprobs import position_ids
 from ppokit.trainer.metrics import read_once
-from ppokit.trainer.models import Models, autocast, build_models, trunk_of
+from ppokit.trainer.models import Models, autocast, trunk_of
 from ppokit.trainer.producers import Inline, starting_with
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.rollout import eos_ids
 from ppokit.trainer.round import run_round
+from ppokit.trainer.run import build
 from ppokit.trainer.setup import Setup, State
 
 DEMO = Path(__file__).resolve().parents[1] / "ppokit" / "specs" / "demo.yaml"
@@ -288,11 +288,8 @@ class Bare:
 
 # ----------------------------------------------------------------------------- driver
 def make_learner(spec: Spec) -> tuple[Setup, State]:
-    random.seed(spec.seed)
-    torch.manual_seed(spec.seed)
-    assembly = Assembly.from_spec(spec)
-    models = build_models(spec, assembly.head_size)
-    return Setup.start(spec, models, assembly), State.create(spec, models)
+    run = build(spec, threads=False)  # the threads the benchmark set
+    return run.setup, run.state
 
 
 def median_times(runs: list[dict[str, float]]) -> dict[str, float]:

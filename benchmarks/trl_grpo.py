@@ -174,28 +174,22 @@ def _batches(spec: Any, steps: int) -> list[list[dict[str, Any]]]:
 
 # ----------------------------------------------------------------------------- ppokit
 def _ppokit_worker(args: argparse.Namespace, name: str, conn: Any) -> None:
-    import random
 
     die_with_parent()
 
     import torch
 
-    from ppokit.trainer.assembly import Assembly
     from ppokit.trainer.metrics import read_once
-    from ppokit.trainer.models import build_models
     from ppokit.trainer.producers import Inline, starting_with
     from ppokit.trainer.prompts import format_prompts
     from ppokit.trainer.round import run_round
-    from ppokit.trainer.setup import Setup, State
+    from ppokit.trainer.run import build
 
     torch.set_num_threads(args.threads)
     spec = _spec(args, PRESETS[name])
     _check_same(spec)
-    random.seed(spec.seed)
-    torch.manual_seed(spec.seed)
-    assembly = Assembly.from_spec(spec)
-    models = build_models(spec, assembly.head_size)
-    setup, state = Setup.start(spec, models, assembly), State.create(spec, models)
+    run = build(spec, threads=False)  # args.threads, as TRL's side has
+    setup, state, models = run.setup, run.state, run.setup.models
     batches = _batches(spec, args.steps)
     conn.send({"ready": True, "peak_gb": _peak_gb()})
     while (command := conn.recv()) != "stop":

@@ -20,9 +20,11 @@ __all__ = [
     "NoParams",
     "Params",
     "RolloutBatch",
+    "Run",
     "Task",
     "Variant",
     "__version__",
+    "build",
     "get_registry",
     "hookimpl",
     "load_spec",
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from ppokit.batch import RolloutBatch
     from ppokit.spec import Spec
     from ppokit.trainer.models import Models
+    from ppokit.trainer.run import Run, build
 
 
 def load_spec(
@@ -54,17 +57,21 @@ def load_spec(
 def set_threads(spec: Spec, models: Models) -> str:
     """Give torch the CPU threads ``ppokit train`` gives a run of ``spec`` on ``models``
     (``model.threads``, else one for a small model on the CPU, where more only contend) and
-    say which: :func:`ppokit.trainer.loop.set_threads`. ``ppokit.train`` applies it itself;
-    a loop of your own calls it once its models are built."""
-    from ppokit.trainer.loop import set_threads as apply
+    say which: :func:`ppokit.trainer.threads.set_threads`. ``ppokit.train`` and
+    ``ppokit.build`` apply it themselves; models built otherwise call it once built."""
+    from ppokit.trainer.threads import set_threads as apply
 
     return apply(spec, models)
 
 
 def __getattr__(name: str) -> Any:
-    # RolloutBatch imports torch: keep ``import ppokit`` light for the CLI.
+    # RolloutBatch, build and Run import torch: keep ``import ppokit`` light for the CLI.
     if name == "RolloutBatch":
         from ppokit.batch import RolloutBatch
 
         return RolloutBatch
+    if name in ("build", "Run"):  # a spec's run, ready for its rounds: ppokit.trainer.run
+        from ppokit.trainer import run
+
+        return getattr(run, name)
     raise AttributeError(f"module 'ppokit' has no attribute {name!r}")

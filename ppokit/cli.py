@@ -519,7 +519,7 @@ def train(
     composed, spec = _composed(spec_path, extra)
     if print_spec:
         if smoke:
-            from ppokit.trainer.loop import smoke_spec
+            from ppokit.trainer.lifecycle.smoke import smoke_spec
 
             smoke_run = smoke_spec(spec, out_dir or "<a new temporary directory>")
             for path in _changed_paths(spec, smoke_run):

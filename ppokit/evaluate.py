@@ -158,7 +158,7 @@ def _quiet_and_threaded(spec: Spec, load: Callable[[], Models]) -> Iterator[Mode
     import torch
     from transformers.utils import logging as hf_logging
 
-    from ppokit.trainer.loop import set_threads
+    from ppokit.trainer.threads import set_threads
 
     threads = torch.get_num_threads()
     bars = hf_logging.is_progress_bar_enabled()

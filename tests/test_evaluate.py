@@ -86,13 +86,13 @@ def _hook_evaluation(monkeypatch: pytest.MonkeyPatch, spec: Spec) -> _Results:
     saves a checkpoint, right after the round's update: {round: metrics}."""
     results = _Results()
     evaluators: list[Evaluator] = []
-    run_round, save = loop._run_round, loop.save_checkpoint
+    run_round, save = loop.run_round, loop.save_checkpoint
 
-    def round_hooked(setup: Any, *rest: Any) -> Any:
+    def round_hooked(setup: Any, *rest: Any, **kw: Any) -> Any:
         if not evaluators:
             evaluators.append(Evaluator.of(spec, setup))
             results.actor = setup.models.actor
-        return run_round(setup, *rest)
+        return run_round(setup, *rest, **kw)
 
     def save_hooked(
         out: Path, models: Any, state: Any, source: Any, done: int, yaml: str, *more: Any
@@ -100,7 +100,7 @@ def _hook_evaluation(monkeypatch: pytest.MonkeyPatch, spec: Spec) -> _Results:
         results[done] = evaluators[0].run()
         return save(out, models, state, source, done, yaml, *more)
 
-    monkeypatch.setattr(loop, "_run_round", round_hooked)
+    monkeypatch.setattr(loop, "run_round", round_hooked)
     monkeypatch.setattr(loop, "save_checkpoint", save_hooked)
     return results
 
@@ -143,8 +143,8 @@ def test_metrics_are_computed_from_the_combined_rewards(monkeypatch) -> None:
             sampled_lengths.extend(lengths)
         return Scores(torch.tensor(values))
 
-    monkeypatch.setattr(lrn.scorer, "score", score)
-    metrics = Evaluator.of(spec, lrn).run()
+    monkeypatch.setattr(lrn.setup.scorer, "score", score)
+    metrics = Evaluator.of(spec, lrn.setup).run()
     counts = [1, 0, 3, 1]
     assert metrics["eval/accuracy"] == 0.5
     assert metrics["eval/pass@3"] == pytest.approx(sum(pass_at_k(3, c, 3) for c in counts) / 4)
@@ -163,7 +163,7 @@ def test_metrics_are_computed_from_the_combined_rewards(monkeypatch) -> None:
 
 def test_the_real_rewards_give_consistent_metrics() -> None:
     spec = _spec()
-    metrics = Evaluator.of(spec, learner(spec)).run()
+    metrics = Evaluator.of(spec, learner(spec).setup).run()
     assert 0 < metrics["eval/accuracy"] < 1  # neither all nor none: see REWARD
     assert 0 <= metrics["eval/pass@3"] <= 1
     assert 0 < metrics["eval/reward_mean"] <= 1.5
@@ -190,39 +190,39 @@ def test_prompts_are_the_first_rows_in_order(tmp_path) -> None:
 def test_max_new_tokens_overrides_the_rollout_for_evaluation_only() -> None:
     spec = _spec(None, "eval.max_new_tokens=2", "rollout.max_new_tokens=4")
     lrn = learner(spec)
-    metrics = Evaluator.of(spec, lrn).run()
+    metrics = Evaluator.of(spec, lrn.setup).run()
     assert metrics["eval/response_length_mean"] <= 2
-    assert lrn.spec.rollout.max_new_tokens == 4
+    assert lrn.setup.spec.rollout.max_new_tokens == 4
 
 
 # --------------------------------------------------------------------------- determinism
 def test_two_evaluations_give_the_same_numbers() -> None:
     spec = _spec()
     lrn = learner(spec)
-    evaluator = Evaluator.of(spec, lrn)
+    evaluator = Evaluator.of(spec, lrn.setup)
     first = evaluator.run()
     torch.manual_seed(123)  # whatever the training RNG is doing
     assert evaluator.run() == first
-    assert Evaluator.of(spec, learner(spec)).run() == first
+    assert Evaluator.of(spec, learner(spec).setup).run() == first
 
 
 def test_evaluation_leaves_the_rng_streams_and_the_mode_alone() -> None:
     spec = _spec()
     lrn = learner(spec)
-    lrn.models.actor.train()
+    lrn.setup.models.actor.train()
     torch_state, py_state, np_state = (
         torch.get_rng_state(),
         random.getstate(),
         np.random.get_state(),
     )
-    Evaluator.of(spec, lrn).run()
+    Evaluator.of(spec, lrn.setup).run()
     assert torch.equal(torch.get_rng_state(), torch_state)
     assert random.getstate() == py_state
     assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), np_state, strict=True))
-    assert lrn.models.actor.training
-    lrn.models.actor.eval()
-    Evaluator.of(spec, lrn).run()
-    assert not lrn.models.actor.training
+    assert lrn.setup.models.actor.training
+    lrn.setup.models.actor.eval()
+    Evaluator.of(spec, lrn.setup).run()
+    assert not lrn.setup.models.actor.training
 
 
 def test_isolated_rng_seeds_inside_and_restores_after() -> None:
@@ -280,7 +280,7 @@ def test_ppokit_eval_of_the_base_model_matches_an_evaluation_before_training(tmp
     assert steps[-1] == f"ppokit: evaluating {prompts} held-out prompts"
     assert "ppokit: starting the rollout engine (hf)" in steps
     # the run's learner before its first round (what an at_start evaluation sees)
-    assert data["metrics"] == Evaluator.of(spec, learner(spec)).run()
+    assert data["metrics"] == Evaluator.of(spec, learner(spec).setup).run()
     history = read_metrics(Path(loop.train(spec)["output_dir"]))
     start = [h for h in history if h["round"] == 0]
     if start:  # the loop evaluates at the start (once its evaluation is wired in)
@@ -311,7 +311,7 @@ def test_ppokit_eval_of_a_run_matches_its_evaluation_at_that_round(
     loaded = load_models(load_target(str(run))).actor.state_dict()
     assert trained.keys() == loaded.keys()
     assert all(torch.equal(trained[k], loaded[k]) for k in trained)
-    initial = learner(spec).models.actor.state_dict()
+    initial = learner(spec).setup.models.actor.state_dict()
     assert any(not torch.equal(initial[k], loaded[k]) for k in loaded)
     logged = [h for h in read_metrics(run) if h["round"] == 2 and "eval/accuracy" in h]
     if logged:  # the loop's own evaluation, once wired in

@@ -110,7 +110,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_import_graph_has_no_cycle() -> None:
     graph = _graph()
-    assert "ppokit.trainer.loop" in graph["ppokit.evaluate"]  # the graph sees lazy imports
+    assert "ppokit.trainer.threads" in graph["ppokit.evaluate"]  # the graph sees lazy imports
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
@@ -120,30 +120,52 @@ def test_the_import_graph_has_no_cycle_for_type_checking_either() -> None:
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
+#: The lifecycle: ``train`` (the loop) and the pieces of a run around its rounds.
+LOOP = "ppokit.trainer.loop"
+LIFECYCLE = "ppokit.trainer.lifecycle"
+
+
+def _lifecycle(module: str) -> bool:
+    return module in (LOOP, LIFECYCLE) or module.startswith(f"{LIFECYCLE}.")
+
+
 def test_nothing_below_the_round_imports_it() -> None:
     """The round module is the recipe: the steps it calls know nothing of it; the loop,
-    which runs it on what a producer made, is above it."""
+    which runs it on what a producer made, and the lifecycle's records are above it."""
     graph = _graph(type_only=True)
     users = sorted(m for m, edges in graph.items() if "ppokit.trainer.round" in edges)
-    assert users == ["ppokit.trainer.loop"]
+    assert users == [f"{LIFECYCLE}.records", LOOP]
+
+
+def test_the_round_and_the_run_know_nothing_of_the_lifecycle() -> None:
+    """The lifecycle (the loop and ``trainer/lifecycle/``) is on top: the round, the
+    producers, the run's build and every other trainer module import none of it; only the
+    CLI (which runs ``train``) does from outside the trainer."""
+    graph = _graph(type_only=True)
+    for module, edges in graph.items():
+        if _lifecycle(module) or module == "ppokit.trainer":  # train() imports it lazily
+            continue
+        used = sorted(e for e in edges if _lifecycle(e))
+        assert not used or module == "ppokit.cli", f"{module} imports {used}"
 
 
 #: The package of the schedules that make a round's batch (docs/design.md, "Producers").
 PRODUCERS = "ppokit.trainer.producers"
-#: Who may import it from outside: the loop (which picks the run's producer and drives it)
+#: Who may import it from outside: the lifecycle's start (which makes the run's producer)
 #: and the round (the type of what it trains on, from ``producers.base`` alone).
-PRODUCER_USERS = {"ppokit.trainer.loop": None, "ppokit.trainer.round": {f"{PRODUCERS}.base"}}
+PRODUCER_USERS = {f"{LIFECYCLE}.resume": None, "ppokit.trainer.round": {f"{PRODUCERS}.base"}}
 
 
-def test_only_the_loop_and_the_round_import_the_producers() -> None:
+def test_only_the_lifecycle_and_the_round_import_the_producers() -> None:
     """A schedule is a producer module: nothing else in the trainer knows how a batch was
     made (the round imports the type of what it trains on, nothing more), and no producer
-    imports the round or the loop."""
+    imports the round or the lifecycle."""
     graph = _graph(type_only=True)
     inside = {m for m in graph if m == PRODUCERS or m.startswith(f"{PRODUCERS}.")}
     for module, edges in graph.items():
         if module in inside:
-            assert not edges & {"ppokit.trainer.round", "ppokit.trainer.loop"}, module
+            assert "ppokit.trainer.round" not in edges, module
+            assert not any(_lifecycle(e) for e in edges), module
             continue
         used = edges & inside
         if not used:

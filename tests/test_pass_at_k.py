@@ -11,7 +11,7 @@ import torch
 from ppokit.spec import SpecError, validate_spec
 from ppokit.stats import pass_at_k
 from ppokit.trainer.evaluation import Evaluator
-from ppokit.trainer.loop import smoke_spec
+from ppokit.trainer.lifecycle.smoke import smoke_spec
 from ppokit.trainer.scoring import Scores
 from tests.helpers.trainer import learner, small_spec
 
@@ -67,8 +67,8 @@ def test_pass_at_k_over_n_samples_hand_computed(monkeypatch) -> None:
         assert len(responses) == 12  # 3 prompts x n = 4
         return Scores(torch.tensor([next(flat) for _ in responses]))
 
-    monkeypatch.setattr(lrn.scorer, "score", score)
-    evaluator = Evaluator.of(spec, lrn)
+    monkeypatch.setattr(lrn.setup.scorer, "score", score)
+    evaluator = Evaluator.of(spec, lrn.setup)
     metrics = evaluator.run()
     counts = [1, 3, 0]
     assert metrics["eval/pass@1"] == pytest.approx(sum(c / 4 for c in counts) / 3)

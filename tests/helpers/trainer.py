@@ -12,10 +12,8 @@ from typing import Any
 import torch
 
 from ppokit.spec import Spec, load_spec
-from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.estimation import UpdateData
 from ppokit.trainer.metrics import Meter
-from ppokit.trainer.models import build_models
 from ppokit.trainer.producers import (
     Draw,
     Given,
@@ -28,6 +26,7 @@ from ppokit.trainer.producers import (
 from ppokit.trainer.report import Silent
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.round import RoundResult, run_round
+from ppokit.trainer.run import build
 from ppokit.trainer.setup import Setup, State
 
 DEMO = Path(__file__).resolve().parents[2] / "ppokit" / "specs" / "demo.yaml"
@@ -77,34 +76,11 @@ class Progress(Silent):
 
 @dataclass
 class Trainee:
-    """A run's :class:`Setup` and :class:`State` as the trainer tests use them: the setup's
-    parts and the state's by name, ``sample`` at the state's round, and rounds."""
+    """A run's :class:`Setup` and :class:`State` as the trainer tests use them: ``sample``
+    at the state's round, and rounds on given rows or batches."""
 
     setup: Setup
     state: State
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("setup", "state"):
-            raise AttributeError(name)
-        if hasattr(self.setup, name):
-            return getattr(self.setup, name)
-        return getattr(self.state, name)
-
-    @property
-    def actor_opt(self) -> torch.optim.Optimizer:
-        return self.state.optimizers.actor
-
-    @property
-    def actor_sched(self) -> Any:
-        return self.state.optimizers.actor_schedule
-
-    @property
-    def critic_opt(self) -> torch.optim.Optimizer | None:
-        return self.state.optimizers.critic
-
-    def set_round(self, round_no: int) -> None:
-        """The round whose seed :meth:`sample` draws with."""
-        self.state.round = round_no
 
     def listen(self, progress: Callable[[int, int, int], None]) -> None:
         """The engine's decoding steps go to ``progress``."""
@@ -171,11 +147,10 @@ class Trainee:
 
 
 def learner(spec: Spec) -> Trainee:
-    random.seed(spec.seed)
-    torch.manual_seed(spec.seed)
-    assembly = Assembly.from_spec(spec)
-    models = build_models(spec, assembly.head_size)
-    return Trainee(Setup.start(spec, models, assembly), State.create(spec, models))
+    """The run of ``spec`` as ``ppokit.build`` makes it, on the process's torch threads and
+    with whole models on several processes (:meth:`Trainee.reshard` shards them)."""
+    run = build(spec, threads=False, shard=False)
+    return Trainee(run.setup, run.state)
 
 
 def accumulate(
@@ -198,7 +173,8 @@ def accumulate(
 
 def encode(lrn: Trainee, prompts: list[str], n: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """The learner's left-padded prompt ids and mask, each prompt ``n`` times."""
-    ids, attn = lrn.encode(prompts, lrn.spec.data, lrn.spec.rollout.max_new_tokens)
+    spec = lrn.setup.spec
+    ids, attn = lrn.setup.encode(prompts, spec.data, spec.rollout.max_new_tokens)
     return ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
 
 
@@ -288,7 +264,8 @@ def resume(out: Path, *overrides: str) -> int:
 
     spec = small_spec(out, *overrides)
     lrn = learner(spec)
-    return load_checkpoint(out, lrn.models, lrn.state, make_prompt_source(spec.data, spec.seed))
+    source = make_prompt_source(spec.data, spec.seed)
+    return load_checkpoint(out, lrn.setup.models, lrn.state, source)
 
 
 def one_line_error(fn: Any, *args: Any) -> str:

@@ -28,7 +28,7 @@ def _draw(lrn: Any) -> Any:
     def draw() -> tuple[list[dict[str, Any]], list[str]]:
         rows = demo_rows(4, seed=seen[0])
         seen[0] += 1
-        return rows, format_prompts(rows, lrn.models.tokenizer, lrn.spec.data)
+        return rows, format_prompts(rows, lrn.setup.models.tokenizer, lrn.setup.spec.data)
 
     return draw
 
@@ -40,8 +40,8 @@ def test_a_stale_batch_was_sampled_by_the_weights_one_update_earlier(tmp_path, e
     on samples of the initial weights; the rows record that version. With ``model.generate``
     and with the engine's own loop (``drop_ended``), from the engine's own generator."""
     lrn = learner(small_spec(tmp_path, *STALE, f"rollout.engine={engine}"))
-    actor = lrn.models.actor
-    assert lrn.engine.engine.model is not actor  # the engine samples from a copy of its own
+    actor = lrn.setup.models.actor
+    assert lrn.setup.engine.engine.model is not actor  # the engine samples from a copy of its own
     weights = {0: copy.deepcopy(actor)}  # version -> the actor's weights after that many updates
     rollouts = Asynchronous(lrn.setup, _draw(lrn), start=0)
     try:
@@ -53,8 +53,8 @@ def test_a_stale_batch_was_sampled_by_the_weights_one_update_earlier(tmp_path, e
             assert float(result.metrics["rollout/staleness_max"]) == (k - 1) - version
             mask = ro.response_mask
             with torch.no_grad():
-                sampler = lrn.forwards.actor(weights[version], ro)[0] * mask
-                before_update = lrn.forwards.actor(weights[k - 1], ro)[0] * mask
+                sampler = lrn.setup.forwards.actor(weights[version], ro)[0] * mask
+                before_update = lrn.setup.forwards.actor(weights[k - 1], ro)[0] * mask
             torch.testing.assert_close(ro.logp_rollout, sampler, atol=1e-5, rtol=0)
             if version != k - 1:  # π_old: the weights the update started from, not μ's
                 assert (ro.logp_rollout - before_update).abs().max() > 1e-3
@@ -71,9 +71,9 @@ def test_a_stale_batch_was_sampled_by_the_weights_one_update_earlier(tmp_path, e
 
 def test_lora_copies_the_adapters_and_shares_the_base(tmp_path) -> None:
     lrn = learner(small_spec(tmp_path, *STALE, "model.lora={r: 4, alpha: 8}", "kl=null"))
-    copy_ = lrn.engine.engine.model
+    copy_ = lrn.setup.engine.engine.model
     mine = dict(copy_.named_parameters())
-    theirs = dict(lrn.models.actor.named_parameters())
+    theirs = dict(lrn.setup.models.actor.named_parameters())
     assert mine.keys() == theirs.keys()
     for name, p in theirs.items():
         if p.requires_grad:  # an adapter: a tensor of its own, equal until a push
@@ -81,11 +81,11 @@ def test_lora_copies_the_adapters_and_shares_the_base(tmp_path) -> None:
         else:  # a base weight: the same tensor
             assert mine[name] is p
     with torch.no_grad():
-        adapter = next(p for p in lrn.models.actor.parameters() if p.requires_grad)
+        adapter = next(p for p in lrn.setup.models.actor.parameters() if p.requires_grad)
         adapter.add_(1.0)
     name = next(n for n, p in theirs.items() if p is adapter)
     assert not torch.equal(mine[name], adapter)
-    lrn.engine.sync()
+    lrn.setup.engine.sync()
     assert torch.equal(mine[name], adapter)
     lrn.close()
 

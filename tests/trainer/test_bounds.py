@@ -138,7 +138,8 @@ def interrupt_when(tmp_path: Path, ctrl_c: None) -> Iterator[Callable[[Path], No
 def test_ctrl_c_ends_a_run_while_a_reward_computes(
     spinning: str, tmp_path: Path, interrupt_when: Callable[[Path], None]
 ) -> None:
-    from ppokit.trainer.loop import Interrupted, train
+    from ppokit.trainer.lifecycle.ending import Interrupted
+    from ppokit.trainer.loop import train
 
     spec = small_spec(tmp_path / "run", spinning, "train.reward_timeout=600")
     interrupt_when(tmp_path / "spins.started")

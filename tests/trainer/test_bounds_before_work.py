@@ -28,7 +28,7 @@ from tests.helpers.trainer import learner, small_spec
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    return learner(small_spec(None)).models.tokenizer
+    return learner(small_spec(None)).setup.models.tokenizer
 
 
 class Counting:
@@ -71,16 +71,16 @@ def test_the_cut_keeps_the_tokens_kept(tokenizer, text: str, tokens: int) -> Non
 
 def test_a_prompt_is_cut_to_what_the_context_can_hold(tmp_path: Path) -> None:
     lrn = learner(small_spec(tmp_path))
-    counting = Counting(lrn.models.tokenizer)
-    lrn.encode.tokenizer = counting
-    data = lrn.spec.data
+    counting = Counting(lrn.setup.models.tokenizer)
+    lrn.setup.encode.tokenizer = counting
+    data = lrn.setup.spec.data
     with pytest.raises(UserError, match="does not fit the model's context"):
-        lrn.encode(["a" * 1_000_000], data, 4)
-    limit = lrn.encode.limit
-    assert counting.longest <= (limit + 1) * TextBounds(lrn.models.tokenizer).chars
+        lrn.setup.encode(["a" * 1_000_000], data, 4)
+    limit = lrn.setup.encode.limit
+    assert counting.longest <= (limit + 1) * TextBounds(lrn.setup.models.tokenizer).chars
     cut = data.model_copy(update={"long_prompts": "truncate"})
     with pytest.warns(UserWarning, match="are cut"):
-        ids, _ = lrn.encode(["b" + "a" * 1_000_000], cut, 4)
+        ids, _ = lrn.setup.encode(["b" + "a" * 1_000_000], cut, 4)
     assert ids.shape[1] == limit - 4
 
 

@@ -30,9 +30,10 @@ from ppokit.trainer.display import (
     summary_row,
     summary_table,
 )
-from ppokit.trainer.loop import choose_threads
+from ppokit.trainer.lifecycle import ending
 from ppokit.trainer.metrics import Meter, plot_curves, read_metrics, read_once
 from ppokit.trainer.models import build_models
+from ppokit.trainer.threads import choose_threads
 from tests.helpers.trainer import DEMO, SMALL, small_spec
 
 FULL = {
@@ -211,14 +212,14 @@ def _cli_args(out: Path, *extra: str) -> list[str]:
 
 
 def _interrupt_at(monkeypatch: pytest.MonkeyPatch, round_no: int) -> None:
-    real = loop_module._run_round
+    real = loop_module.run_round
 
-    def run_round(setup, state, producer, r, *rest):  # type: ignore[no-untyped-def]
-        if r + 1 == round_no:
+    def run_round(setup, state, produced, **kw):  # type: ignore[no-untyped-def]
+        if kw["round_no"] == round_no:
             raise KeyboardInterrupt
-        return real(setup, state, producer, r, *rest)
+        return real(setup, state, produced, **kw)
 
-    monkeypatch.setattr(loop_module, "_run_round", run_round)
+    monkeypatch.setattr(loop_module, "run_round", run_round)
 
 
 def test_ctrl_c_names_the_last_checkpoint_and_the_command_that_resumes(
@@ -336,10 +337,10 @@ def test_a_finished_run_says_where_its_results_are_and_how_to_look(tmp_path: Pat
 
 
 def test_the_results_lines_name_only_what_exists(tmp_path: Path) -> None:
-    assert loop_module.where_results(tmp_path) == []
+    assert ending.where_results(tmp_path) == []
     (tmp_path / "metrics.jsonl").write_text("")
     (tmp_path / "tensorboard").mkdir()
-    first, files, accuracy, board = loop_module.where_results(tmp_path)
+    first, files, accuracy, board = ending.where_results(tmp_path)
     assert (first, files) == (f"results in {tmp_path}:", "  metrics.jsonl (every round's metrics)")
     assert accuracy == f"held-out accuracy: ppokit eval {tmp_path}"
     assert board == f"every metric: tensorboard --logdir {tmp_path / 'tensorboard'}"
@@ -354,5 +355,5 @@ def test_the_results_lines_fit_160_columns_with_a_60_character_folder(
     out.mkdir(parents=True)
     for name in ("curves.png", "metrics.jsonl", "samples.jsonl", "checkpoint", "tensorboard"):
         (out / name).mkdir()
-    lines = loop_module.where_results(out)
+    lines = ending.where_results(out)
     assert len(lines) == 5 and max(len(line) for line in lines) <= 160

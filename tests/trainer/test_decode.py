@@ -133,7 +133,7 @@ def test_rollout_logp_is_a_fresh_forwards(tmp_path, lora: list[str]) -> None:
     assert ro.logp_rollout is not None
     assert ro.response_mask.sum(1).min() < ro.response_mask.shape[1]  # a row ended early
     with torch.no_grad():
-        logp, _, _ = lrn.forwards.actor(lrn.models.actor, ro)
+        logp, _, _ = lrn.setup.forwards.actor(lrn.setup.models.actor, ro)
     torch.testing.assert_close(logp * ro.response_mask, ro.logp_rollout, atol=1e-5, rtol=1e-5)
 
 
@@ -146,7 +146,7 @@ def test_a_cast_copy_samples_and_follows_the_actor(tmp_path) -> None:
     )
     lrn = learner(spec)
     engine = lrn.setup.engine.engine
-    actor = lrn.models.actor
+    actor = lrn.setup.models.actor
     assert engine.model is not actor and not lrn.setup.engine.samples_from_policy
     assert all(p.dtype == torch.bfloat16 for p in engine.model.parameters())
     assert all(p.dtype == torch.float32 for p in actor.parameters())

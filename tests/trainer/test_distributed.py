@@ -144,13 +144,13 @@ def _rollout(spec: Spec) -> tuple[list[dict[str, Any]], Rollout]:
     formatted = [row["prompt"] for row in rows]
     ids, attn = encode(lrn, formatted, N)
     g = torch.Generator().manual_seed(1)
-    vocab = lrn.models.actor.config.vocab_size
+    vocab = lrn.setup.models.actor.config.vocab_size
     response = torch.randint(3, vocab, (PROMPTS * N, T), generator=g)
     mask = torch.arange(T)[None, :] < torch.tensor(LENGTHS)[:, None]
     truncated = torch.tensor(LENGTHS) == T
     ro = Rollout(ids, attn, response, mask, truncated, None)
     with torch.no_grad():
-        logp, _, _ = lrn.forwards.actor(lrn.models.actor, ro)
+        logp, _, _ = lrn.setup.forwards.actor(lrn.setup.models.actor, ro)
     # an engine whose μ is off π_old by a little, as another kernel or dtype makes it
     mismatch = 0.05 * torch.randn(logp.shape, generator=g)
     ro.logp_rollout = (logp + mismatch) * mask
@@ -188,7 +188,7 @@ def _one_update(spec: Spec, rows: list[dict[str, Any]], ro: Rollout) -> tuple[An
     result = lrn.round(rows[share], formatted, 1, rollout=mine, scores=scores)
     metrics = {k: v for k, v in read_once(result.metrics).items() if k not in TIMING}
     params = {}
-    modules = [("actor", lrn.models.actor), ("critic", lrn.models.critic)]
+    modules = [("actor", lrn.setup.models.actor), ("critic", lrn.setup.models.critic)]
     for label, module in modules:
         if module is None:
             continue
@@ -233,7 +233,7 @@ def test_two_processes_update_like_one(two_processes: Path, index: int) -> None:
     rows, ro = _rollout(spec)
     initial = {
         f"actor.{n}": p.detach().clone()
-        for n, p in learner(spec).models.actor.named_parameters()
+        for n, p in learner(spec).setup.models.actor.named_parameters()
         if p.requires_grad  # with LoRA: the adapters
     }
     params, metrics = _one_update(spec, rows, ro)

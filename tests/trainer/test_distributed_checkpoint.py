@@ -63,9 +63,9 @@ def _whole(lrn: Any) -> dict[str, torch.Tensor]:
     )
 
     out: dict[str, torch.Tensor] = {}
-    modules = [("actor", lrn.models.actor, lrn.actor_opt)]
-    if lrn.models.critic is not None:
-        modules.append(("critic", lrn.models.critic, lrn.critic_opt))
+    modules = [("actor", lrn.setup.models.actor, lrn.state.optimizers.actor)]
+    if lrn.setup.models.critic is not None:
+        modules.append(("critic", lrn.setup.models.critic, lrn.state.optimizers.critic))
     for label, module, opt in modules:
         for name, p in module.named_parameters():
             out[f"{label}.{name}"] = distributed.full_tensor(p.detach()).clone()
@@ -85,13 +85,18 @@ def _worker(rank: int, port: int, folder: str) -> None:
             run = Path(folder) / f"two-{case}"
             lrn = _updated(spec)
             save_checkpoint(
-                run, lrn.models, lrn.state, make_prompt_source(spec.data, spec.seed), 1, "{}\n"
+                run,
+                lrn.setup.models,
+                lrn.state,
+                make_prompt_source(spec.data, spec.seed),
+                1,
+                "{}\n",
             )
             saved = _whole(lrn)
             fresh = _learner(spec)
             assert (
                 load_checkpoint(
-                    run, fresh.models, fresh.state, make_prompt_source(spec.data, spec.seed)
+                    run, fresh.setup.models, fresh.state, make_prompt_source(spec.data, spec.seed)
                 )
                 == 1
             )
@@ -100,7 +105,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
             one = Path(folder) / f"one-{case}"
             assert (
                 load_checkpoint(
-                    one, other.models, other.state, make_prompt_source(spec.data, spec.seed)
+                    one, other.setup.models, other.state, make_prompt_source(spec.data, spec.seed)
                 )
                 == 1
             )
@@ -117,7 +122,7 @@ def _write_checkpoints(folder: Path) -> None:
         lrn = _updated(spec)
         run = folder / f"one-{case}"
         save_checkpoint(
-            run, lrn.models, lrn.state, make_prompt_source(spec.data, spec.seed), 1, "{}\n"
+            run, lrn.setup.models, lrn.state, make_prompt_source(spec.data, spec.seed), 1, "{}\n"
         )
         save_file(_whole(lrn), f"{folder}/{case}-one.safetensors")
     run_two(_worker, free_port(), str(folder))  # then two processes write theirs
@@ -166,7 +171,9 @@ def test_one_process_reads_two_processes_checkpoint(checkpoints: Path, case: str
     fresh = learner(spec)
     run = checkpoints / f"two-{case}"
     assert (
-        load_checkpoint(run, fresh.models, fresh.state, make_prompt_source(spec.data, spec.seed))
+        load_checkpoint(
+            run, fresh.setup.models, fresh.state, make_prompt_source(spec.data, spec.seed)
+        )
         == 1
     )
     _assert_equal(_whole(fresh), load_file(checkpoints / f"{case}-saved.safetensors"))

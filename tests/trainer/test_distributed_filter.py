@@ -84,7 +84,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
 
         def draw() -> tuple[list[dict[str, Any]], list[str]]:  # as the loop draws
             rows = source.next_rows(PROMPTS)[world.share(PROMPTS)]
-            return rows, format_prompts(rows, lrn.models.tokenizer, spec.data)
+            return rows, format_prompts(rows, lrn.setup.models.tokenizer, spec.data)
 
         def put_back() -> None:
             source.put_back(PROMPTS)

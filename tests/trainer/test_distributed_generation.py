@@ -50,14 +50,16 @@ def _worker(rank: int, port: int, folder: str) -> None:
                 f"rollout.max_new_tokens={STEPS}",
             )
             lrn = learner(spec)
-            lrn.models.shard(spec.parallel)
+            lrn.setup.models.shard(spec.parallel)
             torch.manual_seed(3)
             ro, during = _gathers(lambda lrn=lrn: lrn.sample(prompts, 2))
-            _, after = _gathers(lambda lrn=lrn, ro=ro: lrn.forwards.actor(lrn.models.actor, ro))
+            _, after = _gathers(
+                lambda lrn=lrn, ro=ro: lrn.setup.forwards.actor(lrn.setup.models.actor, ro)
+            )
             results[gather] = {
                 "during": during,
                 "after": after,
-                "modules": sum(isinstance(m, FSDPModule) for m in lrn.models.actor.modules()),
+                "modules": sum(isinstance(m, FSDPModule) for m in lrn.setup.models.actor.modules()),
                 "responses": ro.response_ids.tolist(),
             }
     Path(f"{folder}/generation{rank}.json").write_text(json.dumps(results))

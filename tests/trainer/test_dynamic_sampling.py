@@ -227,10 +227,10 @@ def test_cat_changes_no_log_prob(tmp_path) -> None:
     lrn = learner(small_spec(tmp_path))
     short = lrn.sample(["echo a"], 2)
     long = lrn.sample(["echo a b c d e", "echo b"], 2)
-    both = Rollout.cat([short, long], pad_id=lrn.models.tokenizer.pad_token_id)
+    both = Rollout.cat([short, long], pad_id=lrn.setup.models.tokenizer.pad_token_id)
     with torch.no_grad():
-        alone = lrn.forwards.policy_logprobs(short)
-        joined = lrn.forwards.policy_logprobs(both)[: short.response_ids.shape[0]]
+        alone = lrn.setup.forwards.policy_logprobs(short)
+        joined = lrn.setup.forwards.policy_logprobs(both)[: short.response_ids.shape[0]]
     t = short.response_ids.shape[1]
     m = short.response_mask
     torch.testing.assert_close(joined[:, :t][m], alone[m], atol=1e-5, rtol=1e-5)
@@ -280,7 +280,7 @@ def test_rounds_update_on_informative_groups_only(use_registry, tmp_path) -> Non
 
     def draw() -> tuple[list[dict[str, Any]], list[str]]:
         rows = source.next_rows(prompts)
-        return rows, format_prompts(rows, lrn.models.tokenizer, spec.data)
+        return rows, format_prompts(rows, lrn.setup.models.tokenizer, spec.data)
 
     batches = 0
     for r in range(1, 4):
@@ -310,23 +310,24 @@ def test_short_and_empty_rounds(use_registry, tmp_path) -> None:
     lrn = learner(spec)
     symbols = ["c", "a", "d", "b", "a", "b"]  # 2 of 6 can pass
     rows = [{"prompt": f"echo {s}", "answer": s} for s in symbols]
-    before = [p.detach().clone() for p in lrn.models.actor.parameters()]
+    before = [p.detach().clone() for p in lrn.setup.models.actor.parameters()]
     result = lrn.round(rows, [r["prompt"] for r in rows], 1)
     kept = float(result.metrics["rollout/kept_groups"])
     assert 1 <= kept <= 2 and float(result.metrics["rollout/exhausted"]) == 1.0
     assert float(result.metrics["rollout/generated_groups"]) == 6
     assert result.metrics["grad_norm_actor"] is not None
     assert any(
-        not torch.equal(a, b) for a, b in zip(before, lrn.models.actor.parameters(), strict=True)
+        not torch.equal(a, b)
+        for a, b in zip(before, lrn.setup.models.actor.parameters(), strict=True)
     )
     constant = [{"prompt": "echo a", "answer": "a"}, {"prompt": "echo b", "answer": "b"}] * 3
-    before = [p.detach().clone() for p in lrn.models.actor.parameters()]
+    before = [p.detach().clone() for p in lrn.setup.models.actor.parameters()]
     empty = lrn.round(constant, [r["prompt"] for r in constant], 2)
     assert float(empty.metrics["rollout/kept_groups"]) == 0
     assert "policy_loss" not in empty.metrics and empty.scores is None
     assert any("no generated group passed rollout.filter" in m for m in empty.skipped)
     assert all(
-        torch.equal(a, b) for a, b in zip(before, lrn.models.actor.parameters(), strict=True)
+        torch.equal(a, b) for a, b in zip(before, lrn.setup.models.actor.parameters(), strict=True)
     )
 
 
@@ -391,7 +392,7 @@ def test_a_filter_reads_the_host_once_per_batch(use_registry, tmp_path, monkeypa
     none = small_spec(tmp_path, *FILTERED, "rollout.filter=none")
     lrn = learner(none)
     monkeypatch.setattr(
-        type(lrn.assembly.filter.component), "__call__", lambda self, g: called.append(g)
+        type(lrn.setup.assembly.filter.component), "__call__", lambda self, g: called.append(g)
     )
     result = lrn.round(rows, formatted, 1)
     assert not called and "rollout/kept_groups" not in result.metrics  # nothing filtered

@@ -97,14 +97,14 @@ def test_forward_logp_old_matches_the_recorded_one_for_hf(tmp_path) -> None:
     """With the hf engine μ = π_old: the recomputed log π_old equals the recorded log μ."""
     spec = small_spec(tmp_path, "rollout.logp_old=forward", "rollout.top_k=5")
     lrn = learner(spec)
-    assert lrn.recompute_logp_old
+    assert lrn.setup.recompute_logp_old
     rows = demo_rows(4)
     data, _ = lrn.collect(rows, [r["prompt"] for r in rows])
     batch = data.batch
     assert batch.logp_old is not None and batch.logp_rollout is not None
     assert batch.logp_old is not batch.logp_rollout
     torch.testing.assert_close(batch.logp_old, batch.logp_rollout, atol=1e-5, rtol=1e-5)
-    assert not learner(small_spec(tmp_path)).recompute_logp_old  # auto: hf samples the actor
+    assert not learner(small_spec(tmp_path)).setup.recompute_logp_old  # auto: hf samples the actor
 
 
 # ---------------------------------------------------------------------- a plugin engine
@@ -114,7 +114,7 @@ def test_the_documented_engine_plugin_trains(use_registry, tmp_path, monkeypatch
     use_registry(module)
     spec = small_spec(tmp_path / "run", "rollout.engine=plain", "train.rounds=3")
     lrn = learner(spec)
-    assert lrn.recompute_logp_old  # not samples_from_policy: π_old from a forward pass
+    assert lrn.setup.recompute_logp_old  # not samples_from_policy: π_old from a forward pass
     rows = demo_rows(4)
     data, _ = lrn.collect(rows, [r["prompt"] for r in rows])
     # the engine's log μ and the trainer's π_old: the same policy through two code paths

@@ -95,7 +95,7 @@ def forward_log(modules: dict[str, nn.Module]) -> Iterator[list[tuple[str, bool,
 @contextmanager
 def outside_generate(lrn: Trainee, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Counts the actor trunk's forwards that do not come from ``generate``."""
-    actor = lrn.models.actor
+    actor = lrn.setup.models.actor
     state = {"inside": False}
     count = [0]
     original = actor.generate
@@ -132,7 +132,7 @@ def test_a_round_reads_the_host_only_for_the_rewards_and_the_metrics(tmp_path, m
         _, result = _round(lrn, seed=2)
         values = read_once(result.metrics)
     assert values["reward_mean"] is not None
-    t = lrn.spec.train
+    t = lrn.setup.spec.train
     assert t.minibatch_size is None  # the whole round is one minibatch: one step per epoch
     assert calls == allowed(optimizer_steps=t.ppo_epochs)
 
@@ -177,11 +177,11 @@ def test_the_meter_averages_sums_over_counts_without_host_reads(monkeypatch) -> 
 def test_sampling_and_scoring_run_in_eval_mode_without_a_graph(tmp_path, extra) -> None:
     lrn = learner(small_spec(tmp_path, *extra))
     _round(lrn, seed=1)  # the update leaves the models in train mode
-    models = {"actor": trunk_of(lrn.models.actor)}
-    if lrn.models.critic is not None:
-        models["critic"] = lrn.models.critic
-    if lrn.models.ref is not None:
-        models["ref"] = trunk_of(lrn.models.ref)
+    models = {"actor": trunk_of(lrn.setup.models.actor)}
+    if lrn.setup.models.critic is not None:
+        models["critic"] = lrn.setup.models.critic
+    if lrn.setup.models.ref is not None:
+        models["ref"] = trunk_of(lrn.setup.models.ref)
     with forward_log(models) as log:
         data, _ = _round(lrn, seed=2)
     first = next(i for i, (_, training, _) in enumerate(log) if training)  # the update's

@@ -102,7 +102,7 @@ def test_a_column_named_completions_never_replaces_the_models_output(
 
 def test_rewards_score_the_models_turns_and_may_ask_for_the_transcript(tmp_path: Path) -> None:
     lrn = learner(small_spec(tmp_path))
-    tok = lrn.models.tokenizer
+    tok = lrn.setup.models.tokenizer
     model, env = (tok(t, add_special_tokens=False)["input_ids"] for t in ("ab", "cd"))
     ids = torch.tensor([model + env + model])
     mask = torch.tensor([[True] * len(model) + [False] * len(env) + [True] * len(model)])
@@ -116,7 +116,7 @@ def test_rewards_score_the_models_turns_and_may_ask_for_the_transcript(tmp_path:
         None,
         env_mask=env_mask,
     )
-    texts, lengths, _, transcripts = lrn.scorer.decode(ro)
+    texts, lengths, _, transcripts = lrn.setup.scorer.decode(ro)
     assert texts == ["abab"] and transcripts == ["abcdab"]  # the environment's "cd" apart
     assert lengths == [2 * len(model)]
 
@@ -147,14 +147,18 @@ def test_every_episode_gets_a_deep_copy_of_its_data_row(tmp_path: Path, timeout)
     from tests.trainer.test_multiturn import Script
 
     lrn = learner(small_spec(tmp_path))
-    tok = lrn.models.tokenizer
+    tok = lrn.setup.models.tokenizer
     env = Appends()
     checked = CheckedEnvironment(Where("rollout.environment", "appends", "test"), env, timeout)
     sampler = Sampler(
-        Script(tok, ["ab"], tok.eos_token_id), checked, lrn.encode, tok, lrn.spec.rollout
+        Script(tok, ["ab"], tok.eos_token_id),
+        checked,
+        lrn.setup.encode,
+        tok,
+        lrn.setup.spec.rollout,
     )
     rows = [{"prompt": "a", "history": []}]
-    ro = sampler(rows, ["a"], lrn.spec.data, Sampling(n=3))
+    ro = sampler(rows, ["a"], lrn.setup.spec.data, Sampling(n=3))
     checked.close()
     assert rows == [{"prompt": "a", "history": []}]  # the data row is untouched
     assert ro.turn_rewards is not None

@@ -118,7 +118,7 @@ def test_rollout_logp_old_equals_fresh_forward(tmp_path) -> None:
     ro = lrn.sample(["a=", "bcd=", "x"], 3)
     assert ro.logp_rollout is not None
     with torch.no_grad():
-        logp, _, _ = lrn.forwards.actor(lrn.models.actor, ro)
+        logp, _, _ = lrn.setup.forwards.actor(lrn.setup.models.actor, ro)
     torch.testing.assert_close(logp * ro.response_mask, ro.logp_rollout, atol=1e-5, rtol=1e-5)
     assert (ro.logp_rollout[~ro.response_mask] == 0).all()
 

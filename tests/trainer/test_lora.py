@@ -51,7 +51,7 @@ def _perturb_adapters(module: nn.Module, seed: int = 0) -> None:
 def _reference_logprobs(models: Models, lrn: Trainee, ro: Rollout) -> torch.Tensor:
     """log π_ref of the responses through ``Models.reference()`` (what round.py runs)."""
     with torch.no_grad(), models.reference() as ref:
-        hidden = lrn.forwards.hidden(ref, ro)
+        hidden = lrn.setup.forwards.hidden(ref, ro)
         logp, _ = token_logprobs(
             hidden[:, :-1], ref.get_output_embeddings(), ro.response_ids, entropy=False
         )
@@ -89,7 +89,7 @@ def test_only_the_adapters_train() -> None:
 def test_the_reference_is_the_actor_with_its_adapters_disabled() -> None:
     spec = small_spec(None, *LORA, *KL, *NO_CRITIC)
     lrn = learner(spec)
-    models = lrn.models
+    models = lrn.setup.models
     assert models.ref is None and models.has_reference
     plain = build_models(small_spec(None, *KL, *NO_CRITIC), 1)  # same seed, no LoRA
     assert plain.ref is not None and not plain.lora
@@ -102,9 +102,9 @@ def test_the_reference_is_the_actor_with_its_adapters_disabled() -> None:
     expected = _reference_logprobs(plain, lrn, ro)
     assert torch.equal(ref, expected)  # exactly the base model's
     with torch.no_grad():
-        adapted, _, _ = lrn.forwards.actor(models.actor, ro)
+        adapted, _, _ = lrn.setup.forwards.actor(models.actor, ro)
     assert not torch.allclose(adapted, ref)  # the adapters are on outside reference()
-    assert torch.equal(lrn.forwards.reference_logprobs(ro), expected)
+    assert torch.equal(lrn.setup.forwards.reference_logprobs(ro), expected)
 
 
 def test_reference_restores_the_train_mode_and_the_adapters() -> None:
@@ -122,9 +122,9 @@ def test_reference_restores_the_train_mode_and_the_adapters() -> None:
 @pytest.mark.parametrize("extra", [[], ["model.gradient_checkpointing=true"]])
 def test_an_update_changes_the_adapters_only(extra: list[str]) -> None:
     lrn = learner(small_spec(None, *LORA, *NO_CRITIC, *VARIED_REWARD, *extra))
-    before = _snapshot(lrn.models.actor)
+    before = _snapshot(lrn.setup.models.actor)
     _update(lrn)
-    after = _snapshot(lrn.models.actor)
+    after = _snapshot(lrn.setup.models.actor)
     base = [n for n in before if "lora_" not in n]
     adapters = [n for n in before if "lora_" in n]
     assert base and adapters
@@ -135,7 +135,7 @@ def test_an_update_changes_the_adapters_only(extra: list[str]) -> None:
 # ---------------------------------------------------------------------- critics
 def test_a_separate_critic_has_adapters_of_its_own_on_shared_frozen_weights() -> None:
     lrn = learner(small_spec(None, *LORA, *VARIED_REWARD))
-    models = lrn.models
+    models = lrn.setup.models
     critic = models.critic
     assert critic is not None and critic.trunk is not None and is_peft(critic.trunk)
     critic_params = list(models.critic_parameters())
@@ -161,7 +161,7 @@ def test_a_separate_critic_has_adapters_of_its_own_on_shared_frozen_weights() ->
 def test_a_shared_critic_trains_its_head_and_the_actors_adapters() -> None:
     spec = small_spec(None, *LORA, "model.critic=shared", *VARIED_REWARD)
     lrn = learner(spec)
-    models = lrn.models
+    models = lrn.setup.models
     assert models.critic is not None and models.critic.trunk is None and models.shared_critic
     assert {id(p) for p in models.critic_parameters()} == {
         id(p) for p in models.critic.head.parameters()
@@ -171,7 +171,7 @@ def test_a_shared_critic_trains_its_head_and_the_actors_adapters() -> None:
     b = data.batch.batch_size
 
     def adapter_grads(vf_coef: float) -> list[torch.Tensor]:
-        lrn.spec.train.vf_coef = vf_coef
+        lrn.setup.spec.train.vf_coef = vf_coef
         accumulate(lrn, data, torch.arange(b), b, train_actor=True)
         return [p.grad.clone() for p in models.actor_parameters()]
 
@@ -228,22 +228,24 @@ def test_a_lora_checkpoint_stores_the_trained_parameters_alone(tmp_path: Path) -
     (critic,) = (ckpt / "critic").glob("*.safetensors")
     trained = learner(spec)
     actor_keys, critic_keys = set(load_file(actor)), set(load_file(critic))
-    assert actor_keys == {n for n, p in trained.models.actor.named_parameters() if p.requires_grad}
+    assert actor_keys == {
+        n for n, p in trained.setup.models.actor.named_parameters() if p.requires_grad
+    }
     assert all("lora_" in k for k in actor_keys)
     assert {k for k in critic_keys if "lora_" not in k} == {"head.weight", "head.bias"}
     assert len(critic_keys) > 2
     source = make_prompt_source(spec.data, spec.seed)
-    assert load_checkpoint(tmp_path, trained.models, trained.state, source) == 1
+    assert load_checkpoint(tmp_path, trained.setup.models, trained.state, source) == 1
     saved = load_file(actor)
-    for name, p in trained.models.actor.named_parameters():
+    for name, p in trained.setup.models.actor.named_parameters():
         if name in saved:
             assert torch.equal(p.detach(), saved[name]), name
     other = learner(spec)
     with torch.no_grad():  # another base model under the same adapters
-        next(p for p in other.models.actor.parameters() if not p.requires_grad).add_(1e-3)
+        next(p for p in other.setup.models.actor.parameters() if not p.requires_grad).add_(1e-3)
     with pytest.raises(UserError, match="other base weights than those of the spec's"):
         load_checkpoint(
-            tmp_path, other.models, other.state, make_prompt_source(spec.data, spec.seed)
+            tmp_path, other.setup.models, other.state, make_prompt_source(spec.data, spec.seed)
         )
 
 

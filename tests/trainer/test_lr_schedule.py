@@ -20,7 +20,7 @@ from transformers import (
 import ppokit.trainer.loop as loop_module
 from ppokit.spec import TrainSpec
 from ppokit.trainer import train
-from ppokit.trainer.loop import Interrupted
+from ppokit.trainer.lifecycle.ending import Interrupted
 from ppokit.trainer.metrics import TIMING, read_metrics
 from ppokit.trainer.optim import lr_factor, optimizer_steps
 from tests.helpers.trainer import small_spec
@@ -105,14 +105,14 @@ def test_a_cosine_run_ends_at_its_floor_and_resumes_exactly(
 ) -> None:
     whole, split = tmp_path / "whole", tmp_path / "split"
     seen: list[float] = []
-    real = loop_module._run_round
+    real = loop_module.run_round
 
-    def run_round(setup, state, *rest):  # type: ignore[no-untyped-def]
-        record = real(setup, state, *rest)
+    def run_round(setup, state, *rest, **kw):  # type: ignore[no-untyped-def]
+        result = real(setup, state, *rest, **kw)
         seen.append(state.optimizers.actor.param_groups[0]["lr"])
-        return record
+        return result
 
-    monkeypatch.setattr(loop_module, "_run_round", run_round)
+    monkeypatch.setattr(loop_module, "run_round", run_round)
     spec = small_spec(whole, "train.rounds=4", *COSINE)
     train(spec)
     steps = optimizer_steps(spec)[0]
@@ -121,14 +121,14 @@ def test_a_cosine_run_ends_at_its_floor_and_resumes_exactly(
     assert seen[-1] == pytest.approx(spec.train.actor_lr * 0.1)
     assert seen[0] < spec.train.actor_lr
 
-    def interrupted(setup, state, producer, r, *rest):  # type: ignore[no-untyped-def]
-        if r + 1 == 3:
+    def interrupted(setup, state, produced, *, round_no, **kw):  # type: ignore[no-untyped-def]
+        if round_no == 3:
             raise KeyboardInterrupt
-        return real(setup, state, producer, r, *rest)
+        return real(setup, state, produced, round_no=round_no, **kw)
 
-    monkeypatch.setattr(loop_module, "_run_round", interrupted)
+    monkeypatch.setattr(loop_module, "run_round", interrupted)
     with pytest.raises(Interrupted):
         train(small_spec(split, "train.rounds=4", "output.save_every=1", *COSINE))
-    monkeypatch.setattr(loop_module, "_run_round", real)
+    monkeypatch.setattr(loop_module, "run_round", real)
     train(small_spec(split, "train.rounds=4", "output.save_every=1", *COSINE), resume=True)
     assert _untimed(read_metrics(whole)) == _untimed(read_metrics(split))

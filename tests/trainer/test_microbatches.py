@@ -71,12 +71,12 @@ def _rollout(lrn: Trainee, multiturn: bool) -> Rollout:
     """Prompts of 1-11 tokens, 3 random responses each of LENGTHS, log μ off the actor's."""
     ids, attn = encode(lrn, PROMPTS, N)
     g = torch.Generator().manual_seed(11)
-    vocab = lrn.models.actor.config.vocab_size
+    vocab = lrn.setup.models.actor.config.vocab_size
     response = torch.randint(3, vocab, (len(LENGTHS), T), generator=g)
     mask = torch.arange(T)[None, :] < torch.tensor(LENGTHS)[:, None]
     ro = Rollout(ids, attn, response.masked_fill(~mask, 0), mask, mask.all(1), None)
     with torch.no_grad():
-        logp, _, _ = lrn.forwards.actor(lrn.models.actor, ro)
+        logp, _, _ = lrn.setup.forwards.actor(lrn.setup.models.actor, ro)
     ro.logp_rollout = (logp + 0.02 * torch.randn(logp.shape, generator=g)) * mask
     return with_observations(ro) if multiturn else ro
 
@@ -90,24 +90,24 @@ def _case(name: str) -> tuple[Trainee, UpdateData, dict[str, Tensor]]:
         ro = _rollout(lrn, multiturn="multi-turn" in name)
         scores = torch.tensor(SCORES)
         batch = round_batch(
-            ro, scores, None, n=N, forwards=lrn.forwards, assembly=lrn.assembly,
+            ro, scores, None, n=N, forwards=lrn.setup.forwards, assembly=lrn.setup.assembly,
             recompute_logp_old=True,
         )  # fmt: skip
         data, _, _ = estimate(
-            ro, batch, scores, spec=spec, assembly=lrn.assembly, kl_coef=lrn.kl_coef
+            ro, batch, scores, spec=spec, assembly=lrn.setup.assembly, kl_coef=lrn.state.kl_coef
         )
         g = torch.Generator().manual_seed(3)
         with torch.no_grad():  # ratios off 1, values off V_old: clipping active
-            for p in [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]:
+            for p in [*lrn.setup.models.actor.parameters(), *lrn.setup.models.critic_parameters()]:
                 p.add_(0.05 * torch.randn(p.shape, generator=g))
-        lrn.forwards.train_mode()
+        lrn.setup.forwards.train_mode()
         fields = {"logp_old": batch.logp_old, "values": batch.values, "logp_ref": batch.logp_ref}
         _CACHE[key] = lrn, data, {k: v for k, v in fields.items() if v is not None}
     return _CACHE[key]
 
 
 def _micro_batches(lrn: Trainee, data: UpdateData, budget: int, pack: bool) -> MicroBatches:
-    train = lrn.spec.train.model_copy(
+    train = lrn.setup.spec.train.model_copy(
         update={"micro_batch_tokens": budget, "pack_sequences": pack, "micro_batch_size": None}
     )
     return MicroBatches.of(train, data.rollout)
@@ -134,7 +134,7 @@ def _loss_and_grads(
             total = total + loss.detach()
     finally:
         forwards.tokens = forwards.pack = False
-    models = lrn.models
+    models = lrn.setup.models
     named = [("actor", models.actor), ("critic", models.critic)]
     grads = {
         f"{who}.{n}": p.grad.clone()
@@ -151,7 +151,7 @@ def _bound(data: UpdateData, lrn: Trainee) -> float:
     padded and the cut passes round each of their sums in another order, the longest a sum
     over every position and hidden unit of the minibatch (γ(n), Higham's bound, twice)."""
     ids, _ = data.rollout.inputs()
-    hidden = lrn.models.actor.config.hidden_size
+    hidden = lrn.setup.models.actor.config.hidden_size
     return 2 * gamma(ids.numel() * hidden)
 
 
@@ -197,21 +197,27 @@ def test_no_grad_passes_by_micro_batches_give_the_padded_values(name: str, pack:
     micro = _micro_batches(lrn, data, 20, pack)
     forwards = lrn.setup.forwards
     forwards.tokens, forwards.pack = True, pack
-    lrn.forwards.eval_mode()
+    lrn.setup.forwards.eval_mode()
     try:
         # the models moved since the padded pass: compare against a padded pass of now
         forwards.tokens = forwards.pack = False
         now = round_batch(
-            ro, scores, None, n=N, forwards=forwards, assembly=lrn.assembly, recompute_logp_old=True
+            ro,
+            scores,
+            None,
+            n=N,
+            forwards=forwards,
+            assembly=lrn.setup.assembly,
+            recompute_logp_old=True,
         )
         forwards.tokens, forwards.pack = True, pack
         cut = round_batch(
-            ro, scores, None, n=N, forwards=forwards, assembly=lrn.assembly,
+            ro, scores, None, n=N, forwards=forwards, assembly=lrn.setup.assembly,
             recompute_logp_old=True, micro=micro,
         )  # fmt: skip
     finally:
         forwards.tokens = forwards.pack = False
-        lrn.forwards.train_mode()
+        lrn.setup.forwards.train_mode()
     assert len(micro.whole(len(LENGTHS), torch.device("cpu"))) > 1
     for field in padded:
         a, b = getattr(now, field), getattr(cut, field)

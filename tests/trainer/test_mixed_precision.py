@@ -72,22 +72,22 @@ def test_a_bf16_round_keeps_float32_state_and_one_autocast(budget: int | None) -
     data = result.data
     for x in (data.batch.logp_old, data.batch.logp_ref, data.batch.values, data.advantages):
         assert x is not None and x.dtype == torch.float32
-    params = [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]
+    params = [*lrn.setup.models.actor.parameters(), *lrn.setup.models.critic_parameters()]
     assert {p.dtype for p in params} == {torch.float32}
     state = [
-        v for opt in (lrn.actor_opt, lrn.critic_opt) if opt is not None
+        v for opt in (lrn.state.optimizers.actor, lrn.state.optimizers.critic) if opt is not None
         for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.numel() > 1
     ]  # fmt: skip
     assert state and {v.dtype for v in state} == {torch.float32}
     # the same weights in float32 give other log-probs: the passes ran under bf16 autocast
-    runtime = lrn.models.runtime
+    runtime = lrn.setup.models.runtime
     ro = data.rollout
     with torch.no_grad():
-        lrn.models.runtime = models_module.Runtime(runtime.device, None)
+        lrn.setup.models.runtime = models_module.Runtime(runtime.device, None)
         try:
-            full = lrn.forwards.reference_logprobs(ro) * ro.response_mask
+            full = lrn.setup.forwards.reference_logprobs(ro) * ro.response_mask
         finally:
-            lrn.models.runtime = runtime
-        bf16 = lrn.forwards.reference_logprobs(ro) * ro.response_mask
+            lrn.setup.models.runtime = runtime
+        bf16 = lrn.setup.forwards.reference_logprobs(ro) * ro.response_mask
     assert not torch.equal(full, bf16)
     torch.testing.assert_close(bf16, data.batch.logp_ref, rtol=0, atol=0)

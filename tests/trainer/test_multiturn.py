@@ -79,23 +79,25 @@ class Scripted:
 
 
 def _sampler(lrn: Trainee, engine: Any, env: Any, **changes: Any) -> Sampler:
-    rollout = lrn.spec.rollout.model_copy(update=changes)
+    rollout = lrn.setup.spec.rollout.model_copy(update=changes)
     checked = CheckedEnvironment(Where("rollout.environment", "scripted", "test"), env, None)
-    return Sampler(engine, checked, lrn.encode, lrn.models.tokenizer, rollout)
+    return Sampler(engine, checked, lrn.setup.encode, lrn.setup.models.tokenizer, rollout)
 
 
 def _ids(lrn: Trainee, text: str) -> list[int]:
-    return list(lrn.models.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(lrn.setup.models.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def test_an_episode_is_the_model_turns_and_the_observations_in_order(tmp_path) -> None:
     lrn = learner(small_spec(tmp_path))
-    tok = lrn.models.tokenizer
+    tok = lrn.setup.models.tokenizer
     eos = tok.eos_token_id
     engine = Script(tok, ["ab", "c", "de", "f"], eos)
     rows = [{"prompt": "echo a", "id": 0}, {"prompt": "echo b", "id": 1}]
     sampler = _sampler(lrn, engine, Scripted(), max_turns=3, max_new_tokens=4)
-    ro = sampler(rows, [r["prompt"] for r in rows], lrn.spec.data, Sampling(n=1, max_new_tokens=4))
+    ro = sampler(
+        rows, [r["prompt"] for r in rows], lrn.setup.spec.data, Sampling(n=1, max_new_tokens=4)
+    )
 
     assert ro.env_mask is not None and ro.turn_rewards is not None
     assert ro.turns is not None and ro.ended is not None
@@ -146,19 +148,19 @@ def test_the_default_budget_is_every_turn_and_observation(tmp_path) -> None:
 
 def test_the_budget_ends_an_episode_and_cuts_a_turn(tmp_path) -> None:
     lrn = learner(small_spec(tmp_path))
-    tok = lrn.models.tokenizer
+    tok = lrn.setup.models.tokenizer
     rows = [{"prompt": "echo a", "id": 1}]
     # 3 + 3 observation tokens, then a turn of 2 of its 4 tokens: 8
     engine = Script(tok, ["ab", "cde", "fgh"], tok.eos_token_id)
     sampler = _sampler(lrn, engine, Scripted(), max_turns=4, max_episode_tokens=8)
-    ro = sampler(rows, ["echo a"], lrn.spec.data, Sampling(n=1, max_new_tokens=4))
+    ro = sampler(rows, ["echo a"], lrn.setup.spec.data, Sampling(n=1, max_new_tokens=4))
     assert ro.present.sum().item() == 8
     assert ro.ended is not None and ENDS[int(ro.ended[0])] == "budget"
     assert ro.truncated.tolist() == [True]
     # an observation that would leave no room for a token ends it before the observation
     engine = Script(tok, ["ab", "c"], tok.eos_token_id)
     sampler = _sampler(lrn, engine, Scripted(), max_turns=4, max_episode_tokens=6)
-    ro = sampler(rows, ["echo a"], lrn.spec.data, Sampling(n=1, max_new_tokens=4))
+    ro = sampler(rows, ["echo a"], lrn.setup.spec.data, Sampling(n=1, max_new_tokens=4))
     assert ro.present.sum().item() == 3 and ro.env_mask is not None and not ro.env_mask.any()
     assert ro.ended is not None and ENDS[int(ro.ended[0])] == "budget"
 
@@ -166,7 +168,7 @@ def test_the_budget_ends_an_episode_and_cuts_a_turn(tmp_path) -> None:
 def test_an_observation_is_a_chat_message_when_the_data_uses_a_template(tmp_path) -> None:
     spec = small_spec(tmp_path, "data.chat_template=true")
     lrn = learner(spec)
-    tok = lrn.models.tokenizer
+    tok = lrn.setup.models.tokenizer
     tok.chat_template = (
         "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>\n{% endfor %}"
         "{% if add_generation_prompt %}<assistant>{% endif %}"
@@ -190,7 +192,7 @@ def test_an_observation_is_a_chat_message_when_the_data_uses_a_template(tmp_path
 
 def test_a_broken_environment_is_one_line_naming_it(tmp_path) -> None:
     lrn = learner(small_spec(tmp_path))
-    tok = lrn.models.tokenizer
+    tok = lrn.setup.models.tokenizer
 
     class Broken(Scripted):
         def __init__(self, out: Any) -> None:
@@ -211,7 +213,7 @@ def test_a_broken_environment_is_one_line_naming_it(tmp_path) -> None:
         engine = Script(tok, ["ab", "c"], tok.eos_token_id)
         sampler = _sampler(lrn, engine, Broken(out))
         with pytest.raises(ComponentError) as info:
-            sampler([{"prompt": "a", "id": 1}], ["a"], lrn.spec.data, Sampling(n=1))
+            sampler([{"prompt": "a", "id": 1}], ["a"], lrn.setup.spec.data, Sampling(n=1))
         message = str(info.value)
         assert "\n" not in message and message.startswith("rollout.environment (scripted")
         assert expected in message, message
@@ -233,10 +235,12 @@ def test_an_environment_that_hangs_is_stopped_at_its_timeout(tmp_path) -> None:
     assert checked.pool is not None
     checked.pool.start()
     (pid,) = checked.pool.pids
-    engine = Script(lrn.models.tokenizer, ["ab"], lrn.models.tokenizer.eos_token_id)
-    sampler = Sampler(engine, checked, lrn.encode, lrn.models.tokenizer, lrn.spec.rollout)
+    engine = Script(lrn.setup.models.tokenizer, ["ab"], lrn.setup.models.tokenizer.eos_token_id)
+    sampler = Sampler(
+        engine, checked, lrn.setup.encode, lrn.setup.models.tokenizer, lrn.setup.spec.rollout
+    )
     with pytest.raises(ComponentTimeout, match=r"rollout\.environment_timeout \(0\.5 s\)"):
-        sampler([{"prompt": "a"}], ["a"], lrn.spec.data, Sampling(n=1))
+        sampler([{"prompt": "a"}], ["a"], lrn.setup.spec.data, Sampling(n=1))
     assert checked.pool.pids == [None]  # its process was killed, and is gone
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
@@ -279,16 +283,16 @@ def test_the_evaluation_plays_episodes(tmp_path) -> None:
 
     spec = small_spec(tmp_path, *MULTI, "eval.prompts=6", "eval.k=[1,2]", "eval.correct_at=0.3")
     lrn = learner(spec)
-    evaluator = Evaluator.of(spec, lrn)
+    evaluator = Evaluator.of(spec, lrn.setup)
     assert all("symbols" in row for row in evaluator.rows)
     calls: list[int] = []
-    steps = lrn.assembly.environment.steps
+    steps = lrn.setup.assembly.environment.steps
 
     def counted(rows: list[dict[str, Any]], responses: list[str], turn: int) -> list[Step]:
         calls.extend([turn] * len(rows))
         return steps(rows, responses, turn)
 
-    lrn.assembly.environment.steps = counted  # type: ignore[method-assign]
+    lrn.setup.assembly.environment.steps = counted  # type: ignore[method-assign]
     metrics = evaluator.run()
     # 6 prompts x (1 greedy + 2 sampled) episodes of 3 turns each
     assert sorted(calls) == sorted([0, 1, 2] * 6 * 3)

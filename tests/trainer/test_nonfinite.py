@@ -98,7 +98,7 @@ def plugin() -> Plugin:
 def _params(lrn: Trainee) -> list[Tensor]:
     return [
         p.detach().clone()
-        for p in [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]
+        for p in [*lrn.setup.models.actor.parameters(), *lrn.setup.models.critic_parameters()]
     ]
 
 
@@ -123,7 +123,8 @@ def _round(lrn: Trainee, seed: int = 0, round_no: int | None = None) -> Any:
 
 def _no_grads(lrn: Trainee) -> bool:
     return all(
-        p.grad is None for p in [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]
+        p.grad is None
+        for p in [*lrn.setup.models.actor.parameters(), *lrn.setup.models.critic_parameters()]
     )
 
 
@@ -172,14 +173,14 @@ def test_stop_names_the_slot_and_changes_no_parameter(use_registry, case: str) -
     for r in range(1, bad_round):
         _round(lrn, seed=r)
     before = _params(lrn)
-    sched = lrn.actor_sched.last_epoch
+    sched = lrn.state.optimizers.actor_schedule.last_epoch
     if phase == "update":  # steps 1-4 of the round pass
         _collect(lrn, seed=bad_round, round_no=bad_round)
     with pytest.raises(NonFiniteError, match=message) as err:
         _round(lrn, seed=bad_round, round_no=bad_round)
     assert isinstance(err.value, UserError) and "\n" not in str(err.value)
     assert _same(before, _params(lrn)) and _all_finite(lrn)
-    assert lrn.actor_sched.last_epoch == sched  # the scheduler did not step
+    assert lrn.state.optimizers.actor_schedule.last_epoch == sched  # the scheduler did not step
     if phase == "update":
         assert _no_grads(lrn)  # the bad gradients were dropped
 
@@ -201,7 +202,7 @@ def test_skip_drops_a_bad_rounds_update_and_goes_on(use_registry) -> None:
     assert float(first.metrics["skipped_steps"]) == 0 and not first.skipped
     after_one = _params(lrn)
     assert not _same(start, after_one)
-    kl_coef, sched = lrn.kl_coef.clone(), lrn.actor_sched.last_epoch
+    kl_coef, sched = lrn.state.kl_coef.clone(), lrn.state.optimizers.actor_schedule.last_epoch
 
     result = _round(lrn, seed=2)  # NaN reward: the round's update is skipped
     assert _same(after_one, _params(lrn)) and _all_finite(lrn)
@@ -210,13 +211,16 @@ def test_skip_drops_a_bad_rounds_update_and_goes_on(use_registry) -> None:
         "round 2: reward (nan_at, plugin test0) produced NaN at 1 of 4 responses: the "
         "round's update is skipped"
     ]
-    assert torch.equal(lrn.kl_coef, kl_coef) and lrn.actor_sched.last_epoch == sched
-    assert lrn.guard.bad_in_row == 1
+    assert (
+        torch.equal(lrn.state.kl_coef, kl_coef)
+        and lrn.state.optimizers.actor_schedule.last_epoch == sched
+    )
+    assert lrn.state.guard.bad_in_row == 1
 
     third = _round(lrn, seed=3)  # training continues
     assert float(third.metrics["skipped_steps"]) == 0
     assert not _same(after_one, _params(lrn)) and _all_finite(lrn)
-    assert lrn.guard.bad_in_row == 0
+    assert lrn.state.guard.bad_in_row == 0
 
 
 def test_skip_stops_after_max_skipped_steps_in_a_row(use_registry) -> None:
@@ -233,7 +237,7 @@ def test_skip_stops_after_max_skipped_steps_in_a_row(use_registry) -> None:
     lrn = learner(spec)
     _round(lrn, seed=1)
     good = _params(lrn)
-    sched = lrn.actor_sched.last_epoch
+    sched = lrn.state.optimizers.actor_schedule.last_epoch
     result = _round(lrn, seed=2)  # a NaN loss: that optimizer step is skipped
     assert float(result.metrics["skipped_steps"]) == 1
     assert len(result.skipped) == 1 and result.skipped[0].startswith(
@@ -241,7 +245,7 @@ def test_skip_stops_after_max_skipped_steps_in_a_row(use_registry) -> None:
     )
     assert result.skipped[0].endswith(": the optimizer step is skipped")
     assert "policy_loss" not in result.metrics  # a skipped step's metrics are not reported
-    assert _same(good, _params(lrn)) and lrn.actor_sched.last_epoch == sched
+    assert _same(good, _params(lrn)) and lrn.state.optimizers.actor_schedule.last_epoch == sched
     with pytest.raises(
         NonFiniteError,
         match=r"^round 3: policy\.loss \(nan_loss, plugin test0\) produced NaN at \d+ of \d+ "

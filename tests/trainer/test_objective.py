@@ -96,7 +96,7 @@ def _rollout(lrn: Trainee) -> Rollout:
     response = response.masked_fill(~mask, 0)
     ro = Rollout(ids, attn, response, mask, mask.all(1), None)
     with torch.no_grad():
-        logp, _, _ = lrn.forwards.actor(lrn.models.actor, ro)
+        logp, _, _ = lrn.setup.forwards.actor(lrn.setup.models.actor, ro)
     ro.logp_rollout = logp * mask
     return ro
 
@@ -106,7 +106,7 @@ def _perturb(lrn: Trainee) -> None:
     V_old: clipping and KL active)."""
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
-        for p in [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]:
+        for p in [*lrn.setup.models.actor.parameters(), *lrn.setup.models.critic_parameters()]:
             p.add_(0.08 * torch.randn(p.shape, generator=g))
 
 
@@ -115,11 +115,13 @@ def _forward(lrn: Trainee, ro: Rollout) -> tuple[Tensor, Tensor, Tensor]:
     ids, attn = ro.inputs()
     positions = (attn.cumsum(-1) - 1).clamp_min(0)
     p = ro.prompt_len
-    logits = lrn.models.actor(input_ids=ids, attention_mask=attn, position_ids=positions).logits
-    logsm = F.log_softmax(logits[:, p - 1 : -1].float() / lrn.spec.rollout.temperature, -1)
+    logits = lrn.setup.models.actor(
+        input_ids=ids, attention_mask=attn, position_ids=positions
+    ).logits
+    logsm = F.log_softmax(logits[:, p - 1 : -1].float() / lrn.setup.spec.rollout.temperature, -1)
     logp = logsm.gather(-1, ro.response_ids[..., None]).squeeze(-1)
     entropy = -(logsm.exp() * logsm).sum(-1)
-    critic = lrn.models.critic
+    critic = lrn.setup.models.critic
     assert critic is not None
     hidden = critic.trunk(
         input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False
@@ -214,13 +216,15 @@ def _setup(
         scores,
         None,
         n=spec.rollout.n,
-        forwards=lrn.forwards,
-        assembly=lrn.assembly,
-        recompute_logp_old=bool(mismatch) or lrn.recompute_logp_old,
+        forwards=lrn.setup.forwards,
+        assembly=lrn.setup.assembly,
+        recompute_logp_old=bool(mismatch) or lrn.setup.recompute_logp_old,
     )
-    data, _, _ = estimate(ro, batch, scores, spec=spec, assembly=lrn.assembly, kl_coef=lrn.kl_coef)
+    data, _, _ = estimate(
+        ro, batch, scores, spec=spec, assembly=lrn.setup.assembly, kl_coef=lrn.state.kl_coef
+    )
     _perturb(lrn)
-    lrn.forwards.train_mode()
+    lrn.setup.forwards.train_mode()
     return spec, lrn, data, scores
 
 
@@ -314,7 +318,7 @@ def test_a_stale_batch_trains_the_decoupled_objective(
         *(CORRECTIONS[correction] if correction != "none" else []),
     ]
     spec, lrn, data, scores = _setup(tmp_path, *extra, stale=True)
-    assert lrn.recompute_logp_old
+    assert lrn.setup.recompute_logp_old
     batch = data.batch
     assert batch.logp_old is not None and batch.logp_rollout is not None
     assert (batch.logp_old - batch.logp_rollout).abs().max() > 1e-3  # π_old is not μ
@@ -324,7 +328,7 @@ def test_a_stale_batch_trains_the_decoupled_objective(
     if aggregation != "token_mean":
         return
     _, lrn, data, _ = _setup(tmp_path, *extra, "rollout.logp_old=rollout", stale=True)
-    assert not lrn.recompute_logp_old
+    assert not lrn.setup.recompute_logp_old
     assert data.batch.logp_old is data.batch.logp_rollout  # bypass: π_old := μ
     torch.testing.assert_close(data.correction, data.batch.maskf)
 

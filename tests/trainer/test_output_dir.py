@@ -25,6 +25,7 @@ import ppokit.runfolder as runfolder
 import ppokit.trainer.checkpoint as checkpoint_module
 import ppokit.trainer.checkpoint.write as checkpoint_writer
 import ppokit.trainer.loop as loop_module
+import ppokit.trainer.run as run_module
 from ppokit.cli import app
 from ppokit.errors import UserError
 from ppokit.runfolder import (
@@ -113,7 +114,7 @@ def test_the_marker_is_written_before_anything_else(tmp_path: Path, monkeypatch)
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("model failed to load")
 
-    monkeypatch.setattr(loop_module, "build_models", broken)
+    monkeypatch.setattr(run_module, "build_models", broken)
     with pytest.raises(RuntimeError):
         train(small_spec(out))
     assert sorted(p.name for p in out.iterdir()) == [LOCK, MARKER]
@@ -194,7 +195,7 @@ def test_the_lock_is_released_on_any_exit(tmp_path: Path, monkeypatch) -> None:
     def boom(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop_module, "_run_round", boom)
+    monkeypatch.setattr(loop_module, "run_round", boom)
     with pytest.raises(KeyboardInterrupt):
         train(small_spec(out), overwrite=True)
     with RunFolder(out, resume=False, overwrite=True):  # free again
@@ -312,16 +313,16 @@ def test_a_checkpoint_beyond_the_metrics_is_refused(run: Path, damage: str, frag
 
 def test_a_non_finite_state_is_never_saved(tmp_path: Path, monkeypatch) -> None:
     out = tmp_path / "run"
-    real = loop_module._run_round
+    real = loop_module.run_round
 
-    def diverge(setup, state, *args):  # type: ignore[no-untyped-def]
-        record = real(setup, state, *args)
-        if record["round"] == 2:
+    def diverge(setup, state, produced, *, round_no, **kw):  # type: ignore[no-untyped-def]
+        result = real(setup, state, produced, round_no=round_no, **kw)
+        if round_no == 2:
             with torch.no_grad():
                 next(setup.models.actor.parameters()).view(-1)[0] = float("nan")
-        return record
+        return result
 
-    monkeypatch.setattr(loop_module, "_run_round", diverge)
+    monkeypatch.setattr(loop_module, "run_round", diverge)
     with pytest.raises(NonFiniteCheckpointError) as info:
         train(small_spec(out, *RUN))
     message = one_line(info)
@@ -333,11 +334,11 @@ def test_a_non_finite_state_is_never_saved(tmp_path: Path, monkeypatch) -> None:
 
 def test_a_non_finite_optimizer_state_is_named() -> None:
     lrn = learner(small_spec(None))
-    check_finite(lrn.models, lrn.state.optimizers)
-    param = next(lrn.models.actor.parameters())
-    lrn.actor_opt.state[param] = {"exp_avg": torch.full_like(param, float("inf"))}
+    check_finite(lrn.setup.models, lrn.state.optimizers)
+    param = next(lrn.setup.models.actor.parameters())
+    lrn.state.optimizers.actor.state[param] = {"exp_avg": torch.full_like(param, float("inf"))}
     with pytest.raises(NonFiniteCheckpointError, match="optimizer's exp_avg of actor"):
-        check_finite(lrn.models, lrn.state.optimizers)
+        check_finite(lrn.setup.models, lrn.state.optimizers)
 
 
 # ---------------------------------------------------------------- 11. OS errors

@@ -43,7 +43,7 @@ def test_one_round_per_family(tmp_path, family: str) -> None:
 def _grads(lrn, data, micro: int) -> list[torch.Tensor]:
     b = data.batch.batch_size
     accumulate(lrn, data, torch.arange(b), micro, train_actor=True)
-    params = [*lrn.models.actor.parameters(), *lrn.models.critic_parameters()]
+    params = [*lrn.setup.models.actor.parameters(), *lrn.setup.models.critic_parameters()]
     return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
 
 
@@ -63,7 +63,7 @@ def test_micro_batches_give_the_minibatch_gradient(tmp_path, extra: list[str]) -
     data, _ = lrn.collect(rows, [r["prompt"] for r in rows])
     # perturb the policy so ratios differ from 1 (clipping and KL terms are active)
     with torch.no_grad():
-        for p in lrn.models.actor.parameters():
+        for p in lrn.setup.models.actor.parameters():
             p.add_(0.05 * torch.randn_like(p))
     whole = _grads(lrn, data, 16)
     micro = _grads(lrn, data, 4)
@@ -75,7 +75,7 @@ def test_micro_batches_give_the_minibatch_gradient(tmp_path, extra: list[str]) -
 def test_value_at_t_depends_only_on_the_prefix(tmp_path) -> None:
     for kind in ("separate", "shared"):
         lrn = learner(small_spec(tmp_path, f"model.critic={kind}"))
-        tok = lrn.models.tokenizer
+        tok = lrn.setup.models.tokenizer
         enc = tok(["ab=", "c="], padding=True, return_tensors="pt")
         resp = torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 13, 14]])
         mask = torch.ones_like(resp, dtype=torch.bool)
@@ -87,9 +87,11 @@ def test_value_at_t_depends_only_on_the_prefix(tmp_path) -> None:
             for r in (resp, changed):
                 ro = Rollout(enc.input_ids, enc.attention_mask, r, mask, mask[:, 0], None)
                 shared = None
-                if lrn.models.shared_critic:
-                    shared = lrn.forwards.actor(lrn.models.actor, ro)[2]
-                outs.append(lrn.assembly.value(lrn.forwards.critic_head_out(ro, shared)))
+                if lrn.setup.models.shared_critic:
+                    shared = lrn.setup.forwards.actor(lrn.setup.models.actor, ro)[2]
+                outs.append(
+                    lrn.setup.assembly.value(lrn.setup.forwards.critic_head_out(ro, shared))
+                )
         # V(s_u) for u <= t reads tokens before u only: unchanged; V(s_{t+1}) sees token t
         torch.testing.assert_close(outs[0][:, : t + 1], outs[1][:, : t + 1])
         assert not torch.allclose(outs[0][:, t + 1], outs[1][:, t + 1])
@@ -102,7 +104,7 @@ def test_truncation_flags_and_rules(tmp_path, rule: str) -> None:
     rows = demo_rows(4)
     data, _ = lrn.collect(rows, [r["prompt"] for r in rows])
     ro = data.rollout
-    eos = lrn.models.tokenizer.eos_token_id
+    eos = lrn.setup.models.tokenizer.eos_token_id
     has_eos = (ro.response_ids == eos).any(1)
     assert torch.equal(ro.truncated, ~has_eos)
     assert ro.truncated.any()  # a random tiny model rarely ends within 2 tokens
@@ -128,7 +130,7 @@ def test_kl_in_the_reward(tmp_path) -> None:
     spec = small_spec(tmp_path, "kl.coef=0.5", "kl.placement=reward", "kl.estimator=k1")
     lrn = learner(spec)
     with torch.no_grad():  # make the actor differ from the reference
-        for p in lrn.models.actor.parameters():
+        for p in lrn.setup.models.actor.parameters():
             p.add_(0.05 * torch.randn_like(p))
     rows = demo_rows(4)
     data, result = lrn.collect(rows, [r["prompt"] for r in rows])
@@ -192,7 +194,7 @@ def test_the_stack_from_ppokit_train_to_the_clipped_surrogate_is_the_documented_
     tmp_path, monkeypatch
 ) -> None:
     """docs/design.md names every frame from ``ppokit train`` to the clipped surrogate: at
-    most 10, and exactly those."""
+    most 8, and exactly those."""
     import inspect
     import re
     import sys
@@ -208,7 +210,7 @@ def test_the_stack_from_ppokit_train_to_the_clipped_surrogate_is_the_documented_
     paragraph = re.search(r"the stack is (\d+) frames deep.*?\n\n", design, re.S)
     assert paragraph is not None
     documented = re.findall(r"`([\w.]+)`", paragraph.group(0).split(":", 1)[1])
-    assert len(documented) == int(paragraph.group(1)) <= 10
+    assert len(documented) == int(paragraph.group(1)) <= 8
     stacks: list[list[str]] = []
     real = impl.PPOClip.__call__
     command = inspect.unwrap(cli.train).__code__  # the command itself, not its error handler
@@ -243,9 +245,9 @@ def test_the_rounds_micro_batches_give_the_minibatch_update(tmp_path) -> None:
         torch.manual_seed(3)  # the minibatch order
         result = lrn.round(rows, [r["prompt"] for r in rows])
         assert not result.skipped
-        params.append([p.detach().clone() for p in lrn.models.actor.parameters()])
+        params.append([p.detach().clone() for p in lrn.setup.models.actor.parameters()])
     whole, micro_batched = params
-    start = list(learner(spec).models.actor.parameters())  # the same seed: the same weights
+    start = list(learner(spec).setup.models.actor.parameters())  # the same seed: the same weights
     assert any(not torch.equal(a, b) for a, b in zip(start, whole, strict=True))
     for a, b in zip(whole, micro_batched, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

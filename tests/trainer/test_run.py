@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ppokit.errors import UserError
 from ppokit.spec import load_spec, validate_spec
 from ppokit.trainer import loop, train
-from ppokit.trainer.loop import SMOKE_PREFIX, TEMPORARY, smoke_spec
+from ppokit.trainer.lifecycle import ending
+from ppokit.trainer.lifecycle.smoke import SMOKE_PREFIX, TEMPORARY, smoke_spec
 from ppokit.trainer.metrics import TIMING, read_metrics
 from tests.helpers.trainer import DEMO, small_spec
 
@@ -117,13 +119,13 @@ def test_smoke_runs_two_small_rounds(tmp_path, monkeypatch, capsys) -> None:
     )
     made = _record_mkdtemp(monkeypatch, tmp_path)
     seen: list[list[dict]] = []
-    real_plot = loop.plot_curves
+    real_plot = ending.plot_curves
 
     def plot(history: list[dict], *args: object, **kwargs: object) -> None:
         seen.append(read_metrics(made[0]))  # the run's own records, before the end
         real_plot(history, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "plot_curves", plot)
+    monkeypatch.setattr(ending, "plot_curves", plot)
     result = train(spec, smoke=True)
     [history] = seen
     assert result["smoke"] and [h["round"] for h in history] == [1, 2]
@@ -155,11 +157,12 @@ def test_a_smoke_run_that_stops_removes_its_folder(
     made = _record_mkdtemp(monkeypatch, tmp_path)
     written: list[bool] = []
 
-    def fail(spec: object, out: Path, *args: object) -> None:
+    def fail(place: Any, run: object) -> None:
+        out = place.out
         written.append((out / "spec.yaml").exists() or any(out.iterdir()))
         raise stop
 
-    monkeypatch.setattr(loop, "_rounds", fail)
+    monkeypatch.setattr(loop, "restore", fail)
     with pytest.raises(type(stop)):
         train(small_spec(None), smoke=True)
     assert len(made) == 1 and written == [True]  # the folder was the run's

@@ -50,7 +50,7 @@ def _learner(*overrides: str) -> Trainee:
 def _trainers_logp(lrn: Trainee, ro) -> torch.Tensor:
     """log π of the sampled tokens from the trainer's own no-grad forward pass."""
     with torch.no_grad():
-        return lrn.forwards.policy_logprobs(ro) * ro.response_mask
+        return lrn.setup.forwards.policy_logprobs(ro) * ro.response_mask
 
 
 def _gap(lrn: Trainee, ro) -> float:
@@ -78,13 +78,13 @@ def full() -> Trainee:
 def test_generation_is_well_formed(full: Trainee) -> None:
     rows = demo_rows(4, 0)
     lrn = full
-    lrn.set_round(1)
+    lrn.state.round = 1
     ro = lrn.sample([r["prompt"] for r in rows], 4)
     ids, mask, truncated = ro.response_ids, ro.response_mask, ro.truncated
     assert ids.shape[0] == 16 and ids.dtype == torch.long and mask.dtype == torch.bool
     assert ids.shape[1] <= 8 and ro.logp_rollout is not None
-    assert (ids >= 0).all() and (ids < lrn.models.actor.config.vocab_size).all()
-    eos = set(lrn.engine.engine.context.eos_ids)
+    assert (ids >= 0).all() and (ids < lrn.setup.models.actor.config.vocab_size).all()
+    eos = set(lrn.setup.engine.engine.context.eos_ids)
     for row, keep, cut in zip(ids.tolist(), mask.tolist(), truncated.tolist(), strict=True):
         length = sum(keep)
         assert keep == [True] * length + [False] * (len(keep) - length)  # a prefix
@@ -97,10 +97,10 @@ def test_generation_is_well_formed(full: Trainee) -> None:
 @needs_vllm
 def test_the_same_seed_draws_the_same_responses(full: Trainee) -> None:
     prompts = [r["prompt"] for r in demo_rows(4, 2)]
-    full.set_round(7)
+    full.state.round = 7
     a = full.sample(prompts, 4)
     b = full.sample(prompts, 4)
-    full.set_round(8)
+    full.state.round = 8
     c = full.sample(prompts, 4)
     assert torch.equal(a.response_ids, b.response_ids)
     assert not torch.equal(a.response_ids, c.response_ids)
@@ -135,7 +135,7 @@ def test_greedy_responses_are_the_trainers_argmax(full: Trainee) -> None:
     assert torch.equal(ro.response_ids[0::2], ro.response_ids[1::2])
     ids, attn = ro.inputs()
     with torch.no_grad():
-        logits = full.models.actor(
+        logits = full.setup.models.actor(
             input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)
         ).logits
     width = ro.response_ids.shape[1]
@@ -149,7 +149,7 @@ def test_logprobs_match_the_trainers_forward_and_follow_each_push(full: Trainee)
     a push it is the new weights' (not the old ones')."""
     lrn = full
     prompts = [r["prompt"] for r in demo_rows(4, 3)]
-    lrn.set_round(11)
+    lrn.state.round = 11
     ro = lrn.sample(prompts, 4)
     assert _gap(lrn, ro) < 1e-4
     before = _trainers_logp(lrn, ro)
@@ -157,7 +157,7 @@ def test_logprobs_match_the_trainers_forward_and_follow_each_push(full: Trainee)
         _update(lrn, seed)
     after = _trainers_logp(lrn, ro)
     assert float((after - before).abs().max()) > 1e-2  # the update moved the policy
-    lrn.set_round(12)
+    lrn.state.round = 12
     ro2 = lrn.sample(prompts, 4)
     assert _gap(lrn, ro2) < 1e-4
 
@@ -169,7 +169,7 @@ def test_the_push_is_timed_and_a_stuck_one_is_an_error(full: Trainee, monkeypatc
     rows = demo_rows(4, 5)
     result = full.round(rows, [r["prompt"] for r in rows], round_no=20)
     assert result.timings["time_sync"] > 0
-    engine = full.engine.engine
+    engine = full.setup.engine.engine
     monkeypatch.setattr(engine, "sync_timeout_s", 0.01)
     slow = engine.llm.collective_rpc
     finished = threading.Event()
@@ -183,7 +183,7 @@ def test_the_push_is_timed_and_a_stuck_one_is_an_error(full: Trainee, monkeypatc
 
     monkeypatch.setattr(engine.llm, "collective_rpc", stuck)
     with pytest.raises(ComponentError, match=r"rollout\.engine.*vllm.*sync_timeout_s"):
-        full.engine.sync()
+        full.setup.engine.sync()
     # the push was interrupted in this process (ppokit.bounded.deadline): nothing goes on
     # in the background, to load weights under vLLM's process-wide config later
     assert not finished.wait(2)
@@ -207,25 +207,25 @@ def test_the_lora_push_carries_the_adapters() -> None:
     try:
         drawn = (torch.rand(4), random.random())
         assert torch.equal(drawn[0], expected[0]) and drawn[1] == expected[1]
-        engine = lrn.engine.engine
+        engine = lrn.setup.engine.engine
         assert engine.lora is not None
         prompts = [r["prompt"] for r in demo_rows(4, 4)]
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():  # non-zero adapters (lora_B starts at 0)
-            for name, p in lrn.models.actor.named_parameters():
+            for name, p in lrn.setup.models.actor.named_parameters():
                 if "lora_B" in name:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-        lrn.engine.sync()
+        lrn.setup.engine.sync()
         first = engine.lora.lora_int_id
-        lrn.set_round(1)
+        lrn.state.round = 1
         ro = lrn.sample(prompts, 4)
         assert _gap(lrn, ro) < 1e-4
-        with torch.no_grad(), lrn.models.actor.disable_adapter():
-            base = lrn.forwards.policy_logprobs(ro) * ro.response_mask
+        with torch.no_grad(), lrn.setup.models.actor.disable_adapter():
+            base = lrn.setup.forwards.policy_logprobs(ro) * ro.response_mask
         assert float((base - ro.logp_rollout).abs().max()) > 1e-2  # the adapters count
         _update(lrn, 1)
         assert engine.lora.lora_int_id > first  # a new request each push
-        lrn.set_round(2)
+        lrn.state.round = 2
         assert _gap(lrn, lrn.sample(prompts, 4)) < 1e-4
     finally:
         lrn.close()
@@ -241,8 +241,8 @@ def test_multi_turn_episodes_on_vllm_match_the_trainer() -> None:
 
     lrn = _learner("data.options.turns=3", "rollout.environment=echo", "reward=[]", "rollout.n=2")
     try:
-        rows = make_prompt_source(lrn.spec.data, 0).next_rows(4)
-        lrn.set_round(1)
+        rows = make_prompt_source(lrn.setup.spec.data, 0).next_rows(4)
+        lrn.state.round = 1
         ro = lrn.sample([r["prompt"] for r in rows], 2, rows=rows)
         assert ro.env_mask is not None and ro.turns is not None and ro.logp_rollout is not None
         assert ro.turns.eq(3).all() and ro.env_mask.sum(1).eq(2 * len("\necho a")).all()
@@ -337,7 +337,7 @@ def test_what_else_vllm_refuses_is_a_validate_time_error(monkeypatch, tmp_path: 
 def test_a_smoke_run_of_a_vllm_spec_has_heads_vllm_runs(monkeypatch) -> None:
     """``--smoke`` swaps in the tiny model: with heads vLLM's CPU attention runs."""
     from ppokit.components import rollout_engine
-    from ppokit.trainer.loop import smoke_spec
+    from ppokit.trainer.lifecycle.smoke import smoke_spec
 
     _pretend_vllm(monkeypatch)
     monkeypatch.setattr(rollout_engine, "vllm_on_cpu", lambda device: True)
@@ -440,7 +440,7 @@ def test_asynchronous_rounds_sample_from_the_weights_one_push_behind() -> None:
     from ppokit.trainer.producers import Asynchronous
 
     lrn = _learner("rollout.max_staleness=1", "train.rounds=3", "train.actor_lr=0.01")
-    weights = {0: copy.deepcopy(lrn.models.actor)}
+    weights = {0: copy.deepcopy(lrn.setup.models.actor)}
     seen = [0]
 
     def draw() -> tuple[list[dict], list[str]]:
@@ -455,9 +455,9 @@ def test_asynchronous_rounds_sample_from_the_weights_one_push_behind() -> None:
             version = max(0, k - 2)
             assert ro.version.tolist() == [version] * len(ro.version)
             with torch.no_grad():
-                sampler = lrn.forwards.actor(weights[version], ro)[0] * ro.response_mask
+                sampler = lrn.setup.forwards.actor(weights[version], ro)[0] * ro.response_mask
             assert float((ro.logp_rollout - sampler).abs().max()) < 1e-4
-            weights[k] = copy.deepcopy(lrn.models.actor)
+            weights[k] = copy.deepcopy(lrn.setup.models.actor)
     finally:
         rollouts.close()
         lrn.close()

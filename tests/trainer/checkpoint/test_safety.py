@@ -96,7 +96,7 @@ def test_layout_is_safetensors_and_json_only(run: Path) -> None:
         if name.endswith(".safetensors"):
             load_file(ckpt / name)  # plain safetensors
     assert set(load_file(ckpt / f"actor/{SHARD}")) == set(
-        learner(small_spec(run)).models.actor.state_dict()
+        learner(small_spec(run)).setup.models.actor.state_dict()
     )
     rng = json.loads((ckpt / "rng/process-00000.json").read_text())
     assert len(rng["python"]["state"]) == 625 and len(rng["numpy"]["key"]) == 624
@@ -113,19 +113,22 @@ def test_layout_is_safetensors_and_json_only(run: Path) -> None:
 def test_resume_restores_optimizer_and_rng_exactly(run: Path) -> None:
     spec = small_spec(run, *RUN)
     a = learner(spec)
-    load_checkpoint(run, a.models, a.state, make_prompt_source(spec.data, spec.seed))
+    load_checkpoint(run, a.setup.models, a.state, make_prompt_source(spec.data, spec.seed))
     after_a = torch.rand(4)
     b = learner(spec)
-    load_checkpoint(run, b.models, b.state, make_prompt_source(spec.data, spec.seed))
+    load_checkpoint(run, b.setup.models, b.state, make_prompt_source(spec.data, spec.seed))
     assert torch.equal(after_a, torch.rand(4))
-    state_a, state_b = a.actor_opt.state_dict(), b.actor_opt.state_dict()
+    state_a, state_b = a.state.optimizers.actor.state_dict(), b.state.optimizers.actor.state_dict()
     assert state_a["param_groups"] == state_b["param_groups"]
     assert isinstance(state_a["param_groups"][0]["betas"], tuple)  # tuples come back as such
     for key, value in state_a["state"].items():
         assert value["step"].device.type == "cpu" and float(value["step"]) > 0
         for name in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(value[name], state_b["state"][key][name])
-    assert a.actor_sched.state_dict() == b.actor_sched.state_dict()
+    assert (
+        a.state.optimizers.actor_schedule.state_dict()
+        == b.state.optimizers.actor_schedule.state_dict()
+    )
 
 
 def test_an_older_format_is_a_one_line_error(run: Path, tmp_path: Path) -> None:
