@@ -31,6 +31,7 @@ from rich.text import Text
 from ppokit.errors import UserError, clipped, printable
 from ppokit.metrics_table import (
     EVAL_PREFIX,
+    MFU,
     REWARD,
     ROUND,
     ROUND_TIME,
@@ -55,8 +56,10 @@ PLAIN_EVERY = 15.0
 #: SHOWN: (record key, short name, priority) of the metrics of a plain line, in order; when
 #: the line is too long the one of the highest priority number goes first. SUMMARY: rows of
 #: the summary table. Both, and best_direction, from the table of metrics.
-#: Priority of the throughput (``812 tok/s``), last on the line.
+#: Priority of the throughput (``812 tok/s``) and of the update's model FLOP utilisation
+#: (``mfu 17%``), last on the line.
 TOKENS_PRIORITY = 1
+MFU_PRIORITY = 9
 MISSING = "\u2013"  # an en dash: no value
 
 
@@ -95,6 +98,9 @@ def _metric_parts(record: dict[str, Any]) -> list[tuple[int, str]]:
     tps = _number(record.get(THROUGHPUT))
     if tps is not None:
         parts.append((TOKENS_PRIORITY, f"{tps:.0f} tok/s"))
+    mfu = _number(record.get(MFU["update"]))
+    if mfu is not None:
+        parts.append((MFU_PRIORITY, f"mfu {mfu:.0%}"))
     return parts
 
 
@@ -413,8 +419,11 @@ class Display:
         self.current = int(record.get(ROUND, self.current + 1))
         if self.progress is not None:
             tps = _number(record.get(THROUGHPUT))
-            info = f"reward {fmt(record.get(REWARD), 3)}" + (
-                f"  {tps:.0f} tok/s" if tps is not None else ""
+            mfu = _number(record.get(MFU["update"]))
+            info = (
+                f"reward {fmt(record.get(REWARD), 3)}"
+                + (f"  {tps:.0f} tok/s" if tps is not None else "")
+                + (f"  mfu {mfu:.0%}" if mfu is not None else "")
             )
             self.progress.update(self.task, completed=self.current, info=info, phase="", detail="")
         else:

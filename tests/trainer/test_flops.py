@@ -113,3 +113,56 @@ def test_a_measured_peak_is_a_plausible_throughput(tmp_path, monkeypatch):
     monkeypatch.setattr(flops, "PEAK_SIZE", 256)
     peak = peak_flops(torch.device("cpu"), torch.float32)
     assert 1e7 < peak < 1e15
+
+
+@pytest.mark.parametrize(
+    ("overrides", "runs"),
+    [
+        (["model.critic=separate", "train.ppo_epochs=2"], 0),
+        (["model.critic=shared", "kl.coef=0.1", "rollout.logp_old=forward"], 3),
+        (["critic=null", "advantage=grpo", "rollout.n=2"], 0),
+    ],
+    ids=["separate", "shared_kl_forward", "no_critic"],
+)
+def test_a_rounds_flops_are_its_passes_over_its_rows(tmp_path, overrides, runs):
+    """The round's FLOPs are the passes it ran over its rows' own lengths: generation at
+    every position but the last sampled token's, the no-grad forwards (log π_old when
+    recomputed, the reference, the critic's values: a shared critic runs the actor's trunk
+    again), and ppo_epochs forward and backward passes of the actor and a separate critic."""
+    from ppokit.trainer.metrics import read_once
+    from tests.helpers.trainer import demo_rows, learner, small_spec
+
+    lrn = learner(small_spec(tmp_path, *overrides))
+    rows = demo_rows(4)
+    result = lrn.round(rows, [r["prompt"] for r in rows])
+    values = read_once(result.metrics)
+    setup, spec = lrn.setup, lrn.setup.spec
+    ro = result.data.rollout
+    prompts, responses = ro.prompt_mask.sum(1), ro.present.sum(1)
+    actor = Shape.of(setup.models.actor)
+    critic = setup.models.critic
+    separate = None
+    if critic is not None and not setup.models.shared_critic:
+        separate = Shape.of(critic.trunk).forward(prompts + responses).item()
+    whole = actor.forward(prompts + responses).item()
+    assert values["flops_generate"] == pytest.approx(actor.generation(prompts, responses).item())
+    assert values["flops_logprob"] == pytest.approx(runs * whole + (separate or 0.0), rel=1e-6)
+    update = 3 * whole + 3 * (separate or 0.0)
+    assert values["flops_update"] == pytest.approx(spec.train.ppo_epochs * update, rel=1e-6)
+
+
+def test_a_run_logs_each_phases_utilisation(tmp_path, monkeypatch):
+    """metrics.jsonl carries flops_* and mfu_* of each phase; mfu is FLOPs over seconds
+    over the (here stubbed) peak."""
+    from ppokit.runfolder import read_metrics
+    from ppokit.trainer.loop import train
+    from tests.helpers.trainer import small_spec
+
+    monkeypatch.setattr(flops, "_measure", lambda device, dtype, repeats=3: 1e9)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    train(small_spec(tmp_path / "run", "train.rounds=2"))
+    for record in read_metrics(tmp_path / "run"):
+        for phase in ("generate", "logprob", "update"):
+            seconds = record[f"time_{phase}"]
+            expected = record[f"flops_{phase}"] / seconds / 1e9
+            assert record[f"mfu_{phase}"] == pytest.approx(expected)

@@ -13,6 +13,7 @@ from typing import Any
 from ppokit import distributed
 from ppokit.metrics_table import EVAL_PREFIX, ROUND, ROUND_TIME, THROUGHPUT
 from ppokit.spec import Spec, spec_warnings
+from ppokit.trainer.flops import utilisation
 from ppokit.trainer.health import check, warning
 from ppokit.trainer.lifecycle.opening import Place
 from ppokit.trainer.lifecycle.resume import Resumed
@@ -111,6 +112,7 @@ class Records:
         gen = result.timings.get("time_generate", 0.0)
         record[THROUGHPUT] = tokens / gen if gen > 0 else None
         record[ROUND_TIME] = time.perf_counter() - began
+        record.update(utilisation(record, self.setup.peaks, distributed.world().size))
         return RoundRecord(record, list(result.skipped))
 
     def evaluate(self, record: RoundRecord) -> None:
