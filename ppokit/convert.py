@@ -97,7 +97,7 @@ VERL: dict[str, str] = {
     "algorithm.norm_adv_by_std_in_grpo": "advantage: dr_grpo (false)",
     "algorithm.use_kl_in_reward": "kl.placement: reward",
     "algorithm.kl_penalty": "kl.estimator (in the reward)",
-    "algorithm.kl_ctrl.type": "kl.target (adaptive)", "algorithm.kl_ctrl.kl_coef": "kl.coef",
+    "algorithm.kl_ctrl.type": "kl.target: target_kl x the response length (adaptive)", "algorithm.kl_ctrl.kl_coef": "kl.coef",
     "actor_rollout_ref.actor.clip_ratio_low": "policy.loss.clip_low",
     "actor_rollout_ref.actor.clip_ratio_high": "policy.loss.clip_high",
     "actor_rollout_ref.actor.clip_ratio_c": "policy.loss.dual_clip",
@@ -389,8 +389,14 @@ def _verl(config: dict[str, Any], out: _Out) -> str:
             est = "k1"
         kl: dict[str, Any] = {"estimator": est, "coef": c["algorithm.kl_ctrl.kl_coef"], "placement": "reward"}  # fmt: skip
         if c["algorithm.kl_ctrl.type"] == "adaptive":
-            kl["target"] = c.get("algorithm.kl_ctrl.target_kl", 0.1)
+            target = c.get("algorithm.kl_ctrl.target_kl", 0.1)
+            kl["target"] = target * length  # verl's is a token mean, ppokit's a sequence sum
             kl["horizon"] = c.get("algorithm.kl_ctrl.horizon", 10000)
+            out.differs(
+                "algorithm.kl_ctrl.target_kl",
+                f"verl's target is a response's token-mean KL, ppokit's its token sum: "
+                f"{target:g} x {length} written (exact when every response has {length} tokens)",
+            )
         out.set("kl", kl)
     else:
         out.set("kl", None)

@@ -313,6 +313,26 @@ def test_verl_kl_in_reward_converts_to_verls_rewards(kind: str) -> None:
     test_verl.same(theirs, test_verl.our_value_loss(case, 4, spec))
 
 
+def test_verl_adaptive_kl_converts_to_verls_beta() -> None:
+    """``kl_ctrl.type: adaptive`` with ``target_kl: t``: ``kl.target: t × L`` (L the
+    response length) with a ``# differs`` line; on responses of L tokens β after the round
+    is verl's ``AdaptiveKLController``'s."""
+    case = fixed([4] * 8, seed=3)
+    k2 = 0.5 * (case.logp_old - case.logp_ref).square() * case.mask
+    target = 1.1 * float(k2.sum(1).div(case.lengths).mean())  # inside the ±20% band
+    kl_ctrl = {"type": "adaptive", "kl_coef": 0.1, "target_kl": target, "horizon": 100}
+    config = {"algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": True,
+                            "kl_penalty": "mse", "kl_ctrl": kl_ctrl},
+              "data": {"max_response_length": 4}, "actor_rollout_ref": {"rollout": {"n": 4}}}  # fmt: skip
+    _, notes = convert("verl", config)
+    assert [n.split(":")[1] for n in notes] == [" algorithm.kl_ctrl.target_kl"], notes
+    control = test_verl.core_algos.AdaptiveKLController(0.1, target, 100)
+    test_verl.apply_kl_penalty()(test_verl.Data(case), control, "mse")
+    assert control.value != 0.1
+    _, _, beta = update_data(spec_of("verl", config, case.t), case)
+    assert float(beta) == pytest.approx(control.value, abs=1e-7)
+
+
 #: the actor options of tests/peers/test_verl.py's rows and verl_loss's arguments
 VERL_CONFIGS: dict[str, tuple[dict[str, Any], dict[str, Any], float]] = {
     "gspo": ({"policy_loss": {"loss_mode": "gspo"}, "clip_ratio_low": 3e-3,
