@@ -88,12 +88,16 @@ VERL: dict[str, str] = {
     "algorithm.gamma": "advantage.gamma (reinforce_plus_plus, gae), critic.target.gamma",
     "algorithm.lam": "advantage.lam, critic.target.lam (gae)",
     "critic.cliprange_value": "critic.loss: clipped_mse clip (gae)",
+    "critic.loss_agg_mode": "critic.aggregation (gae; unset: the actor's loss_agg_mode); "
+    "train.vf_coef: 1",
+    "critic.loss_scale_factor": "critic.aggregation.norm (seq-mean-token-sum-norm; unset: the "
+    "actor's loss_scale_factor)",
     "actor_rollout_ref.actor.policy_loss.loss_mode": "policy.loss (vanilla ppo_clip, gspo, cispo)",
     "actor_rollout_ref.actor.loss_scale_factor": "policy.aggregation.norm (seq-mean-token-sum-norm)",
     "algorithm.norm_adv_by_std_in_grpo": "advantage: dr_grpo (false)",
     "algorithm.use_kl_in_reward": "kl.placement: reward",
     "algorithm.kl_penalty": "kl.estimator (in the reward)",
-    "algorithm.kl_ctrl.type": "kl.target (adaptive)", "algorithm.kl_ctrl.kl_coef": "kl.coef",
+    "algorithm.kl_ctrl.type": "kl.target: target_kl x the response length (adaptive)", "algorithm.kl_ctrl.kl_coef": "kl.coef",
     "actor_rollout_ref.actor.clip_ratio_low": "policy.loss.clip_low",
     "actor_rollout_ref.actor.clip_ratio_high": "policy.loss.clip_high",
     "actor_rollout_ref.actor.clip_ratio_c": "policy.loss.dual_clip",
@@ -341,6 +345,7 @@ def _verl(config: dict[str, Any], out: _Out) -> str:
         target = {"name": "lambda_return", "gamma": gamma, "lam": lam}
         clip = {"name": "clipped_mse", "clip": c["critic.cliprange_value"]}
         out.set("critic", {"target": target, "loss": clip})
+        out.set("train.vf_coef", 1.0)  # verl's value loss has no coefficient
     else:
         out.set("advantage", {"name": adv})
     n = int(c[r + "n"])
@@ -358,21 +363,13 @@ def _verl(config: dict[str, Any], out: _Out) -> str:
     out.set("train.ppo_epochs", c[a + "ppo_epochs"])
     out.set("train.actor_lr", c[a + "optim.lr"])
     out.set("policy.loss", _verl_loss(c, out))
-    mode = c[a + "loss_agg_mode"]
-    agg: dict[str, Any] = {"name": VERL_AGG.get(mode, "token_mean")}
-    if mode not in VERL_AGG:
-        out.none(a + "loss_agg_mode", f"{mode}: token_mean used")
-    if mode == "seq-mean-token-sum-norm":
-        factor = c.get(a + "loss_scale_factor")
-        if factor is None:
-            factor = length
-            out.differs(
-                a + "loss_scale_factor",
-                f"unset: verl divides by the padded width, norm: {length} (the response "
-                "length) written",
-            )
-        agg["norm"] = factor
+    agg = _verl_agg(c, out, a, length)
     out.set("policy.aggregation", agg)
+    if adv == "gae":
+        for key in ("loss_agg_mode", "loss_scale_factor"):  # verl's defaults: the actor's
+            if f"critic.{key}" not in c and a + key in c:
+                c[f"critic.{key}"] = c[a + key]
+        out.set("critic.aggregation", _verl_agg(c, out, "critic.", length))
     if c[a + "entropy_coeff"]:
         out.set("policy.entropy_coef", c[a + "entropy_coeff"])
     if c[a + "use_kl_loss"]:
@@ -392,14 +389,40 @@ def _verl(config: dict[str, Any], out: _Out) -> str:
             est = "k1"
         kl: dict[str, Any] = {"estimator": est, "coef": c["algorithm.kl_ctrl.kl_coef"], "placement": "reward"}  # fmt: skip
         if c["algorithm.kl_ctrl.type"] == "adaptive":
-            kl["target"] = c.get("algorithm.kl_ctrl.target_kl", 0.1)
+            target = c.get("algorithm.kl_ctrl.target_kl", 0.1)
+            kl["target"] = target * length  # verl's is a token mean, ppokit's a sequence sum
             kl["horizon"] = c.get("algorithm.kl_ctrl.horizon", 10000)
+            out.differs(
+                "algorithm.kl_ctrl.target_kl",
+                f"verl's target is a response's token-mean KL, ppokit's its token sum: "
+                f"{target:g} x {length} written (exact when every response has {length} tokens)",
+            )
         out.set("kl", kl)
     else:
         out.set("kl", None)
     for key in sorted(set(flat) - set(VERL) - {"algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon"}):  # fmt: skip
         out.none(key)
     return variant
+
+
+def _verl_agg(c: dict[str, Any], out: _Out, prefix: str, length: int) -> dict[str, Any]:
+    """The aggregation of verl's ``{prefix}loss_agg_mode`` and ``loss_scale_factor`` (the
+    actor's or the critic's)."""
+    mode = c[prefix + "loss_agg_mode"]
+    agg: dict[str, Any] = {"name": VERL_AGG.get(mode, "token_mean")}
+    if mode not in VERL_AGG:
+        out.none(prefix + "loss_agg_mode", f"{mode}: token_mean used")
+    if mode == "seq-mean-token-sum-norm":
+        factor = c.get(prefix + "loss_scale_factor")
+        if factor is None:
+            factor = length
+            out.differs(
+                prefix + "loss_scale_factor",
+                f"unset: verl divides by the padded width, norm: {length} (the response "
+                "length) written",
+            )
+        agg["norm"] = factor
+    return agg
 
 
 def _verl_loss(c: dict[str, Any], out: _Out) -> dict[str, Any]:

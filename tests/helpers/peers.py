@@ -1,15 +1,16 @@
 """Helpers of the tests that hold ppokit's objective against TRL's and verl's own code
-(tests/peers/): generated batches, and ppokit's loss of a spec on a batch without a model.
+(tests/peers/): generated batches, and ppokit's losses of a spec on a batch without a model.
 
-:func:`ppokit_loss` runs the trainer's own steps on given log-probs: the spec's components
-built by :meth:`Assembly.from_spec`, :func:`~ppokit.trainer.estimation.estimate`'s order
-(truncation rule, advantage, prompt weight, rollout correction, mask'), and
-:meth:`Objective.actor_loss` over each micro-batch with the minibatch's denominators, as the
-update sums them."""
+:func:`update_data` runs the trainer's own :func:`~ppokit.trainer.estimation.estimate` on a
+batch (truncation rule, the KL in the reward, advantage, prompt weight, rollout correction,
+mask', the critic's targets and mask); :func:`ppokit_loss` then sums
+:meth:`Objective.actor_loss` and :func:`ppokit_critic_loss`
+:meth:`Objective.critic_loss` over each micro-batch with the minibatch's denominators, as
+the update sums them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -18,12 +19,12 @@ from torch import Tensor
 
 from ppokit.batch import RolloutBatch
 from ppokit.spec import Spec, validate_spec
-from ppokit.trainer.assembly import Assembly, optional
-from ppokit.trainer.estimation import UpdateData
+from ppokit.trainer.assembly import Assembly
+from ppokit.trainer.estimation import UpdateData, estimate
 from ppokit.trainer.metrics import Meter
 from ppokit.trainer.objective import Objective
 
-__all__ = ["Case", "cases", "fixed", "ppokit_loss", "spec_of"]
+__all__ = ["Case", "cases", "fixed", "ppokit_critic_loss", "ppokit_loss", "spec_of", "update_data"]
 
 
 @dataclass
@@ -125,33 +126,71 @@ def spec_of(**sections: Any) -> Spec:
     return validate_spec({**BASE, **sections})
 
 
-def ppokit_loss(
-    spec: Spec, case: Case, logp: Tensor, micro: int, minibatches: int = 1, **fields: Tensor
-) -> Tensor:
-    """The sum over the minibatches (``minibatches`` equal slices of the batch, in order) of
-    the sum of their micro-batch losses (``micro`` rows each): what the update backpropagates.
-    ``fields``: more of the batch's fields (a critic's ``values``, ReMax's
-    ``baseline_rewards``)."""
+def update_data(spec: Spec, case: Case, **fields: Tensor) -> tuple[Objective, UpdateData, Tensor]:
+    """The spec's objective (no models), the round's data :func:`estimate` makes of the
+    case's batch with ``fields`` (a critic's ``values``, ReMax's ``baseline_rewards``), and
+    β after it (the KL controller's step)."""
     parts = Assembly.from_spec(spec)
-    objective = Objective(spec, parts, None)  # type: ignore[arg-type]
-    batch = parts.truncation(case.batch().replace(**fields))
-    adv = parts.advantage(batch).float().detach()
-    weights = parts.policy_weight(batch).float().detach()
-    correction = parts.correction(batch).float().detach()
-    kept = batch.response_mask
-    if not optional(parts.correction, "rollout_correction", "keeps_rejected"):
-        kept = kept & (correction > 0)
-    actor_mask = kept & (weights > 0)[:, None]
-    data = UpdateData(None, batch, adv, actor_mask, weights, correction, None)  # type: ignore[arg-type]
     beta = torch.tensor(spec.kl.coef if spec.kl is not None else 0.0)
-    total = torch.zeros(())
+    batch = case.batch().replace(**fields)
+    data, _, beta = estimate(
+        None,  # type: ignore[arg-type]
+        batch, case.rewards, spec=spec, assembly=parts, kl_coef=beta,
+    )  # fmt: skip
+    return Objective(spec, parts, None), data, beta  # type: ignore[arg-type]
+
+
+def _minibatches(case: Case, minibatches: int, micro: int) -> Any:
+    """(minibatch rows, micro-batch rows) in the update's order."""
     size = case.b // minibatches
     for m in range(minibatches):
         idx = torch.arange(m * size, (m + 1) * size)
-        denoms = objective.denominators(data, idx)
         for j in idx.split(micro):
-            share = j.shape[0] / idx.shape[0]
-            total = total + objective.actor_loss(
-                data, j, logp[j], case.entropy[j], denoms, share, beta, Meter()
-            )
+            yield idx, j
+
+
+def ppokit_loss(
+    spec: Spec, case: Case, logp: Tensor, micro: int, minibatches: int = 1, **fields: Tensor
+) -> Tensor:
+    """The actor's loss: the sum over the minibatches (``minibatches`` equal slices of the
+    batch, in order) of the sum of their micro-batch losses (``micro`` rows each): what the
+    update backpropagates. ``fields``: more of the batch's fields (a critic's ``values``,
+    ReMax's ``baseline_rewards``)."""
+    objective, data, beta = update_data(spec, case, **fields)
+    total = torch.zeros(())
+    for idx, j in _minibatches(case, minibatches, micro):
+        denoms = objective.denominators(data, idx)
+        share = j.shape[0] / idx.shape[0]
+        total = total + objective.actor_loss(
+            data, j, logp[j], case.entropy[j], denoms, share, beta, Meter()
+        )
+    return total
+
+
+@dataclass(frozen=True)
+class _ValueHead:
+    """The critic's forward pass of given predictions V [B, T]: the value head's output
+    ``[B, T+1, 1]`` of the rows ``ro`` (the last position, after the response, unread)."""
+
+    out: Tensor
+
+    def critic_head_out(self, ro: Tensor, shared: Tensor | None) -> Tensor:
+        return self.out[ro]
+
+
+def ppokit_critic_loss(
+    spec: Spec, case: Case, vpreds: Tensor, micro: int, minibatches: int = 1, **fields: Tensor
+) -> Tensor:
+    """The critic's loss, ``train.vf_coef`` included, summed as :func:`ppokit_loss` sums the
+    actor's, of the predictions ``vpreds`` [B, T] (a leaf: the gradient is taken w.r.t. it);
+    ``fields``: the batch's ``values`` V_old and any other field."""
+    objective, data, _ = update_data(spec, case, **fields)
+    head = torch.cat([vpreds, torch.zeros(case.b, 1)], 1)[..., None]
+    objective = replace(objective, forwards=_ValueHead(head))  # type: ignore[arg-type]
+    total = torch.zeros(())
+    for idx, j in _minibatches(case, minibatches, micro):
+        denoms = objective.denominators(data, idx)
+        share = j.shape[0] / idx.shape[0]
+        ro: Any = j  # the stub's rows
+        total = total + objective.critic_loss(data, j, ro, None, denoms, share, Meter())
     return total

@@ -15,7 +15,7 @@ from ppokit.cli import app
 from ppokit.convert import convert
 from ppokit.spec import validate_spec
 from ppokit.spec.compose import compose
-from tests.helpers.peers import fixed, ppokit_loss
+from tests.helpers.peers import fixed, ppokit_loss, update_data
 
 pytest.importorskip("trl", minversion="1.16")
 from tests.peers import test_trl, test_verl
@@ -247,6 +247,90 @@ def test_verl_adv_estimators_convert_to_verls_loss(estimator: str) -> None:
     theirs = test_verl.verl_loss(case, 4, "token-mean", adv=advantage)
     fields = {"values": adv.values_of(case), "baseline_rewards": adv.baselines_of(case)}
     close(theirs, ppokit_loss(spec_of("verl", config, case.t), case, case.fresh(), 4, **fields))
+
+
+#: a gae config's critic and actor options, and the critic's ``loss_agg_mode`` and
+#: ``loss_scale_factor`` verl uses (unset: the actor's)
+VALUE_CONFIGS: dict[str, tuple[dict[str, Any], str, float | None]] = {
+    "default": ({}, "token-mean", None),
+    "actor's mode": ({"actor_rollout_ref": {"actor": {"loss_agg_mode": "seq-mean-token-mean"}}},
+                     "seq-mean-token-mean", None),
+    "actor's norm": ({"actor_rollout_ref": {"actor": {"loss_agg_mode": "seq-mean-token-sum-norm",
+                                                      "loss_scale_factor": 8}}},
+                     "seq-mean-token-sum-norm", 8.0),
+    "critic's mode": ({"actor_rollout_ref": {"actor": {"loss_agg_mode": "seq-mean-token-mean"}},
+                       "critic": {"loss_agg_mode": "seq-mean-token-sum"}}, "seq-mean-token-sum", None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_CONFIGS))
+def test_verl_gae_converts_to_verls_value_loss(name: str) -> None:
+    """``adv_estimator: gae`` with ``critic.cliprange_value`` and the critic's
+    ``loss_agg_mode`` and ``loss_scale_factor`` (unset: the actor's): the converted spec's
+    critic loss, ``vf_coef`` included, is verl's value loss on verl's returns, and so is its
+    gradient w.r.t. the values."""
+    options, mode, scale = VALUE_CONFIGS[name]
+    case = fixed()
+    config = {**options, "algorithm": {"adv_estimator": "gae", "gamma": 0.9, "lam": 0.95}}
+    config.setdefault("critic", {})["cliprange_value"] = 0.2
+    _, notes = convert("verl", config)
+    assert notes == [], notes
+    spec = spec_of("verl", config, case.t)
+    assert spec.critic.loss.name == "clipped_mse" and spec.critic.loss.params["clip"] == 0.2
+    theirs = test_verl.verl_value_loss(case, 4, mode, 0.2, gamma=0.9, lam=0.95, scale=scale)
+    test_verl.same(theirs, test_verl.our_value_loss(case, 4, spec))
+
+
+@pytest.mark.parametrize("kind", ["kl", "low_var_kl", "mse"])
+def test_verl_kl_in_reward_converts_to_verls_rewards(kind: str) -> None:
+    """``adv_estimator: gae`` with ``use_kl_in_reward``, ``kl_penalty`` and
+    ``kl_ctrl.kl_coef``: the converted spec's token rewards after its KL in the reward are
+    verl's ``apply_kl_penalty``'s, and its actor's and critic's losses are verl's on the
+    GAE advantage and returns of those rewards."""
+    from tests.peers.test_verl_advantage import values_of
+
+    case = fixed()
+    algorithm = {"adv_estimator": "gae", "gamma": 0.9, "lam": 0.95, "use_kl_in_reward": True,
+                 "kl_penalty": kind, "kl_ctrl": {"kl_coef": 0.1}}  # fmt: skip
+    config = {"algorithm": algorithm,
+              "actor_rollout_ref": {"rollout": {"n": 4}, "actor": {"clip_ratio_high": 0.28}}}  # fmt: skip
+    _, notes = convert("verl", config)
+    assert notes == [], notes
+    spec = spec_of("verl", config, case.t)
+    assert spec.kl is not None and spec.kl.placement == "reward"
+    data = test_verl.Data(case)
+    test_verl.apply_kl_penalty()(data, test_verl.core_algos.FixedKLController(0.1), kind)
+    penalised = data.batch["token_level_rewards"]
+    values = values_of(case)
+    _, mine, _ = update_data(spec, case, values=values)
+    torch.testing.assert_close(mine.batch.token_rewards * case.mask, penalised, rtol=1e-5, atol=1e-6)  # fmt: skip
+    adv, _ = test_verl.core_algos.compute_gae_advantage_return(
+        penalised, values, case.mask.float(), 0.9, 0.95
+    )
+    theirs = test_verl.verl_loss(case, 4, "token-mean", adv=adv)
+    close(theirs, ppokit_loss(spec, case, case.fresh(), 4, values=values))
+    theirs = test_verl.verl_value_loss(case, 4, "token-mean", 0.5, 0.9, 0.95, rewards=penalised)
+    test_verl.same(theirs, test_verl.our_value_loss(case, 4, spec))
+
+
+def test_verl_adaptive_kl_converts_to_verls_beta() -> None:
+    """``kl_ctrl.type: adaptive`` with ``target_kl: t``: ``kl.target: t × L`` (L the
+    response length) with a ``# differs`` line; on responses of L tokens β after the round
+    is verl's ``AdaptiveKLController``'s."""
+    case = fixed([4] * 8, seed=3)
+    k2 = 0.5 * (case.logp_old - case.logp_ref).square() * case.mask
+    target = 1.1 * float(k2.sum(1).div(case.lengths).mean())  # inside the ±20% band
+    kl_ctrl = {"type": "adaptive", "kl_coef": 0.1, "target_kl": target, "horizon": 100}
+    config = {"algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": True,
+                            "kl_penalty": "mse", "kl_ctrl": kl_ctrl},
+              "data": {"max_response_length": 4}, "actor_rollout_ref": {"rollout": {"n": 4}}}  # fmt: skip
+    _, notes = convert("verl", config)
+    assert [n.split(":")[1] for n in notes] == [" algorithm.kl_ctrl.target_kl"], notes
+    control = test_verl.core_algos.AdaptiveKLController(0.1, target, 100)
+    test_verl.apply_kl_penalty()(test_verl.Data(case), control, "mse")
+    assert control.value != 0.1
+    _, _, beta = update_data(spec_of("verl", config, case.t), case)
+    assert float(beta) == pytest.approx(control.value, abs=1e-7)
 
 
 #: the actor options of tests/peers/test_verl.py's rows and verl_loss's arguments

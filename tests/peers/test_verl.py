@@ -1,9 +1,10 @@
 """Each row of docs/from-trl-verl.md that maps a verl option onto a ppokit spec, held
 against verl 0.9.1's own ``verl.trainer.ppo.core_algos`` (the GRPO advantage estimator, the
 vanilla (dual-clip) policy loss, ``agg_loss``'s modes with the minibatch's
-``global_batch_info``, ``kl_penalty``) on generated batches: the loss and its gradient
-w.r.t. the policy's log-probs, summed over the micro-batches of a minibatch as verl's actor
-backpropagates them."""
+``global_batch_info``, ``kl_penalty``, the critic's ``compute_value_loss``) on generated
+batches: the loss and its gradient w.r.t. the policy's log-probs (the critic's: w.r.t. its
+values), summed over the micro-batches of a minibatch as verl's actor and critic
+backpropagate them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.peers import Case, cases, fixed, ppokit_loss, spec_of
+from tests.helpers.peers import Case, cases, fixed, ppokit_critic_loss, ppokit_loss, spec_of
+from tests.peers.test_verl_advantage import values_of
 
 pytest.importorskip("verl")
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
@@ -264,3 +266,93 @@ def test_entropy_coeff(case: Case, micro: int) -> None:
     policy = {"loss": CLIP, "aggregation": "token_mean", "entropy_coef": 0.05}
     theirs = verl_loss(case, micro, "token-mean", entropy_coeff=0.05)
     same(theirs, ours(case, micro, advantage="grpo", policy=policy))
+
+
+def predictions(case: Case, seed: int = 1) -> torch.Tensor:
+    """The critic's new values: V_old (``values_of``) moved by up to about ±1.5, so that
+    some leave a clip range of 0.2..0.5 and some do not (a leaf)."""
+    gen = torch.Generator().manual_seed(seed)
+    moved = values_of(case) + 0.6 * torch.randn(case.b, case.t, generator=gen)
+    return moved.requires_grad_(True)
+
+
+def verl_value_loss(
+    case: Case, micro: int, mode: str, clip: float, gamma: float = 1.0, lam: float = 1.0,
+    scale: float | None = None, rewards: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """verl's critic loss (``workers/utils/losses.py``'s ``value_loss``: ``compute_value_loss``
+    with the minibatch's ``global_batch_info``) of each micro-batch on the returns of
+    ``compute_gae_advantage_return`` (of ``rewards``, default the case's outcome rewards),
+    summed, and its gradient w.r.t. the predictions."""
+    batch = case.batch()
+    mask = batch.response_mask
+    token_rewards = batch.token_rewards if rewards is None else rewards
+    values = values_of(case)
+    _, returns = core_algos.compute_gae_advantage_return(
+        token_rewards, values, mask.float(), gamma, lam
+    )
+    info = {"dp_size": 1, "batch_num_tokens": mask.sum(), "global_batch_size": (mask.sum(-1) > 0).sum()}  # fmt: skip
+    vpreds = predictions(case)
+    total = torch.zeros(())
+    for j in torch.arange(case.b).split(micro):
+        loss, _ = core_algos.compute_value_loss(
+            vpreds[j], returns[j], values[j], mask[j], clip, mode, loss_scale_factor=scale, **info
+        )
+        total = total + loss
+    total.backward()
+    assert vpreds.grad is not None
+    return total.detach(), vpreds.grad
+
+
+def our_value_loss(
+    case: Case, micro: int, spec: Any, **fields: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    vpreds = predictions(case)
+    total = ppokit_critic_loss(spec, case, vpreds, micro, values=values_of(case), **fields)
+    total.backward()
+    assert vpreds.grad is not None
+    return total.detach(), vpreds.grad
+
+
+def gae_spec(
+    clip: float, aggregation: Any, gamma: float = 1.0, lam: float = 1.0, **train: Any
+) -> Any:
+    """``adv_estimator: gae``'s spec: the critic on λ-returns with ``clipped_mse``."""
+    return spec_of(
+        model={"actor": "demo", "critic": "separate"},
+        advantage={"name": "gae", "gamma": gamma, "lam": lam},
+        truncation="terminal",
+        critic={"target": {"name": "lambda_return", "gamma": gamma, "lam": lam},
+                "loss": {"name": "clipped_mse", "clip": clip}, "aggregation": aggregation},
+        train=train,
+    )  # fmt: skip
+
+
+VALUE_MODES = {**AGGREGATIONS, "seq-mean-token-sum-norm": {"name": "seq_mean_token_sum_norm", "norm": 8.0}}  # fmt: skip
+
+
+@FAST
+@given(cases(n=N, t=T), MICRO, st.sampled_from(sorted(VALUE_MODES)), st.sampled_from([0.2, 0.5]))
+def test_value_loss_is_clipped_mse_with_vf_coef_one(
+    case: Case, micro: int, mode: str, clip: float
+) -> None:
+    """``critic.cliprange_value: c``, ``critic.loss_agg_mode`` (by default the actor's
+    ``loss_agg_mode``; ``loss_scale_factor``): ``critic.loss: {name: clipped_mse, clip: c}``,
+    ``critic.aggregation`` of the same name, ``train.vf_coef: 1`` (verl's value loss has no
+    coefficient; ppokit's ``clipped_mse`` carries verl's ½)."""
+    scale = 8.0 if mode == "seq-mean-token-sum-norm" else None
+    theirs = verl_value_loss(case, micro, mode, clip, gamma=0.9, lam=0.95, scale=scale)
+    spec = gae_spec(clip, VALUE_MODES[mode], gamma=0.9, lam=0.95, vf_coef=1.0)
+    same(theirs, our_value_loss(case, micro, spec))
+
+
+def test_value_loss_is_vf_coef_times_verls() -> None:
+    """ppokit's critic loss is ``train.vf_coef`` × verl's: half of it at ppokit's default
+    ``vf_coef: 0.5``, a tenth under the ``ppo`` variant's ``vf_coef: 0.1``; the gradient
+    w.r.t. the values the same factor (``ppokit convert`` writes ``vf_coef: 1``)."""
+    case = fixed()
+    theirs = verl_value_loss(case, 4, "token-mean", 0.5)
+    for coef in (0.5, 0.1):
+        mine = our_value_loss(case, 4, gae_spec(0.5, "token_mean", vf_coef=coef))
+        same((coef * theirs[0], coef * theirs[1]), mine)
+        assert float((theirs[1] - mine[1]).abs().max()) > 1e-2
