@@ -139,6 +139,8 @@ METRICS: tuple[Metric, ...] = (
         curve=True,
         summary=True,
     ),
+    _m("response_length_below_group", "tokens, responses below their group's mean reward"),
+    _m("response_length_above_group", "tokens, responses above their group's mean reward"),
     _m("truncated_frac", "fraction of responses", required=True),
     _m("kl", "KL to the reference", short="kl", required=True, shown=2, curve=True, summary=True),
     _m("kl_coef", "KL coefficient β", required=True, summary=True),

@@ -42,8 +42,9 @@ class Generated:
     many, R's sum and its sum of squares about the first score (its shift), R's least and
     largest values, the lengths and truncations summed, the positions generation ran and
     their causal attention pairs (for its FLOPs: :mod:`~ppokit.trainer.flops`), the groups
-    and those whose rewards are all equal, each reward's scores summed and each flag a
-    reward raised counted (``names``, ``flags``: those of the first batch). :meth:`metrics`
+    and those whose rewards are all equal, the responses scored below and above their
+    group's mean R and their lengths, each reward's scores summed and each flag a reward
+    raised counted (``names``, ``flags``: those of the first batch). :meth:`metrics`
     combines the processes' sums (one gather) into the round's statistics."""
 
     #: The sums' fields, then one sum per reward.
@@ -59,7 +60,7 @@ class Generated:
         "positions",
         "pairs",
     )
-    GROUP_FIELDS = ("groups", "equal")
+    GROUP_FIELDS = ("groups", "equal", "below", "below_length", "above", "above_length")
 
     def __init__(self, n: int, names: list[str], flags: list[str], device: torch.device) -> None:
         self.n = n
@@ -82,6 +83,10 @@ class Generated:
         shifted = s - self.sums[1]
         groups = s.view(-1, self.n)
         equal = (groups.amax(1) == groups.amin(1)).sum()
+        centred = groups - groups.mean(1, keepdim=True)
+        varies = groups.amax(1, keepdim=True) > groups.amin(1, keepdim=True)  # 0.1 * 8 / 8
+        below, above = ((centred < 0) & varies).to(s.dtype), ((centred > 0) & varies).to(s.dtype)
+        grouped = lengths.to(s.dtype).view(-1, self.n)
         batch = [
             s.new_tensor(float(s.numel())),
             s.new_zeros(()),
@@ -95,6 +100,10 @@ class Generated:
             (positions.to(s.dtype) * (positions.to(s.dtype) + 1) / 2).sum(),
             s.new_tensor(float(groups.shape[0])),
             equal.to(s.dtype),
+            below.sum(),
+            (below * grouped).sum(),
+            above.sum(),
+            (above * grouped).sum(),
             *(scores.parts[name].detach().to(s.dtype).sum() for name in self.names),
             *(
                 scores.flags[name].detach().to(s.dtype).sum()
@@ -110,7 +119,10 @@ class Generated:
     def metrics(self, groups: bool, shape: Shape | None = None) -> dict[str, Tensor]:
         """The round's ``reward_mean``, ``reward_std``, ``response_length_mean``,
         ``truncated_frac``, ``tokens``; with the actor's ``shape``, ``flops_generate``; with
-        ``groups`` ``rollout/zero_variance_groups``;
+        ``groups`` ``rollout/zero_variance_groups`` and
+        ``response_length_below_group`` / ``_above_group`` (the mean length of the responses
+        scored below / above their group's mean R: negative / positive advantage under a
+        group baseline; NaN, logged as null, in a round without any);
         with several rewards each one's mean (``reward/<name>``); each flag a reward raised,
         the fraction of the responses it was raised on (``reward/<name>/<flag>_frac``): over
         every process."""
@@ -137,11 +149,15 @@ class Generated:
             metrics[FLOPS_GENERATE] = shape.of_sums(summed[2], summed[3])
         if groups:
             metrics["rollout/zero_variance_groups"] = summed[5] / summed[4]
+            for side, i in (("below", 6), ("above", 8)):
+                length = torch.where(summed[i] > 0, summed[i + 1] / summed[i], torch.nan)
+                metrics[f"response_length_{side}_group"] = length
+        parts = len(self.FIELDS) - 6 + len(self.GROUP_FIELDS)  # the sums after the first six
         if len(self.names) > 1:
             for i, name in enumerate(self.names):
-                metrics[f"reward/{name}"] = summed[6 + i] / n
+                metrics[f"reward/{name}"] = summed[parts + i] / n
         for i, name in enumerate(self.flags):
-            metrics[f"reward/{name}_frac"] = summed[6 + len(self.names) + i] / n
+            metrics[f"reward/{name}_frac"] = summed[parts + len(self.names) + i] / n
         return {k: v.float() for k, v in metrics.items()}
 
 

@@ -403,7 +403,8 @@ def test_flags_are_reported_as_fractions_of_the_rounds_responses() -> None:
     for flagged in ([1.0, 0.0], [1.0, 1.0]):  # two generation batches
         flags = {"judge/unparsed": torch.tensor(flagged)}
         scores = Scores(torch.zeros(2), {"judge": torch.zeros(2)}, {"judge": 1.0}, flags)
-        generated.add(scores, torch.ones(2, dtype=torch.long), torch.zeros(2, dtype=torch.bool))
+        ones = torch.ones(2, dtype=torch.long)
+        generated.add(scores, ones, torch.zeros(2, dtype=torch.bool), ones)
     got = Filled(kept=None, generated=generated, filtered=False)
     metrics = generated_metrics(got, None, torch.device("cpu"))
     assert float(metrics["reward/judge/unparsed_frac"]) == 0.75
