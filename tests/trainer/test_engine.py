@@ -94,8 +94,9 @@ def test_the_default_engine_gives_the_recorded_metrics(tmp_path, case: str, extr
 
 
 def test_forward_logp_old_matches_the_recorded_one_for_hf(tmp_path) -> None:
-    """With the hf engine μ = π_old: the recomputed log π_old equals the recorded log μ."""
-    spec = small_spec(tmp_path, "rollout.logp_old=forward", "rollout.top_k=5")
+    """With the hf engine μ = π_old: the recomputed log π_old equals the recorded log μ;
+    with top-k or top-p μ is the truncated π_old, and ``auto`` recomputes log π_old."""
+    spec = small_spec(tmp_path, "rollout.logp_old=forward", "rollout.temperature=0.7")
     lrn = learner(spec)
     assert lrn.recompute_logp_old
     rows = demo_rows(4)
@@ -105,6 +106,8 @@ def test_forward_logp_old_matches_the_recorded_one_for_hf(tmp_path) -> None:
     assert batch.logp_old is not batch.logp_rollout
     torch.testing.assert_close(batch.logp_old, batch.logp_rollout, atol=1e-5, rtol=1e-5)
     assert not learner(small_spec(tmp_path)).recompute_logp_old  # auto: hf samples the actor
+    for top in ("rollout.top_k=5", "rollout.top_p=0.9"):
+        assert learner(small_spec(tmp_path, top)).recompute_logp_old
 
 
 # ---------------------------------------------------------------------- a plugin engine
