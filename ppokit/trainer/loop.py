@@ -687,7 +687,7 @@ def _run_round(
         record["time_eval"] = evaluator.seconds
     warnings = []
     if distributed.world().main:  # the metrics are the whole round's: evaluated once
-        for fired in check(record, history, spec.health):
+        for fired in check(record, history, spec.health, spec.train.rounds):
             record[fired.sign.key] = 1.0
             if fired.started:
                 warnings.append(warning(fired, spec.health))
