@@ -66,7 +66,7 @@ def off_the_working_directory(code: str) -> str:
 
 
 #: What a child's Python runs: ppokit's command line on the arguments that follow.
-_MAIN = off_the_working_directory("from ppokit.cli import main\nmain(sys.argv[1:])\n")
+_MAIN = off_the_working_directory("from ppokit.cli import main\nmain()\n")  # as the command
 
 
 def python_command(args: list[str]) -> list[str]:

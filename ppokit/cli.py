@@ -635,43 +635,86 @@ app.command("reward-server")(reward_server_command)
 def main(argv: list[str] | None = None) -> None:
     """Console entry point. A process started with :data:`ppokit.children.PARENT` ends with
     that parent; a command ends when its work is done, even if a plugin left a thread
-    running that is not a daemon (Python would wait for it forever)."""
+    running that is not a daemon (Python would wait for it forever). Run as the ``ppokit``
+    command (``argv`` None: the console script, ``python -m ppokit``), a command ends once
+    its exit functions have run and its open files are flushed, without Python's teardown
+    of its modules (with torch and transformers, thousands: seconds after the last line,
+    more on a busy machine)."""
     tie_to_parent()
     try:
         app(args=argv, prog_name="ppokit")
     except SystemExit as exc:
         code = exc.code
-        _end_past_stray_threads(code if isinstance(code, int) else 0 if code is None else 1)
+        status = code if isinstance(code, int) else 0 if code is None else 1
+        _end_past_stray_threads(status)
+        if argv is None and (code is None or isinstance(code, int)):
+            _end_without_teardown(status)
         raise
 
 
 #: Seconds a command waits, after its work, for threads that are not daemons to end.
 STRAY_GRACE = 5.0
+#: Seconds of that wait after which it says which threads it waits for.
+STRAY_QUIET = 0.5
 
 
 def _end_past_stray_threads(code: int) -> None:
     """End the process now, with ``code``, when a thread that is not a daemon is still
     running STRAY_GRACE seconds after the command's work (output flushed, logging shut
-    down): nothing of the command's is left to do."""
+    down): nothing of the command's is left to do. Past STRAY_QUIET seconds it names the
+    threads it waits for."""
     import logging
     import threading
+    import time
 
     main_thread = threading.main_thread()
     stray = [t for t in threading.enumerate() if t is not main_thread and not t.daemon]
     if not stray:
         return
-    import time
-
-    until = time.monotonic() + STRAY_GRACE  # a thread finishing its work gets the time to
-    for thread in stray:
-        thread.join(max(0.0, until - time.monotonic()))
+    start = time.monotonic()
+    told = False
+    for thread in stray:  # a thread finishing its work gets the time to
+        while thread.is_alive() and (left := start + STRAY_GRACE - time.monotonic()) > 0:
+            if not told and time.monotonic() - start >= STRAY_QUIET:
+                names = ", ".join(t.name for t in stray if t.is_alive())
+                err.print(
+                    f"ppokit: waiting up to {STRAY_GRACE:g} s for threads to end: {names}",
+                    markup=False,
+                )
+                told = True
+            thread.join(min(left, STRAY_QUIET) if not told else left)
     if not any(t.is_alive() for t in stray):
         return
     logging.shutdown()
+    _flush_files()
+    os._exit(code)
+
+
+def _end_without_teardown(code: int) -> None:
+    """End the process now, with ``code``, as Python would but for the teardown of its
+    modules: the exit functions run (logging's, trackers', worker pools'), then every open
+    file is flushed."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    _flush_files()
+    os._exit(code)
+
+
+def _flush_files() -> None:
+    """Flush every open Python file object (the standard streams last)."""
+    import gc
+    import io
+
+    buffered = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.BufferedRWPair)
+    for obj in gc.get_objects():  # by type: no attribute of a lazy module's proxy is read
+        if type(obj) in buffered:
+            with contextlib.suppress(Exception):
+                if not obj.closed:
+                    obj.flush()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ _INDENT = "   "
 
 #: Where log π_old comes from, for each ``rollout.logp_old``.
 _LOGP_OLD = {
-    "auto": "the engine's log μ if it samples from the actor itself, else a forward pass",
+    "auto": "the engine's log μ if it samples from the actor itself (no top-k/top-p), else a "
+    "forward pass",
     "forward": "a no-grad forward pass of the actor at the weights that sampled",
     "rollout": "the engine's recorded log μ",
 }

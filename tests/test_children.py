@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ppokit.children import child_env, python_command
@@ -76,3 +77,50 @@ def test_a_command_ends_when_a_plugin_left_a_thread_running(tmp_path: Path) -> N
     )
     assert done.returncode == 0, done.stderr
     assert "lingering" in {row["name"] for row in json.loads(done.stdout)}
+    assert "waiting up to 5 s for threads to end: plugin-poller" in done.stderr
+
+
+#: A plugin whose module is slow to tear down, and leaves a file open with unflushed text.
+SLOW_TEARDOWN = """\
+import time
+
+import ppokit
+
+
+class Slow:
+    def __del__(self, sleep=time.sleep):  # the module's globals may be gone by then
+        sleep(60)
+
+
+slow = Slow()
+unclosed = open({written!r}, "w")
+unclosed.write("written")
+
+
+@ppokit.hookimpl
+def ppokit_register(register):
+    register(ppokit.Component("advantage", "slow", "ppokit_slow", summary="slow"))
+"""
+
+
+def test_a_command_ends_without_the_teardown_of_its_modules(tmp_path: Path) -> None:
+    """torch and transformers make Python's teardown of the modules seconds long; the
+    command ends once its exit functions ran and its open files are flushed."""
+    written = tmp_path / "written.txt"
+    code = SLOW_TEARDOWN.format(written=str(written))
+    site = path_plugin(tmp_path / "site", "ppokit-slow", "ppokit_slow", code, "slow")
+    env = child_env(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "ppokit", "list", "advantage", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "slow" in {row["name"] for row in json.loads(done.stdout)}
+    assert time.monotonic() - began < 40  # the teardown would take 60 s
+    assert written.read_text() == "written"

@@ -396,7 +396,8 @@ class RolloutSpec(_Strict):
         description="where log π_old, the PPO ratio's denominator, comes from: 'forward' "
         "the trainer's own forward pass at the weights that sampled; 'rollout' the log-probs "
         "the engine recorded (μ); 'auto' 'rollout' for an engine that samples from the "
-        "trainer's own actor (hf, synchronous), else 'forward'",
+        "trainer's own actor (hf, synchronous, no top_k or top_p: μ is of the truncated "
+        "distribution), else 'forward'",
     )
     max_staleness: int = Field(
         0, ge=0, le=64,

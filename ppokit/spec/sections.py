@@ -148,3 +148,11 @@ class HealthSpec(Strict):
         description="fires when more than this fraction of the responses were cut by a "
         "length limit (truncated_frac)",
     )
+    flat_reward: float | None = Field(
+        2.0,
+        gt=0,
+        le=1e3,
+        description="from a quarter of train.rounds (and round 6) on, fires when the slope "
+        "of reward_mean over the rounds so far is within this many standard errors of 0: "
+        "the reward has not moved; its warning names the likely causes the records show",
+    )

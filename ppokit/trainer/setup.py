@@ -80,6 +80,9 @@ class Setup:
         engine = assembly.engine
         mode = spec.rollout.logp_old
         asynchronous = spec.rollout.max_staleness > 0  # π_old is not the sampling weights
+        # top-k/top-p: μ is the truncated distribution the engine sampled from, not π_old,
+        # whose ratio π_θ/π_old must start at 1
+        truncates = spec.rollout.top_k > 0 or spec.rollout.top_p < 1.0
         setup = cls(
             spec=spec,
             assembly=assembly,
@@ -90,7 +93,7 @@ class Setup:
             encode=encode,
             sampler=Sampler(engine, assembly.environment, encode, models.tokenizer, spec.rollout),
             recompute_logp_old=mode == "forward"
-            or (mode == "auto" and (asynchronous or not engine.samples_from_policy)),
+            or (mode == "auto" and (asynchronous or truncates or not engine.samples_from_policy)),
             reporter=reporter if reporter is not None else Silent(),
         )
         world = distributed.world()

@@ -14,6 +14,7 @@ from ppokit.components.rollout_engine import Sampling
 from ppokit.components.rollout_engine.impl import decode, generate
 from ppokit.spec.models import SpecError
 from ppokit.trainer.models import load_actor
+from tests.helpers.sampled import truncated_logp
 from tests.helpers.trainer import demo_rows, learner, small_spec
 
 TINY = {"hidden_size": 32, "intermediate_size": 64}
@@ -117,7 +118,8 @@ def test_sampled_draws_are_model_generates_while_no_row_ends(actor: Any, top: An
 @pytest.mark.parametrize("lora", [[], ["model.lora.r=4", "model.lora.alpha=8"]])
 def test_rollout_logp_is_a_fresh_forwards(tmp_path, lora: list[str]) -> None:
     """log μ recorded as each token is drawn is the log-prob a fresh forward pass over the
-    whole response gives, rows that ended early included; the actor with LoRA adapters too."""
+    whole response gives (with top-k/top-p, of the kept tokens renormalised), rows that ended
+    early included; the actor with LoRA adapters too."""
     spec = small_spec(
         tmp_path,
         *lora,
@@ -132,9 +134,10 @@ def test_rollout_logp_is_a_fresh_forwards(tmp_path, lora: list[str]) -> None:
     ro = lrn.sample(["a=", "bcd=", "x"], 4)
     assert ro.logp_rollout is not None
     assert ro.response_mask.sum(1).min() < ro.response_mask.shape[1]  # a row ended early
-    with torch.no_grad():
-        logp, _, _ = lrn.setup.forwards.actor(lrn.setup.models.actor, ro)
-    torch.testing.assert_close(logp * ro.response_mask, ro.logp_rollout, atol=1e-5, rtol=1e-5)
+    mu, _ = truncated_logp(lrn, ro)
+    mask = ro.response_mask
+    torch.testing.assert_close(mu[mask], ro.logp_rollout[mask], atol=1e-5, rtol=1e-5)
+    assert (ro.logp_rollout[~mask] == 0).all()
 
 
 def test_a_cast_copy_samples_and_follows_the_actor(tmp_path) -> None:

@@ -16,6 +16,7 @@ import torch
 from ppokit.catalogue import Component, NoParams
 from ppokit.components.rollout_engine import Generation, Sampling
 from ppokit.errors import ComponentError
+from ppokit.metrics_table import metric
 from ppokit.spec import SpecError, load_spec
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
@@ -37,12 +38,9 @@ BASE = [
 
 
 def _measured(record: dict[str, Any]) -> dict[str, Any]:
-    """A metrics record without the host-side measurements (times, speeds, memory)."""
-    return {
-        k: v
-        for k, v in record.items()
-        if not (k.startswith("time_") or k in ("tokens_per_s", "peak_memory_gb"))
-    }
+    """A metrics record without the host-side measurements (times, speeds, memory: the
+    table's timing rows)."""
+    return {k: v for k, v in record.items() if not metric(k).timing}
 
 
 #: The absolute slack of a recorded value: a quantity that is exactly 0 (the KL before the
@@ -83,19 +81,26 @@ def test_the_default_engine_gives_the_recorded_metrics(tmp_path, case: str, extr
     want = recorded["metrics"]
     assert [r["round"] for r in got] == [r["round"] for r in want]
     for g, w in zip(got, want, strict=True):
-        # metrics added since the recording: the rollout's mismatch and correction, and the
-        # update's share of ratios outside the clip band, only
+        # metrics added since the recording: the rollout's mismatch and correction, the
+        # update's share of ratios outside the clip band, the passes' model FLOPs and the
+        # lengths on each side of a group's mean, only
         added = g.keys() - w.keys()
         assert w.keys() <= g.keys() and all(
-            k.startswith("rollout/") or k == "ratio_outside" for k in added
+            (
+                k.startswith(("rollout/", "flops_", "response_length_"))
+                and k != "response_length_mean"
+            )
+            or k == "ratio_outside"
+            for k in added
         )
         bad = {k: (g[k], w[k]) for k in w if not _close(g[k], w[k])}
         assert not bad, f"round {w['round']}: {bad}"
 
 
 def test_forward_logp_old_matches_the_recorded_one_for_hf(tmp_path) -> None:
-    """With the hf engine μ = π_old: the recomputed log π_old equals the recorded log μ."""
-    spec = small_spec(tmp_path, "rollout.logp_old=forward", "rollout.top_k=5")
+    """With the hf engine μ = π_old: the recomputed log π_old equals the recorded log μ;
+    with top-k or top-p μ is the truncated π_old, and ``auto`` recomputes log π_old."""
+    spec = small_spec(tmp_path, "rollout.logp_old=forward", "rollout.temperature=0.7")
     lrn = learner(spec)
     assert lrn.setup.recompute_logp_old
     rows = demo_rows(4)
@@ -105,6 +110,8 @@ def test_forward_logp_old_matches_the_recorded_one_for_hf(tmp_path) -> None:
     assert batch.logp_old is not batch.logp_rollout
     torch.testing.assert_close(batch.logp_old, batch.logp_rollout, atol=1e-5, rtol=1e-5)
     assert not learner(small_spec(tmp_path)).setup.recompute_logp_old  # auto: hf samples the actor
+    for top in ("rollout.top_k=5", "rollout.top_p=0.9"):
+        assert learner(small_spec(tmp_path, top)).setup.recompute_logp_old
 
 
 # ---------------------------------------------------------------------- a plugin engine

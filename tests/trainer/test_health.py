@@ -21,7 +21,7 @@ from ppokit.trainer.metrics import read_metrics
 from tests.helpers.trainer import DEMO, small_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-LEVEL = [s for s in SIGNS if s.name not in ("grad_spike", "stale_push")]  # relative
+LEVEL = [s for s in SIGNS if s.name not in ("grad_spike", "stale_push", "flat_reward")]
 
 
 def _health(**settings: Any) -> HealthSpec:
@@ -114,6 +114,64 @@ def test_a_solved_task_is_told_apart_from_no_signal(
     fired = {f.sign.name for f in check(records[-1], records[:-1], health)}
     no_signal = {"constant_reward", "zero_variance"}
     assert (not (fired & no_signal)) if quiet else no_signal <= fired
+
+
+def _flat(means: list[float], **more: float) -> list[dict[str, Any]]:
+    return [{"round": r, "reward_mean": m, **more} for r, m in enumerate(means, start=1)]
+
+
+def _fired_flat(records: list[dict[str, Any]], total: int, rounds: int = 5) -> list[int]:
+    """The rounds on which flat_reward fires over ``records``, a run of ``total`` rounds."""
+    health = _health(rounds=rounds)
+    return [
+        r["round"]
+        for i, r in enumerate(records)
+        if any(f.sign.name == "flat_reward" for f in check(r, records[:i], health, total))
+    ]
+
+
+NOISE = [0.31, 0.27, 0.33, 0.29, 0.30, 0.28, 0.32, 0.30, 0.27, 0.31, 0.29, 0.33, 0.30, 0.28]
+
+
+def test_a_flat_reward_fires_from_a_quarter_of_the_run_and_names_its_causes() -> None:
+    still = _flat(
+        NOISE,
+        **{"rollout/zero_variance_groups": 0.8, "approx_kl": 1e-8, "grad_norm_actor": 0.5},
+        truncated_frac=1.0,
+    )
+    # from round 6 (a quarter of 24 rounds), held for 5 rounds: fires from round 10
+    assert _fired_flat(still, total=24) == [10, 11, 12, 13, 14]
+    assert _fired_flat(still, total=32) == [12, 13, 14]  # a quarter of 32: round 8 on
+    assert _fired_flat(still, total=400) == []  # a quarter: not yet
+    health = _health(rounds=5)
+    (fired,) = [f for f in check(still[9], still[:9], health, 24) if f.sign.name == "flat_reward"]
+    line = warning(fired, health)
+    assert line.startswith("health: the slope of reward_mean over the rounds so far, ")
+    assert "below health.flat_reward (2) for 5 rounds; likely: no variance in groups: 80%" in line
+    assert "approx_kl 1e-08 per token with grad_norm_actor 0.5" in line
+    assert "100% of responses cut" in line and line.endswith("see docs/health.md#flat_reward")
+    off = _health(rounds=5, truncated=None)
+    (quiet,) = [f for f in check(still[9], still[:9], off, 24) if f.sign.name == "flat_reward"]
+    assert "truncated" not in warning(quiet, off)  # the truncated sign is off: not a cause
+    plain = _flat(NOISE, approx_kl=1e-3, grad_norm_actor=0.5)
+    (unknown,) = [f for f in check(plain[9], plain[:9], health, 24) if f.sign.name == "flat_reward"]
+    assert "none of those it measures" in warning(unknown, health)
+    assert _fired_flat(_flat([0.0] * 14), total=24)[0] == 10  # never moved at all
+
+
+@pytest.mark.parametrize(
+    "means",
+    [
+        [0.006, 0.012, 0.016, 0.016, 0.022, 0.020, 0.023, 0.029, 0.059, 0.035, 0.051, 0.078],
+        [0.2, 0.5, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],  # solved
+        [0.9, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.1, 0.05, 0.0, 0.0],  # falls: not flat
+    ],
+)
+def test_a_reward_that_moves_fires_no_flat_reward(means: list[float]) -> None:
+    """The demo's first 12 rounds (a slow start), a task solved on the way, a collapse."""
+    stds = [0.0 if m == 1.0 else 0.1 for m in means]
+    records = [{**r, "reward_std": s} for r, s in zip(_flat(means), stds, strict=True)]
+    assert _fired_flat(records, total=len(means), rounds=2) == []
 
 
 def test_the_warning_names_the_metric_the_setting_and_the_page() -> None:

@@ -15,6 +15,7 @@ from ppokit.components.rollout_engine import Sampling, response_mask
 from ppokit.components.rollout_engine.impl import filter_logits, generate
 from ppokit.trainer.logprobs import token_logprobs
 from ppokit.trainer.models import load_actor
+from tests.helpers.sampled import truncated_logp
 from tests.helpers.trainer import learner, small_spec
 
 
@@ -112,8 +113,9 @@ def test_filter_logits_hand_case() -> None:
 
 
 def test_rollout_logp_old_equals_fresh_forward(tmp_path) -> None:
-    spec = small_spec(tmp_path, "rollout.temperature=0.7", "rollout.top_k=20", "rollout.top_p=0.9")
+    spec = small_spec(tmp_path, "rollout.temperature=0.7")
     lrn = learner(spec)
+    assert not lrn.setup.recompute_logp_old  # μ = π_old: the actor itself samples, untruncated
     torch.manual_seed(3)
     ro = lrn.sample(["a=", "bcd=", "x"], 3)
     assert ro.logp_rollout is not None
@@ -121,6 +123,31 @@ def test_rollout_logp_old_equals_fresh_forward(tmp_path) -> None:
         logp, _, _ = lrn.setup.forwards.actor(lrn.setup.models.actor, ro)
     torch.testing.assert_close(logp * ro.response_mask, ro.logp_rollout, atol=1e-5, rtol=1e-5)
     assert (ro.logp_rollout[~ro.response_mask] == 0).all()
+
+
+@pytest.mark.parametrize("drop_ended", [False, True])
+def test_top_k_top_p_record_mu_of_the_truncated_distribution(tmp_path, drop_ended) -> None:
+    """Under top-k/top-p the engine samples from the kept tokens renormalised: log μ of each
+    sampled token is log_softmax over them, not the full distribution's log-prob (whose
+    exp sums over the kept tokens to less than 1); π_old then comes from a forward pass,
+    so π_old/μ is the kept mass, which the mismatch metrics show."""
+    spec = small_spec(
+        tmp_path,
+        "rollout.temperature=0.7",
+        "rollout.top_k=5",
+        "rollout.top_p=0.9",
+        f"rollout.engine={{name: hf, drop_ended: {str(drop_ended).lower()}}}",
+    )
+    lrn = learner(spec)
+    assert lrn.setup.recompute_logp_old  # π_old is not μ
+    torch.manual_seed(3)
+    ro = lrn.sample(["a=", "bcd=", "x"], 3)
+    assert ro.logp_rollout is not None
+    mu, full = truncated_logp(lrn, ro)
+    mask = ro.response_mask
+    torch.testing.assert_close(mu[mask], ro.logp_rollout[mask], atol=1e-4, rtol=1e-4)
+    kept_mass = (full - mu).exp()[mask]  # π_old/μ
+    assert (kept_mass <= 1 + 1e-4).all() and (kept_mass < 0.99).any()
 
 
 def test_greedy_generation_is_deterministic() -> None:

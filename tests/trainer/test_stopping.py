@@ -2,23 +2,28 @@
 a Ctrl-C while a round generates or scores saves the round before and drops the one in
 progress; one during the update is held to the round's end, which is saved; a reward that
 fails ends with the summary, the checkpoint and the command that resumes; each resumes to
-the metrics of a run never stopped."""
+the metrics of a run never stopped. A SIGTERM from outside (a scheduler's stop) is a Ctrl-C."""
 
 from __future__ import annotations
 
 import os
 import shlex
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 import ppokit.trainer.loop as loop_module
+from ppokit.children import child_env
 from ppokit.cli import app
 from ppokit.trainer.checkpoint import checkpoint_round
 from ppokit.trainer.metrics import TIMING, read_metrics
 from ppokit.trainer.optim import Optimizers
+from tests.helpers import ROOT
 from tests.helpers.trainer import DEMO, SMALL
 
 ROUNDS = 5
@@ -128,3 +133,49 @@ def test_a_reward_that_fails_in_round_3_keeps_round_2(tmp_path: Path) -> None:
     assert checkpoint_round(out) == 2
     calls.write_text("xxxxxxxxxx")  # the server is back
     assert [h["round"] for h in _resume(out, lines[-1])] == [1, 2, 3, 4, 5]
+
+
+def test_sigterm_while_round_2_scores_saves_round_1(tmp_path: Path) -> None:
+    """A scheduler's stop (SIGTERM from outside, to a ``ppokit train`` process) is a Ctrl-C:
+    the checkpoint of the last finished round is saved and the last line names the command
+    that resumes it."""
+    out, started = tmp_path / "run", tmp_path / "round-2-scores"
+    code = tmp_path / "waits.py"
+    code.write_text(
+        "import time\n"
+        "from pathlib import Path\n"
+        "calls = []\n"
+        "def reward(prompts, responses, **fields):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 2:\n"
+        f"        Path({str(started)!r}).touch()\n"
+        "        time.sleep(120)\n"
+        "    return [0.0 for _ in responses]\n"
+    )
+    reward = ["--set", f"reward={{name: python, function: '{code}:reward'}}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ppokit", *_args(out, *reward)],
+        cwd=ROOT,
+        env=child_env(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), proc.communicate(timeout=60)[1] if proc.poll() is not None else ""
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert "saved the checkpoint of round 1" in err
+    assert "interrupted during round 2/5; the last checkpoint is round 1" in lines[-2]
+    assert lines[-1].startswith("continue with: ppokit train") and lines[-1].endswith("--resume")
+    assert checkpoint_round(out) == 1

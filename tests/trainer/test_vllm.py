@@ -22,6 +22,7 @@ import torch
 from ppokit.spec import SpecError, load_spec
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
+from tests.helpers.sampled import truncated_logp
 from tests.helpers.trainer import DEMO, Trainee, demo_rows, learner, small_spec
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -160,6 +161,21 @@ def test_logprobs_match_the_trainers_forward_and_follow_each_push(full: Trainee)
     lrn.state.round = 12
     ro2 = lrn.sample(prompts, 4)
     assert _gap(lrn, ro2) < 1e-4
+
+
+@needs_vllm
+def test_top_k_logprobs_are_of_the_truncated_distribution_as_the_hf_engines(
+    full: Trainee,
+) -> None:
+    """With top-k, vLLM's log μ (processed_logprobs) is log_softmax over the kept tokens,
+    the trainer's logits filtered as the ``hf`` engine filters them: both engines agree."""
+    lrn = full
+    lrn.state.round = 13
+    ro = lrn.sample([r["prompt"] for r in demo_rows(4, 3)], 4, top_k=3)
+    mu, full_logp = truncated_logp(lrn, ro, top_k=3)
+    mask = ro.response_mask
+    assert float((mu - ro.logp_rollout).abs()[mask].max()) < 1e-4
+    assert float((full_logp - ro.logp_rollout)[mask].max()) < -1e-2  # the kept mass < 1
 
 
 @needs_vllm

@@ -74,8 +74,8 @@ class Generation:
     - ``response_mask`` ``[B, T]`` bool: a row's tokens, its EOS included;
     - ``truncated`` ``[B]`` bool: the row reached ``max_new_tokens`` without EOS;
     - ``logp`` ``[B, T]`` float32: log μ(a_t), the sampled token's log-probability under the
-      distribution it was drawn from (after temperature, before top-k/top-p filtering), 0 at
-      masked positions; None for greedy decoding.
+      distribution it was drawn from (after temperature and top-k/top-p filtering: the kept
+      tokens renormalised), 0 at masked positions; None for greedy decoding.
     """
 
     response_ids: Tensor
@@ -180,7 +180,8 @@ class RolloutEngine(Protocol):
     schedule pushes the weights, never during a generation), ``close()`` at the end of the
     run, and ``samples_from_policy`` (default False): True when the engine samples from the
     trainer's own actor module, so that its log-probs are π_old's and ``rollout.logp_old:
-    auto`` takes them without a forward pass (synchronous rounds only).
+    auto`` takes them without a forward pass (synchronous rounds without top-k/top-p only:
+    log μ is of the distribution sampled from, which truncation makes other than π_old).
     """
 
     def start(self, context: EngineContext) -> None: ...
@@ -232,8 +233,9 @@ HF = Component(
     "decoding loop where ended rows leave the batch, recording log μ of each token; "
     "asynchronous or cast_copy: with a copy of the actor",
     formula=(
-        "a_t ~ softmax(filter(z_t / temperature)), log μ(a_t) = log_softmax(z_t / temperature)[a_t];"
-        " μ = π_old: the actor itself samples"
+        "a_t ~ softmax(filter(z_t / temperature)), "
+        "log μ(a_t) = log_softmax(filter(z_t / temperature))[a_t]; μ = π_old: the actor itself "
+        "samples (with top-k/top-p μ is the truncated π_old: the trainer recomputes log π_old)"
     ),
     source=papers.cite(
         "Hugging Face transformers generation (GenerationMixin.generate)", papers.PPO

@@ -41,9 +41,11 @@ def filter_logits(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
 
 class LogProbRecorder:
     """A logits processor that samples from softmax(logits / temperature) after top-k/top-p
-    filtering, and records log π(a_t) = log_softmax(logits / temperature)[a_t] of each sampled
-    token: it keeps the previous step's log-softmax and gathers the token that step drew
-    (the last column of ``input_ids``) when the next step begins, so nothing is recomputed.
+    filtering, and records log μ(a_t) = log_softmax(filter(logits / temperature))[a_t] of each
+    sampled token, of the distribution it sampled from (the kept tokens renormalised: with
+    top-k/top-p, log π_old minus log of the kept mass): it keeps the previous step's
+    log-softmax and gathers the token that step drew (the last column of ``input_ids``) when
+    the next step begins, so nothing is recomputed.
 
     With a ``generator`` it draws the token itself, from that generator, and leaves it the
     only finite logit (``model.generate`` then decodes greedily): torch's global generator
@@ -72,8 +74,8 @@ class LogProbRecorder:
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         self._take_previous(input_ids)
         scaled = scores.float() / self.temperature
-        self.prev = F.log_softmax(scaled, dim=-1)
         kept = filter_logits(scaled, self.top_k, self.top_p)
+        self.prev = F.log_softmax(kept, dim=-1)  # μ: the kept tokens' renormalised share
         if self.generator is None:
             return kept
         token = torch.multinomial(kept.softmax(-1), 1, generator=self.generator)
@@ -194,13 +196,13 @@ def draw(
 ) -> tuple[Tensor, Tensor | None]:
     """One token per row of ``[R, V]`` logits and its log μ: the argmax when greedy (no
     log-prob), else a draw from softmax(filter(z / temperature)) with
-    log μ(a) = log_softmax(z / temperature)[a]."""
+    log μ(a) = log_softmax(filter(z / temperature))[a], the distribution it was drawn from."""
     if sampling.greedy:
         return logits.argmax(-1), None
     scaled = logits.float() / sampling.temperature
     kept = filter_logits(scaled, sampling.top_k, sampling.top_p)
     token = torch.multinomial(kept.softmax(-1), 1, generator=generator)
-    return token.squeeze(1), F.log_softmax(scaled, -1).gather(-1, token).squeeze(1)
+    return token.squeeze(1), F.log_softmax(kept, -1).gather(-1, token).squeeze(1)
 
 
 def decode(
@@ -313,7 +315,9 @@ def _gathered_copy(model: nn.Module) -> nn.Module:
 @HF.implementation
 class HFEngine:
     """It samples from the trainer's actor module itself, so ``sync`` has nothing to do, and
-    with ``dtype: auto`` its log-probs are π_old's (``samples_from_policy``). Asynchronous
+    with ``dtype: auto`` its log-probs are π_old's (``samples_from_policy``), but for top-k/
+    top-p: log μ is then of the truncated distribution and ``rollout.logp_old: auto``
+    recomputes log π_old, so π_old/μ, the kept mass, shows in ``rollout/mismatch_*``. Asynchronous
     (``EngineContext.asynchronous``), it samples from a frozen copy of the actor
     (:func:`frozen_copy`: under LoRA a copy of the adapters) with generators of its own;
     with ``cast_copy``, from a copy of the whole actor in ``dtype``. ``sync`` copies the

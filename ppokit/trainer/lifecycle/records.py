@@ -131,7 +131,7 @@ class Records:
         round_no = values[ROUND]
         health = []
         if distributed.world().main:
-            for fired in check(values, self.history, spec.health):
+            for fired in check(values, self.history, spec.health, spec.train.rounds):
                 values[fired.sign.key] = 1.0
                 if fired.started:
                     health.append(warning(fired, spec.health))
