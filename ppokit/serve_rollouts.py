@@ -40,11 +40,12 @@ PORT = 8100
 def write_model(spec: Any, folder: Path) -> Path:
     """The spec's actor (the ``tiny`` model as the trainer builds it, SmolLM2 converted) as a
     model folder, config and float32 weights, no tokenizer."""
-    from ppokit.trainer.models import load_actor
+    from ppokit.trainer.models import load_actor, quiet_progress_bars
 
     model = spec.model
     _, actor = load_actor(model.actor, model.tiny.model_dump(), spec.seed)
-    actor.save_pretrained(folder)  # type: ignore[operator]
+    with quiet_progress_bars():
+        actor.save_pretrained(folder)  # type: ignore[operator]
     return folder
 
 

@@ -1,6 +1,6 @@
 """The ``vllm_server`` rollout engine against vLLM's own OpenAI-compatible server, started once
 for the module on loopback with the command ``ppokit serve-rollouts`` builds (the tiny model
-in float32): the demo's rounds draw what the in-process ``vllm`` engine draws, with log μ the
+in float32): the demo learns to the reward the in-process ``vllm`` engine reaches, with log μ the
 trainer's every round; a skipped push shows as a growing mismatch; asynchronous rounds
 sample from exactly the weights their recorded version names; a server that stops mid-run
 stops the run with one line naming its URL; a server started without what the engine
@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import http.server
 import importlib.util
+import json
 import os
 import signal
 import socket
 import subprocess
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,10 +40,11 @@ from ppokit.components.rollout_engine.server_impl import (
     request_body,
 )
 from ppokit.errors import UserError
+from ppokit.spec import load_spec
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
 from tests.helpers import free_port
-from tests.helpers.trainer import Trainee, demo_rows, learner, small_spec
+from tests.helpers.trainer import DEMO, Trainee, demo_rows, learner, small_spec
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 if not HAVE_VLLM and os.environ.get("PPOKIT_REQUIRE_VLLM") == "1":
@@ -199,19 +203,26 @@ def _rows(records: list[dict], key: str) -> list[float]:
 
 @needs_vllm
 def test_the_demo_learns_as_with_the_in_process_engine(server: str, tmp_path: Path) -> None:
-    """The same rounds with the server and with vLLM in the process: the same seeds draw the
-    same responses, so the rewards are the same round by round, and log μ is the trainer's
-    (float32) every round, each after a push."""
-    common = [*VLLM_TINY, "train.rounds=4", "rollout.n=4", "rollout.max_new_tokens=6"]
-    train(small_spec(tmp_path / "server", *common, _engine(server)))
-    train(small_spec(tmp_path / "local", *common, "rollout.engine={name: vllm, kv_cache_gb: 1}"))
-    remote, local = read_metrics(tmp_path / "server"), read_metrics(tmp_path / "local")
-    assert len(remote) == 4
-    assert _rows(remote, "reward_mean") == pytest.approx(_rows(local, "reward_mean"), abs=1e-6)
-    assert all(r["rollout/mismatch_max"] < 1e-3 for r in remote), _rows(
-        remote, "rollout/mismatch_max"
-    )
-    assert all(r["time_sync"] > 0 for r in remote)
+    """The demo learns through the server as through vLLM in the process (seed 0, 40 rounds,
+    the last 10 above the 0.25 a prompt-independent policy scores at most: the bar
+    tests/trainer/test_vllm.py holds the in-process engine to), log μ the trainer's
+    (float32) every round, each round after a push. The two engines draw the same responses
+    while their batches round alike; the server batches requests as they arrive, so after a
+    few rounds the runs part (docs/results.md compares them)."""
+    settings = [
+        "train.rounds=40",
+        "output.progress=false",
+        "output.save_every=100",
+        "output.sample_every=100",
+    ]
+    train(load_spec(DEMO, [*VLLM_TINY, *settings, _engine(server), f"output.dir={tmp_path}"]))
+    records = read_metrics(tmp_path)
+    first = sum(r["reward_mean"] for r in records[:10]) / 10
+    last = sum(r["reward_mean"] for r in records[-10:]) / 10
+    assert first < 0.1 and last > 0.3, (first, last)
+    gaps = _rows(records, "rollout/mismatch_max")
+    assert all(g < 1e-3 for g in gaps), gaps
+    assert all(r["time_sync"] > 0 for r in records)
 
 
 @needs_vllm
@@ -298,3 +309,53 @@ def test_the_start_names_what_the_server_lacks(server: str) -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ServerError, match=f"{nobody}/v1/models is unreachable"):
         learner(small_spec(None, *VLLM_TINY, _engine(nobody)))
+
+
+class _NoDevMode(http.server.BaseHTTPRequestHandler):
+    """A server that serves the actor's name but has no dev-mode endpoints."""
+
+    def do_GET(self) -> None:
+        found = self.path == "/v1/models"
+        body = json.dumps({"data": [{"id": SERVED_NAME}]} if found else {"detail": "Not Found"})
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_server_without_dev_mode_is_named_at_the_start() -> None:
+    from ppokit.components.rollout_engine.server_impl import VLLMServerEngine
+
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoDevMode)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{fake.server_address[1]}"
+    engine = VLLMServerEngine(
+        urls=[url], served_model_name=SERVED_NAME, max_in_flight=2, timeout=30, weights_dir=None
+    )
+    context = types.SimpleNamespace(model=torch.nn.Linear(1, 1), process=0, processes=1)
+    try:
+        with pytest.raises(ServerError, match=f"{url} has no /server_info.*VLLM_SERVER_DEV_MODE=1"):
+            engine.start(context)  # type: ignore[arg-type]
+    finally:
+        fake.shutdown()
+        fake.server_close()
+
+
+def test_serve_rollouts_starts_vllm_with_what_the_engine_needs() -> None:
+    from ppokit.serve_rollouts import engine_line, server_args
+
+    args, env = server_args(small_spec(None, *VLLM_TINY), "/m", "127.0.0.1", 8123)
+    line = " ".join(args)
+    for flag in (
+        "--model /m", f"--served-model-name {SERVED_NAME}", "--dtype float32",
+        "--skip-tokenizer-init", "--logprobs-mode processed_logprobs",
+        "--generation-config vllm", "--host 127.0.0.1", "--port 8123",
+    ):  # fmt: skip
+        assert flag in line
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert engine_line("127.0.0.1", 8123) == (
+        "rollout.engine={name: vllm_server, urls: ['http://127.0.0.1:8123']}"
+    )
