@@ -8,9 +8,11 @@ pushes the trainer's weights at its start anyway), no tokenizer (token ids in an
 ``--served-model-name`` :data:`~ppokit.components.rollout_engine.SERVED_NAME`,
 ``--logprobs-mode processed_logprobs`` (log μ after temperature, as the engine contract
 asks), ``--generation-config vllm`` (no sampling defaults from the model's folder), the
-spec's dtype (``auto``: float32 on a CPU) and ``VLLM_SERVER_DEV_MODE=1`` in its environment
+spec's dtype (``auto``: float32 on a CPU), on a CPU a KV cache of 1 GiB, and
+``VLLM_SERVER_DEV_MODE=1`` in its environment
 (``/collective_rpc`` for the weight push, ``/server_info`` for the engine's checks). It
-listens on loopback unless told otherwise. Torch is imported only to write a model folder.
+listens on loopback unless told otherwise; Ctrl-C or SIGTERM stops it and removes the model
+folder written for it. Torch is imported only to write a model folder.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ __all__ = ["engine_line", "serve_rollouts_command", "server_args", "write_model"
 
 #: The port ``ppokit serve-rollouts`` listens on by default (the engine's default URL's).
 PORT = 8100
+#: The KV cache of a server on a CPU unless ``--vllm-arg`` sizes it (the ``vllm`` engine's).
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 def write_model(spec: Any, folder: Path) -> Path:
@@ -76,8 +80,13 @@ def server_args(
         args += ["--revision", spec.model.revision]
     if spec.model.trust_remote_code:
         args.append("--trust-remote-code")
+    extra = list(extra or [])
+    sized = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
+    if cpu is not False and not any(a.startswith(sized) for a in extra):
+        # vLLM on a CPU reserves most of the machine's memory unless told a KV cache size
+        args += ["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    return [*args, *(extra or [])], env
+    return [*args, *extra], env
 
 
 def engine_line(host: str, port: int) -> str:
@@ -122,8 +131,11 @@ def serve_rollouts_command(
         print(f"serving {spec.model.actor} on http://{host}:{port}; in the spec:", flush=True)
         print(f'  --set "{engine_line(host, port)}"', flush=True)
         proc = subprocess.Popen(args, env=env)
+        # SIGTERM goes on to the server, which stops; its model folder is removed below
+        signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
         try:
             code = proc.wait()
+            code = 0 if code == -signal.SIGTERM else code
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -356,6 +356,7 @@ def test_serve_rollouts_starts_vllm_with_what_the_engine_needs() -> None:
     ):  # fmt: skip
         assert flag in line
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(1 << 30)  # a CPU's machine
     assert engine_line("127.0.0.1", 8123) == (
         "rollout.engine={name: vllm_server, urls: ['http://127.0.0.1:8123']}"
     )
