@@ -1,5 +1,5 @@
 """The ``ppokit`` command line: list, variants, tasks, show, validate, explain, schema, docs,
-plugins, new-plugin, new-spec, train, compare, eval, export.
+plugins, new-plugin, new-spec, train, compare, eval, export, reward-server, serve-rollouts.
 
 Mistakes a user can make (a bad spec, an unknown component, a missing file, a broken plugin
 under ``PPOKIT_STRICT_PLUGINS=1``) print one red line each on stderr and exit with status 1,
@@ -49,6 +49,7 @@ from ppokit.registry import (
     reset_registry,
 )
 from ppokit.serve import reward_server_command
+from ppokit.serve_rollouts import serve_rollouts_command
 from ppokit.spec import (
     DEFAULT_TASK,
     DEMO_SOURCE,
@@ -630,6 +631,7 @@ app.command("export")(export_command)
 app.command("convert")(convert_command)
 app.command("eval")(eval_command)
 app.command("reward-server")(reward_server_command)
+app.command("serve-rollouts")(serve_rollouts_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,8 @@ complete engine plugin.
 
 This module is the torch-free catalogue; the ``hf`` engine's code is
 :mod:`ppokit.components.rollout_engine.impl`, the ``vllm`` engine's
-:mod:`ppokit.components.rollout_engine.vllm_impl`.
+:mod:`ppokit.components.rollout_engine.vllm_impl`, the ``vllm_server`` engine's
+:mod:`ppokit.components.rollout_engine.server_impl`.
 """
 
 from __future__ import annotations
@@ -425,5 +426,89 @@ VLLM = Component(
     check=vllm_problems,
 )
 
+#: The address ``ppokit serve-rollouts`` and the ``vllm_server`` engine use by default.
+SERVER_URL = "http://127.0.0.1:8100"
+#: The name ``ppokit serve-rollouts`` serves the actor under, the engine's default.
+SERVED_NAME = "ppokit-actor"
+
+
+class VLLMServerParams(Params):
+    urls: list[str] = Field(
+        default_factory=lambda: [SERVER_URL],
+        min_length=1,
+        max_length=1024,
+        description="the vLLM OpenAI-compatible servers to generate with (each its root: "
+        "http://host:port), started with VLLM_SERVER_DEV_MODE=1 for the weight push "
+        "(ppokit serve-rollouts starts one and prints the line)",
+    )
+    served_model_name: str = Field(
+        SERVED_NAME,
+        min_length=1,
+        max_length=512,
+        description="the model name the servers serve the actor under (vLLM's --served-model-name)",
+    )
+    max_in_flight: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="requests (one a prompt, its n samples together) in flight at once on "
+        "each server",
+    )
+    timeout: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="seconds a generation (all its requests) or a weight push may take "
+        "before the run stops with a line naming the server",
+    )
+    weights_dir: str | None = Field(
+        None,
+        description="the folder the weights are written to for each push, which every "
+        "server must be able to read at the same path (null: a temporary folder on this "
+        "machine, for servers on it)",
+    )
+
+    @model_validator(mode="after")
+    def _urls_are_http(self) -> VLLMServerParams:
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")) or "?" in url or "#" in url:
+                raise ValueError(f"urls: {url!r} is not an http(s) URL of a server's root")
+        return self
+
+
+def server_problems(spec: Any, params: VLLMServerParams) -> Iterator[str]:
+    """What the ``vllm_server`` engine refuses, found from the spec alone: LoRA (the
+    adapters are not pushed to servers yet: the full weights are), and a ``timeout`` beyond
+    ``rollout.engine_timeout`` (the run would stop first, with a line naming no server)."""
+    if spec.model.lora is not None:
+        yield (
+            "rollout.engine: vllm_server pushes full weights, not LoRA adapters: train "
+            "without model.lora, or sample with rollout.engine vllm or hf"
+        )
+    bound = getattr(spec.rollout, "engine_timeout", None)
+    if bound is not None and params.timeout > bound:
+        yield (
+            f"rollout.engine.timeout: {params.timeout:g} s passes rollout.engine_timeout "
+            f"({bound:g} s): lower it, so that a server that does not answer is named"
+        )
+
+
+VLLM_SERVER = Component(
+    "rollout_engine",
+    "vllm_server",
+    "ppokit.components.rollout_engine.server_impl",
+    params=VLLMServerParams,
+    summary="Samples through vLLM's OpenAI-compatible servers in processes of their own "
+    "(token ids in and out over HTTP); the actor's weights are written to a folder and "
+    "reloaded by every server after every update",
+    formula=(
+        "a_t ~ softmax(filter(z_t / temperature)) in vLLM's server, log μ(a_t) its processed "
+        "log-prob (started with --logprobs-mode processed_logprobs); μ ≠ π_old in general: "
+        "the trainer recomputes log π_old"
+    ),
+    source=str(papers.PAGED_ATTENTION),
+    check=server_problems,
+)
+
 #: Every built-in rollout engine, registered by the default plugin.
-ENTRIES: tuple[Component, ...] = (HF, VLLM)
+ENTRIES: tuple[Component, ...] = (HF, VLLM, VLLM_SERVER)

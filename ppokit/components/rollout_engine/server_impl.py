@@ -1,0 +1,462 @@
+"""The ``vllm_server`` rollout engine: vLLM's OpenAI-compatible servers, in processes of their
+own (``ppokit serve-rollouts SPEC`` starts one), token ids in and out over HTTP.
+
+``start`` checks every server (``GET /v1/models``: it serves ``served_model_name``;
+``GET /server_info``, which vLLM's server has with ``VLLM_SERVER_DEV_MODE=1``: it computes
+log-probs after temperature and takes no sampling defaults from the model's folder), then
+pushes the actor's current weights, so a server may start from any weights of the actor's
+architecture. ``generate`` sends one ``POST /v1/completions`` a prompt: its token ids as the
+prompt, ``n`` samples, the seed, the run's sampling settings and the EOS ids as stop
+tokens, ``logprobs: 0`` with ``return_token_ids`` and ``return_tokens_as_token_ids``, so
+the sampled tokens and their log μ come back as ids (never re-tokenized text). The requests
+spread over the servers, at most ``max_in_flight`` on each at once (asyncio and httpx;
+whichever server is free takes the next prompt). ``sync`` writes the actor's full weights
+as safetensors to a new folder the servers can read and has each reload them
+(``POST /collective_rpc`` with ``reload_weights(weights_path=...)``), then reset its
+prefix cache; it returns once every server holds the new weights, so every response is of
+the weights of the version the trainer records for it. On several processes process 0
+pushes for all, between two barriers (no process generates during a push).
+
+Every failure (a server unreachable, one that answers an HTTP error or a malformed answer,
+one that dies mid-run, no complete answer within ``timeout``) is one line naming the
+server's URL (:class:`ServerError`). Answers are JSON; nothing read is unpickled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from torch import Tensor
+
+from ppokit.components.rollout_engine import (
+    VLLM_SERVER,
+    EngineContext,
+    Generation,
+    Sampling,
+)
+from ppokit.components.rollout_engine.vllm_impl import FOLDER_PREFIX, base_weights
+from ppokit.errors import UserError, one_line, said
+
+__all__ = ["ServerError", "VLLMServerEngine", "parse_choices", "request_body"]
+
+T = TypeVar("T")
+
+#: What the engine needs of a server's configuration: (key of its model_config, the value,
+#: the flag that sets it).
+NEEDED = (
+    ("logprobs_mode", "processed_logprobs", "--logprobs-mode processed_logprobs"),
+    ("generation_config", "vllm", "--generation-config vllm"),
+)
+#: How to start a server the engine can use, for the lines that name a missing setting.
+HOW = "ppokit serve-rollouts SPEC starts one"
+
+
+class ServerError(UserError):
+    """A rollout server that failed the engine: one line naming its URL and the cause."""
+
+
+class BadAnswer(Exception):
+    """An answer that is not what the engine asked for (its message says how)."""
+
+
+def root(url: str) -> str:
+    """A server's root URL (``/v1`` and trailing slashes dropped)."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def request_body(
+    model: str, prompt: list[int], sampling: Sampling, eos_ids: Sequence[int], seed: int | None
+) -> dict[str, Any]:
+    """The ``/v1/completions`` request for one prompt's responses: ``n`` samples (one when
+    greedy: vLLM draws one greedy response a request), their ids and log μ back as ids."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": sampling.max_new_tokens,
+        "stop_token_ids": list(eos_ids),
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+    }
+    if sampling.greedy:
+        return {**body, "n": 1, "temperature": 0.0}
+    return {
+        **body,
+        "n": sampling.n,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,  # 0: off, as in vLLM
+        "top_p": sampling.top_p,
+        "seed": seed,
+        "logprobs": 0,  # the sampled token's own log-prob
+        "return_tokens_as_token_ids": True,
+    }
+
+
+def _ints(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
+        raise BadAnswer(f"{what} is not a list of token ids")
+    return value
+
+
+def parse_choices(
+    answer: Any, n: int, max_tokens: int, greedy: bool
+) -> tuple[list[list[int]], list[list[float]]]:
+    """(token ids, log μ) of each of the ``n`` choices of a ``/v1/completions`` answer, in
+    their ``index`` order; :class:`BadAnswer` for anything else."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or len(choices) != n:
+        got = f"{len(choices)} choices" if isinstance(choices, list) else "no choices"
+        raise BadAnswer(f"expected {n} choices, got {got}")
+    ids: list[list[int]] = [[] for _ in range(n)]
+    logps: list[list[float]] = [[] for _ in range(n)]
+    seen = set()
+    for choice in choices:
+        index = choice.get("index") if isinstance(choice, dict) else None
+        if not isinstance(index, int) or not 0 <= index < n or index in seen:
+            raise BadAnswer("a choice's index is missing, repeated or out of range")
+        seen.add(index)
+        tokens = _ints(choice.get("token_ids"), f"choice {index}'s token_ids")
+        if not 0 < len(tokens) <= max_tokens:
+            raise BadAnswer(f"choice {index} has {len(tokens)} tokens (1 to {max_tokens} asked)")
+        ids[index] = tokens
+        if greedy:
+            continue
+        logprobs = choice.get("logprobs")
+        values = logprobs.get("token_logprobs") if isinstance(logprobs, dict) else None
+        if not isinstance(values, list) or len(values) != len(tokens):
+            raise BadAnswer(f"choice {index}'s logprobs.token_logprobs do not match its tokens")
+        named = logprobs.get("tokens")
+        if isinstance(named, list) and named != [f"token_id:{t}" for t in tokens]:
+            raise BadAnswer(f"choice {index}'s logprobs.tokens are not its token_ids")
+        out = []
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise BadAnswer(f"choice {index} has a log-prob that is no finite number")
+            out.append(float(v))
+        logps[index] = out
+    return ids, logps
+
+
+def _detail(response: httpx.Response) -> str:
+    """An error answer's message (vLLM's ``{"error": {"message": ...}}`` or ``detail``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return said(response.text, 200)
+    if isinstance(body, dict):
+        error = body.get("error", body.get("detail", body))
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        return said(str(error), 200)
+    return said(str(body), 200)
+
+
+def _failure(exc: BaseException) -> str:
+    """What a request's httpx failure means, in words."""
+    if isinstance(exc, httpx.ConnectError):
+        return f"is unreachable ({one_line(exc)})"
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+        return f"dropped the connection without an answer (did it stop?): {one_line(exc)}"
+    if isinstance(exc, httpx.TimeoutException):
+        return "did not answer in time"
+    return f"failed: {one_line(exc)}"
+
+
+@VLLM_SERVER.implementation
+class VLLMServerEngine:
+    """Generates through vLLM's servers; see the module docstring."""
+
+    samples_from_policy = False
+
+    def __init__(
+        self,
+        *,
+        urls: list[str],
+        served_model_name: str,
+        max_in_flight: int,
+        timeout: float,
+        weights_dir: str | None,
+    ) -> None:
+        self.urls = [root(u) for u in urls]
+        self.model = served_model_name
+        self.max_in_flight = max_in_flight
+        self.timeout = timeout
+        self.weights_dir = weights_dir
+        self.context: EngineContext | None = None
+        self.folder: Path | None = None  # this run's folder of pushed weights
+        self.current: Path | None = None  # the weights the servers hold now
+        self.max_len: int | None = None  # the smallest max_model_len of the servers
+        self.pushes = 0  # weight pushes made (the first at the start)
+        self.generated: list[int] = []  # the pushes each generation came after
+        self.busy: list[str] = []  # the servers with requests in flight (the timeout's line)
+
+    @property
+    def _started(self) -> EngineContext:
+        if self.context is None:
+            raise RuntimeError("the vllm_server engine was not started")
+        return self.context
+
+    # ------------------------------------------------------------------ HTTP
+    def _run(self, work: Callable[[httpx.AsyncClient], Awaitable[T]], what: str) -> T:
+        """``work(client)`` on an event loop of its own (this thread's: ``generate`` may run
+        in the trainer's generation thread), stopped after ``timeout`` seconds."""
+        limits = httpx.Limits(max_connections=len(self.urls) * self.max_in_flight + 8)
+
+        async def bounded() -> T:
+            async with httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout), limits=limits, follow_redirects=False
+            ) as client:
+                return await asyncio.wait_for(work(client), self.timeout)
+
+        try:
+            return asyncio.run(bounded())
+        except TimeoutError:
+            raise ServerError(
+                f"rollout.engine: {what} had no complete answer from "
+                f"{', '.join(self.busy) or 'the servers'} within rollout.engine.timeout "
+                f"({self.timeout:g} s)"
+            ) from None
+
+    async def _call(
+        self,
+        client: httpx.AsyncClient,
+        method: str,
+        url: str,
+        what: str,
+        body: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+    ) -> Any:
+        """The JSON answer of one request (None for an empty one); a :class:`ServerError`
+        naming ``url`` for every way it fails."""
+        self.busy.append(url)
+        try:
+            response = await client.request(method, url, json=body, params=params)
+        except httpx.HTTPError as exc:
+            raise ServerError(f"rollout.engine: {url} {_failure(exc)} ({what})") from None
+        finally:
+            self.busy.remove(url)
+        if response.status_code != 200:
+            raise ServerError(
+                f"rollout.engine: {url} answered HTTP {response.status_code} to {what}: "
+                f"{_detail(response)}"
+            )
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise ServerError(f"rollout.engine: {url} answered {what} with no JSON") from None
+
+    # ------------------------------------------------------------------ start
+    def _check_answers(self, url: str, models: Any, info: Any) -> None:
+        """The server at ``url`` serves the actor under the engine's name, as the engine
+        needs (vLLM's configuration from ``/server_info``)."""
+        served = [m.get("id") for m in (models or {}).get("data", []) if isinstance(m, dict)]
+        if self.model not in served:
+            raise ServerError(
+                f"rollout.engine: {url} serves {', '.join(map(str, served)) or 'no model'}, "
+                f"not {self.model!r}: set rollout.engine.served_model_name to its name (vLLM's "
+                f"--served-model-name), or start it for this spec ({HOW})"
+            )
+        config = info.get("vllm_config") if isinstance(info, dict) else None
+        model_config = config.get("model_config") if isinstance(config, dict) else None
+        if not isinstance(model_config, dict):
+            raise ServerError(f"rollout.engine: {url}/server_info has no vllm_config")
+        for key, value, flag in NEEDED:
+            if model_config.get(key) != value:
+                raise ServerError(
+                    f"rollout.engine: {url} runs with {key} {model_config.get(key)!r}: start "
+                    f"it with {flag} ({HOW})"
+                )
+        length = model_config.get("max_model_len")
+        if isinstance(length, int) and not isinstance(length, bool):
+            self.max_len = length if self.max_len is None else min(self.max_len, length)
+
+    def start(self, context: EngineContext) -> None:
+        if getattr(context.model, "peft_config", None) is not None:
+            raise UserError(
+                "rollout.engine: vllm_server pushes full weights, not LoRA adapters: train "
+                "without model.lora, or sample with rollout.engine vllm or hf"
+            )
+        self.context = context
+
+        async def check(client: httpx.AsyncClient) -> None:
+            for url in self.urls:
+                models = await self._call(client, "GET", f"{url}/v1/models", "GET /v1/models")
+                try:
+                    info = await self._call(
+                        client,
+                        "GET",
+                        f"{url}/server_info",
+                        "GET /server_info",
+                        params={"config_format": "json"},
+                    )
+                except ServerError as exc:
+                    if "HTTP 404" not in str(exc):
+                        raise
+                    raise ServerError(
+                        f"rollout.engine: {url} has no /server_info or /collective_rpc (the "
+                        f"weight push): start it with VLLM_SERVER_DEV_MODE=1 in its "
+                        f"environment ({HOW})"
+                    ) from None
+                self._check_answers(url, models, info)
+
+        self._run(check, "the start's checks")
+        if context.process == 0:
+            parent = self.weights_dir
+            if parent is not None:
+                Path(parent).mkdir(parents=True, exist_ok=True)
+            self.folder = Path(
+                tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-server-", dir=parent)
+            )
+            os.chmod(self.folder, 0o755)  # a server run by another user reads it
+        self._push()
+
+    # ------------------------------------------------------------------ generate
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling) -> Generation:
+        context = self._started
+        ids, mask = prompt_ids.cpu(), prompt_mask.cpu().bool()  # one copy each
+        prompts = [row[keep].tolist() for row, keep in zip(ids, mask, strict=True)]
+        longest = max((len(p) for p in prompts), default=0)
+        if self.max_len is not None and longest + sampling.max_new_tokens > self.max_len:
+            raise UserError(
+                f"rollout.engine: a prompt of {longest} tokens and {sampling.max_new_tokens} "
+                f"new tokens pass the servers' max_model_len of {self.max_len}: start them "
+                "with a larger --max-model-len or lower rollout.max_new_tokens"
+            )
+        per = 1 if sampling.greedy else sampling.n
+        if sampling.greedy and sampling.n > 1:  # one greedy response a request
+            prompts = [p for p in prompts for _ in range(sampling.n)]
+        bodies = [
+            request_body(
+                self.model,
+                p,
+                sampling,
+                context.eos_ids,
+                None if sampling.seed is None else (sampling.seed + i * per) % (1 << 63),
+            )
+            for i, p in enumerate(prompts)
+        ]
+        if context.progress is not None:
+            context.progress(0, sampling.max_new_tokens, len(prompts) * per)
+        answers = self._run(lambda client: self._complete(client, bodies, sampling), "a generation")
+        if context.progress is not None:
+            context.progress(sampling.max_new_tokens, sampling.max_new_tokens, len(prompts) * per)
+        self.generated.append(self.pushes)
+        responses = [tokens for ids_, _ in answers for tokens in ids_]
+        logps = [values for _, lps in answers for values in lps]
+        return Generation.from_token_lists(
+            responses,
+            None if sampling.greedy else logps,
+            context.eos_ids,
+            context.pad_id,
+            prompt_ids.device,
+        )
+
+    async def _complete(
+        self, client: httpx.AsyncClient, bodies: list[dict[str, Any]], sampling: Sampling
+    ) -> list[tuple[list[list[int]], list[list[float]]]]:
+        """Every request's (ids, log μ), in order: ``max_in_flight`` workers a server, each
+        taking the next request when its last is answered."""
+        results: list[Any] = [None] * len(bodies)
+        queue = iter(range(len(bodies)))  # shared: the event loop runs one worker at a time
+
+        async def worker(url: str) -> None:
+            for i in queue:
+                answer = await self._call(
+                    client, "POST", f"{url}/v1/completions", "a completion", bodies[i]
+                )
+                try:
+                    results[i] = parse_choices(
+                        answer, bodies[i]["n"], sampling.max_new_tokens, sampling.greedy
+                    )
+                except BadAnswer as exc:
+                    raise ServerError(
+                        f"rollout.engine: {url}/v1/completions answered wrong: {exc}"
+                    ) from None
+
+        await _all(
+            [worker(url) for url in self.urls for _ in range(min(self.max_in_flight, len(bodies)))]
+        )
+        return results
+
+    # ------------------------------------------------------------------ sync
+    def sync(self) -> None:
+        """Push the updated policy's full weights into every server."""
+        self._push()
+
+    def _push(self) -> None:
+        """The actor's weights written to a new folder (process 0) and reloaded by every
+        server; the folder of the previous push removed. On several processes every process
+        takes part in the gathers, and the others wait for process 0's push."""
+        context = self._started
+        barrier = _barrier if context.processes > 1 else (lambda: None)
+        barrier()  # no process generates from here to the push's end
+        weights = base_weights(context.model)  # gathered whole, one at a time (collectives)
+        if context.process != 0 or self.folder is None:
+            for _ in weights:
+                pass
+            barrier()
+            self.pushes += 1
+            return
+        from safetensors.torch import save_file
+
+        folder = self.folder / f"v{self.pushes}"
+        folder.mkdir()
+        tensors = {name: t.contiguous().cpu() for name, t in weights}
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        os.chmod(folder, 0o755)
+        os.chmod(folder / "model.safetensors", 0o644)
+
+        async def push(client: httpx.AsyncClient) -> None:
+            async def one(url: str) -> None:
+                body = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+                await self._call(client, "POST", f"{url}/collective_rpc", "the weight push", body)
+                await self._call(
+                    client, "POST", f"{url}/reset_prefix_cache", "the prefix cache's reset"
+                )
+
+            await _all([one(url) for url in self.urls])
+
+        self._run(push, "the weight push")
+        previous, self.current = self.current, folder
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
+        barrier()
+        self.pushes += 1
+
+    def close(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+        self.current = None
+        self.context = None
+
+
+async def _all(jobs: list[Awaitable[None]]) -> None:
+    """Run ``jobs`` together; the first failure cancels the rest and is raised."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()

