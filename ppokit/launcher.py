@@ -108,11 +108,12 @@ def ended_lines(ends: dict[int, tuple[int, int]]) -> tuple[int, list[str]]:
     """The exit status of a run whose processes ``ends`` (rank -> (pid, exit code; minus
     the signal's number for one killed by a signal)), the first to fail first, failed, and
     one line per process: ``process 1 (pid 4242) was killed by signal SIGKILL: ...``. The
-    status is the first process's: 128 plus its signal's number (as a shell reports it),
-    or its exit status."""
+    status is that of the first process killed by a signal, 128 plus its signal's number
+    (as a shell reports it): the others exit when they find it gone, sometimes before the
+    launcher has seen it die; else the first process's non-zero exit status."""
     import signal
 
-    lines, statuses = [], []
+    lines, statuses, killed = [], [], []
     for rank, (pid, code) in ends.items():
         if code < 0:
             try:
@@ -124,11 +125,11 @@ def ended_lines(ends: dict[int, tuple[int, int]]) -> tuple[int, list[str]]:
                 f"error: process {rank} (pid {pid}) was killed by signal {name}"
                 + (f": {cause}" if cause else "")
             )
-            statuses.append(128 - code)
+            killed.append(128 - code)
         else:
             lines.append(f"error: process {rank} (pid {pid}) exited with status {code}")
             statuses.append(code)
-    return next((c for c in statuses if c > 0), 1), lines
+    return next(iter(killed), next((c for c in statuses if c > 0), 1)), lines
 
 
 def how_to_continue(out: Path, command: list[str]) -> list[str]:

@@ -60,6 +60,8 @@ def test_the_lines_say_which_process_ended_how() -> None:
     )
     status, lines = ended_lines({1: (7, -signal.SIGSEGV)})
     assert status == 128 + signal.SIGSEGV and "SIGSEGV: a crash in native code" in lines[0]
+    # the process the signal killed gives the status, whichever the launcher saw end first
+    assert ended_lines({0: (7, 1), 1: (8, -signal.SIGKILL)})[0] == 128 + signal.SIGKILL
     assert ended_lines({0: (7, -200)})[1] == [
         "error: process 0 (pid 7) was killed by signal number 200"
     ]
