@@ -4,7 +4,10 @@ taking turns round after round (A, B, A, B ...) after one warm-up round each, so
 machine's load meets them alike.
 
 A configuration is ``NAME:KEY=VALUE;KEY=VALUE`` (spec overrides on top of the base ones,
-``--set``), or ``NAME:`` for the base spec; the first is the baseline. The round's responses
+``--set``), or ``NAME:`` for the base spec; the first is the baseline. A key
+``@module.NAME`` sets a module's constant (a Python literal) while the configuration builds
+and runs, e.g. ``@ppokit.trainer.optim.ADAMW_FUSED=None`` (torch's per-parameter AdamW) or
+``@ppokit.trainer.logprobs.TILE_ELEMENTS=16777216`` (64 MiB tiles of logits). The round's responses
 are injected (random tokens, lengths uniform over ``--lengths``) as in
 ``benchmarks/microbatch.py``, so generation does not count; each round runs ``run_round``'s
 no-grad passes and update. Printed per configuration: the median ``time_update``, its
@@ -21,9 +24,13 @@ configuration under ``torch.profiler`` and prints its top operators by self CPU 
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import gc
+import importlib
 import os
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +48,12 @@ from ppokit.trainer.run import build
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "specs" / "smollm2_arithmetic_cpu.yaml"
-#: Every weight trained, bfloat16, 4 prompts x 4 samples, no reference (it does not change
+#: Every weight trained, bfloat16, 4 prompts x 4 samples, log π_old recomputed (the no-grad
+#: pass), no reference (it does not change
 #: the update's work and would hold a second copy of the weights per configuration).
 BASE = [
     "model.lora=null", "model.dtype=bfloat16", "rollout.prompts_per_round=4",
-    "rollout.n=4", "rollout.max_new_tokens=256", "kl=null", "eval=null",
+    "rollout.n=4", "rollout.max_new_tokens=256", "rollout.logp_old=forward", "kl=null", "eval=null",
     "output.progress=false", "train.micro_batch_tokens=4096",
 ]  # fmt: skip
 CONFIGS = "autocast:"
@@ -68,7 +76,9 @@ def _round(spec: Any, run: Any, lengths_arg: str) -> tuple[Any, ...]:
     g = torch.Generator().manual_seed(spec.seed)
     lengths = torch.randint(low, high + 1, (ids.shape[0],), generator=g)
     width = int(lengths.max())
-    response = torch.randint(10, models.tokenizer.vocab_size - 10, (ids.shape[0], width), generator=g)
+    response = torch.randint(
+        10, models.tokenizer.vocab_size - 10, (ids.shape[0], width), generator=g
+    )
     mask = torch.arange(width)[None, :] < lengths[:, None]
     ro = Rollout(ids, attn, response.masked_fill(~mask, 0), mask, lengths == width, None)
     with torch.no_grad():
@@ -76,6 +86,23 @@ def _round(spec: Any, run: Any, lengths_arg: str) -> tuple[Any, ...]:
     ro.logp_rollout = logp * mask
     scores = (torch.rand(ids.shape[0], generator=g) > 0.5).float()
     return rows, formatted, ro, scores
+
+
+@contextlib.contextmanager
+def _constants(overrides: list[str]) -> Iterator[None]:
+    """The ``@module.NAME=value`` of a configuration set, restored on exit."""
+    saved = []
+    for item in overrides:
+        key, value = item[1:].split("=", 1)
+        module, name = key.rsplit(".", 1)
+        mod = importlib.import_module(module)
+        saved.append((mod, name, getattr(mod, name)))
+        setattr(mod, name, ast.literal_eval(value))
+    try:
+        yield
+    finally:
+        for mod, name, old in reversed(saved):
+            setattr(mod, name, old)
 
 
 def _one(run: Any, fixed: tuple[Any, ...], round_no: int) -> dict[str, float]:
@@ -115,10 +142,12 @@ def main() -> None:
     for item in args.configs.split(","):
         name, _, rest = item.partition(":")
         configs[name] = [x for x in rest.split(";") if x]
+    consts = {c: [x for x in v if x.startswith("@")] for c, v in configs.items()}
     runs, fixed, peaks = {}, None, {}
     for name, overrides in configs.items():
-        spec = load_spec(args.spec, [*BASE, *args.set, *overrides])
-        runs[name] = build(spec, threads=False)
+        spec = load_spec(args.spec, [*BASE, *args.set, *(x for x in overrides if x[0] != "@")])
+        with _constants(consts[name]):
+            runs[name] = build(spec, threads=False)
         peaks[name] = phase_peaks(spec, runs[name].setup.models)
         if fixed is None:  # one round for all (the same tokenizer and prompts)
             fixed = _round(spec, runs[name], args.lengths)
@@ -135,7 +164,8 @@ def main() -> None:
     for i in range(args.rounds + 1):
         for name, run in runs.items():
             gc.collect()
-            row = _one(run, fixed, i + 1)
+            with _constants(consts[name]):
+                row = _one(run, fixed, i + 1)
             print(
                 f"  round {i} {name:14s} logprob {row['logprob']:6.2f} s update "
                 f"{row['update']:6.2f} s; load {_load()}",
@@ -150,13 +180,14 @@ def main() -> None:
           f"{'logprob s':>9s} {'mfu_logprob':>11s} {'speed-up':>8s}")  # fmt: skip
     for c, m in med.items():
         mfu_u = m["flops_update"] / (m["update"] * peaks[c]["update"])
-        mfu_l = m["flops_logprob"] / (m["logprob"] * peaks[c]["logprob"])
+        mfu_l = m["flops_logprob"] / (max(m["logprob"], 1e-9) * peaks[c]["logprob"])
         print(
             f"{c:14s} {m['update']:9.2f} {mfu_u:10.1%} {base['update'] / m['update']:8.2f}   "
-            f"{m['logprob']:9.2f} {mfu_l:11.1%} {base['logprob'] / m['logprob']:8.2f}"
+            f"{m['logprob']:9.2f} {mfu_l:11.1%} {base['logprob'] / max(m['logprob'], 1e-9):8.2f}"
         )
     if args.profile is not None:
-        _profile(runs[args.profile], fixed)
+        with _constants(consts[args.profile]):
+            _profile(runs[args.profile], fixed)
     for run in runs.values():
         run.setup.close()
 

@@ -18,6 +18,12 @@ __all__ = ["Optimizers", "Schedule", "clip", "lr_factor", "optimizer_steps"]
 
 Schedule = torch.optim.lr_scheduler.LambdaLR
 
+#: AdamW's implementation on one process: ``fused`` (one kernel over every parameter, on the
+#: CPU as on CUDA; the same update as the per-parameter loop within float32 rounding), or
+#: None for torch's default (its per-parameter loop on a CPU). Sharded parameters (several
+#: processes) keep torch's default.
+ADAMW_FUSED: bool | None = True
+
 
 def optimizer_steps(spec: Spec) -> tuple[int, int]:
     """(the actor's, the critic's) optimizer steps in a run of ``spec`` with none skipped:
@@ -97,7 +103,8 @@ class Optimizers:
         def adamw(
             params: Iterable[Tensor], lr: float, steps: int
         ) -> tuple[torch.optim.Optimizer, Schedule]:
-            opt = torch.optim.AdamW(params, lr=lr, weight_decay=t.weight_decay)
+            fused = ADAMW_FUSED if not distributed.world().distributed else None
+            opt = torch.optim.AdamW(params, lr=lr, weight_decay=t.weight_decay, fused=fused)
             return opt, Schedule(opt, lr_factor(t, steps))
 
         actor = adamw(models.actor_parameters(), t.actor_lr, actor_steps)
