@@ -171,6 +171,13 @@ class ModelSpec(_Strict):
         f"units for an actor of {CPU_BF16_MIN_PARAMETERS / 1e6:g}M parameters or more "
         "(where it pays: docs/results.md), else float32",
     )
+    master_weights: bool = Field(
+        False,
+        description="with a bfloat16 or float16 model.dtype: the weights themselves in that "
+        "dtype and the passes without autocast, AdamW holding a float32 master copy of each "
+        "trained weight (checkpointed), summing gradients and stepping in float32 "
+        "(docs/speed.md); no effect in float32",
+    )
     gradient_checkpointing: bool = Field(
         False, description="recompute activations in the backward pass to save memory"
     )
