@@ -29,6 +29,7 @@ import torch
 from ppokit.spec import load_spec
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.microbatches import MicroBatches
+from ppokit.trainer.producers.given import Given
 from ppokit.trainer.prompts import format_prompts
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.round import run_round
@@ -123,9 +124,8 @@ def main() -> None:
             setup.forwards.pack = train.pack_sequences  # type: ignore[attr-defined]
             padded[config] = _padded_tokens(ro, MicroBatches.of(train, ro), train)  # type: ignore[arg-type]
             begin = time.perf_counter()
-            result = run_round(
-                setup, state, rows, formatted, round_no=i + 1, rollout=ro, scores=scores
-            )
+            produced = Given.of(setup, rows, formatted, ro, scores).next(i + 1)
+            result = run_round(setup, state, produced, round_no=i + 1)
             read_once(result.metrics)
             total = time.perf_counter() - begin
             t = result.timings

@@ -166,10 +166,18 @@ class ModelSpec(_Strict):
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
-        description="autocast of the trainer's passes (weights, optimizer state, log-probs "
+        description="autocast of the trainer's passes (weights unless model.master_weights, "
+        "optimizer state, log-probs "
         "and losses stay float32); 'auto': bfloat16 on CUDA, and on a CPU with AMX bf16 "
         f"units for an actor of {CPU_BF16_MIN_PARAMETERS / 1e6:g}M parameters or more "
         "(where it pays: docs/results.md), else float32",
+    )
+    master_weights: bool = Field(
+        False,
+        description="with a bfloat16 or float16 model.dtype: the weights themselves in that "
+        "dtype and the passes without autocast, AdamW holding a float32 master copy of each "
+        "trained weight (checkpointed), summing gradients and stepping in float32 "
+        "(docs/speed.md); no effect in float32",
     )
     gradient_checkpointing: bool = Field(
         False, description="recompute activations in the backward pass to save memory"

@@ -1,15 +1,19 @@
 """Token log-probabilities and entropies without a full ``[B, T, vocab]`` float32 tensor.
 
-The trunk's hidden states go through the LM head one chunk of positions at a time; each
-chunk's logits are scaled by 1/temperature and log-softmaxed in float32, and only the
-sampled token's log-prob and the entropy are kept. With gradients enabled each chunk runs
-under ``torch.utils.checkpoint``, so backward recomputes the chunk's logits instead of
-keeping them alive; a call whose logits fit in one chunk (``CHECKPOINT_MIN_ELEMENTS``)
-keeps them instead, which gives the same values without recomputing the LM head. Where
-even one position's logits over the call's rows pass the chunk (many rows, a large
-vocabulary), the chunks are tiles of positions × vocabulary instead
-(:class:`VocabChunked`: a streaming log-sum-exp forward and a backward that recomputes each
-tile), so memory holds at most one tile's logits whatever the rows and the vocabulary.
+A linear LM head (``nn.Linear``, as transformers' causal LMs have) runs in tiles of
+positions × vocabulary (:class:`VocabChunked`): a streaming log-sum-exp forward and a
+backward that recomputes each tile's logits, float32 statistics. A tile holds
+``TILE_ELEMENTS`` float32 logits (1 MiB), which a core's cache holds, so the passes of the
+log-softmax over it run from the cache: on a CPU they, not the head's matrix products, were
+most of the update's time with tiles the size of memory. Memory holds one tile's logits
+whatever the rows and the vocabulary.
+
+Any other head (a LoRA-wrapped one) goes by chunks of positions: each chunk's logits are
+scaled by 1/temperature and log-softmaxed in float32, and only the sampled token's log-prob
+and the entropy are kept. With gradients enabled each chunk runs under
+``torch.utils.checkpoint``, so backward recomputes the chunk's logits instead of keeping
+them alive; a call whose logits fit in one chunk (``CHECKPOINT_MIN_ELEMENTS``) keeps them
+instead, which gives the same values without recomputing the LM head.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ __all__ = [
 
 #: Elements of float32 logits one chunk may hold (64 MiB).
 CHUNK_ELEMENTS = 1 << 24
+#: Elements of float32 logits of one tile of a linear head (:class:`VocabChunked`): 1 MiB,
+#: which a core's cache holds, so the log-softmax's passes over it run from the cache, not
+#: from memory; at most ``TILE_ROWS`` rows a tile (the rest of it vocabulary).
+TILE_ELEMENTS = 1 << 18
+TILE_ROWS = 256
 #: Logit elements of a whole call up to which it is not checkpointed: a call that fits in one
 #: chunk keeps its log-softmax and its exp (two float32 tensors of at most a chunk's size)
 #: for backward instead of recomputing the LM head.
@@ -92,17 +101,19 @@ def token_logprobs(
     ``entropy=False`` skips the entropy's full-vocabulary pass (a reference policy needs the
     log-probs only; they are the same values) and returns ``(logp, None)``.
 
-    The positions go through the head in chunks whose float32 logits hold at most
+    A linear head goes by tiles of at most ``min(chunk_elements, TILE_ELEMENTS)`` logits;
+    any other through chunks of positions whose float32 logits hold at most
     ``chunk_elements`` elements; with a gradient needed and more than
     ``checkpoint_min_elements`` logit elements in the call, each chunk is checkpointed.
     """
     b, t = targets.shape
     weight = getattr(head, "weight", None)
     vocab = weight.shape[0] if isinstance(weight, Tensor) else 1
-    if isinstance(head, nn.Linear) and b * vocab > chunk_elements:  # tiles of the vocabulary
+    if isinstance(head, nn.Linear):  # tiles of positions × vocabulary
         flat = hidden.reshape(b * t, hidden.shape[-1])
+        tile = min(chunk_elements, TILE_ELEMENTS)
         logp, ent = VocabChunked.apply(
-            flat, head.weight, head.bias, targets.reshape(-1), temperature, chunk_elements
+            flat, head.weight, head.bias, targets.reshape(-1), temperature, tile, entropy
         )
         return logp.view(b, t), (ent.view(b, t) if entropy else None)
     step = max(1, chunk_elements // max(1, b * vocab))
@@ -133,17 +144,33 @@ def token_logprobs(
 
 
 def _tile_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
-    return F.linear(hidden, weight, bias).float() / temperature
+    z = F.linear(hidden, weight, bias).float()
+    return z if temperature == 1.0 else z.div_(temperature)
+
+
+def _tiles(m_rows: int, vocab: int, tile: int) -> tuple[int, int]:
+    """(rows, vocabulary columns) of a tile of at most ``tile`` logits, at most
+    ``TILE_ROWS`` rows."""
+    rows = max(1, min(m_rows, TILE_ROWS, tile))
+    return rows, max(1, min(vocab, tile // rows))
+
+
+def _compute(x: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
+    """``x`` in the autocast ``dtype`` the tiles' products run in (cast once per call, not
+    once per tile: the same values autocast would give each product)."""
+    return x if x is None or dtype is None or not x.is_floating_point() else x.to(dtype)
 
 
 class VocabChunked(torch.autograd.Function):
     """log π(target) and the entropy of π = softmax(head(hidden) / temperature) per row of
     ``hidden`` ``[M, H]`` (a linear head ``weight`` ``[V, H]``, ``bias``), computed over
-    tiles of at most ``tile`` logits (rows × vocabulary): in forward a streaming
-    log-sum-exp (running max m, s = Σ e^(z−m), u = Σ e^(z−m)·z; lse = m + log s,
-    H = lse − u/s); in backward each tile's logits recomputed, with
+    tiles of at most ``tile`` logits (rows × vocabulary, at most ``TILE_ROWS`` rows): in
+    forward a streaming log-sum-exp (running max m, s = Σ e^(z−m), u = Σ e^(z−m)·z;
+    lse = m + log s, H = lse − u/s); in backward each tile's logits recomputed, with
     ∂log π(t)/∂z_k = [k = t] − p_k and ∂H/∂z_k = −p_k·(z_k − lse + H). Float32 statistics;
-    the matrix products run under the caller's autocast, in forward and backward alike."""
+    the matrix products run under the caller's autocast, in forward and backward alike.
+    ``entropy`` False: the entropy is not computed (its output is zeros, without
+    gradient)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -154,12 +181,16 @@ class VocabChunked(torch.autograd.Function):
         targets: Tensor,
         temperature: float,
         tile: int,
+        entropy: bool = True,
     ) -> tuple[Tensor, Tensor]:
         m_rows, vocab = hidden.shape[0], weight.shape[0]
-        rows = max(1, min(m_rows, tile))
-        cols = max(1, min(vocab, tile // rows))
+        rows, cols = _tiles(m_rows, vocab, tile)
+        device = hidden.device.type  # backward runs under the same autocast
+        amp = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        w, b = _compute(weight, amp), _compute(bias, amp)
+        assert w is not None
         logp = hidden.new_empty(m_rows, dtype=torch.float32)
-        ent = hidden.new_empty(m_rows, dtype=torch.float32)
+        ent = hidden.new_zeros(m_rows, dtype=torch.float32)
         lse_all = hidden.new_empty(m_rows, dtype=torch.float32)
         for r in range(0, m_rows, rows):  # tiles for memory, not a loop over time steps
             h, tgt = hidden[r : r + rows], targets[r : r + rows]
@@ -168,13 +199,14 @@ class VocabChunked(torch.autograd.Function):
             u = torch.zeros_like(run_max)
             picked = torch.zeros_like(run_max)
             for c in range(0, vocab, cols):
-                b_c = None if bias is None else bias[c : c + cols]
-                z = _tile_logits(h, weight[c : c + cols], b_c, temperature)
+                b_c = None if b is None else b[c : c + cols]
+                z = _tile_logits(h, w[c : c + cols], b_c, temperature)
                 new_max = torch.maximum(run_max, z.amax(-1))
                 scale = torch.exp(run_max - new_max)
-                e = torch.exp(z - new_max[:, None])
+                e = (z - new_max[:, None]).exp_()
                 s = s * scale + e.sum(-1)
-                u = u * scale + (e * z).sum(-1)
+                if entropy:
+                    u = u * scale + torch.linalg.vecdot(e, z)
                 run_max = new_max
                 inside = (tgt >= c) & (tgt < c + z.shape[1])
                 local = (tgt - c).clamp(0, z.shape[1] - 1)
@@ -182,12 +214,11 @@ class VocabChunked(torch.autograd.Function):
             lse = run_max + torch.log(s)
             lse_all[r : r + rows] = lse
             logp[r : r + rows] = picked - lse
-            ent[r : r + rows] = lse - u / s
+            if entropy:
+                ent[r : r + rows] = lse - u / s
         ctx.save_for_backward(hidden, weight, bias, targets, lse_all, ent)
-        ctx.temperature, ctx.tiles = temperature, (rows, cols)
-        device = hidden.device.type  # backward runs under the same autocast
-        cast = torch.is_autocast_enabled(device)
-        ctx.autocast = (device, torch.get_autocast_dtype(device) if cast else None)
+        ctx.temperature, ctx.tiles, ctx.entropy = temperature, (rows, cols), entropy
+        ctx.autocast = (device, amp)
         return logp, ent
 
     @staticmethod
@@ -202,26 +233,38 @@ class VocabChunked(torch.autograd.Function):
     def _backward(ctx: Any, grad_logp: Tensor, grad_ent: Tensor) -> tuple[Tensor | None, ...]:
         hidden, weight, bias, targets, lse_all, ent_all = ctx.saved_tensors
         temperature, (rows, cols) = ctx.temperature, ctx.tiles
+        amp = ctx.autocast[1]
         vocab = weight.shape[0]
+        w, b = _compute(weight, amp), _compute(bias, amp)
+        assert w is not None
         grad_h = torch.zeros_like(hidden, dtype=torch.float32)
         grad_w = torch.zeros_like(weight, dtype=torch.float32)
         grad_b = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
         for r in range(0, hidden.shape[0], rows):
             h, tgt = hidden[r : r + rows], targets[r : r + rows]
-            g_lp, g_h = grad_logp[r : r + rows].float(), grad_ent[r : r + rows].float()
-            lse, ent = lse_all[r : r + rows], ent_all[r : r + rows]
+            hc = h.to(w.dtype)
+            g_lp = grad_logp[r : r + rows].float()[:, None]
+            lse = lse_all[r : r + rows][:, None]
+            if ctx.entropy:
+                g_h = grad_ent[r : r + rows].float()[:, None]
+                ent = ent_all[r : r + rows][:, None]
             for c in range(0, vocab, cols):
-                b_c = None if bias is None else bias[c : c + cols]
-                z = _tile_logits(h, weight[c : c + cols], b_c, temperature)
-                p = torch.exp(z - lse[:, None])
-                dz = -p * (g_lp[:, None] + g_h[:, None] * (z - lse[:, None] + ent[:, None]))
+                b_c = None if b is None else b[c : c + cols]
+                z = _tile_logits(h, w[c : c + cols], b_c, temperature)
+                p = (z - lse).exp_()
+                if ctx.entropy:  # -p·(g_lp + g_h·(z − lse + H)), in z's buffer
+                    dz = z.sub_(lse).add_(ent).mul_(g_h).add_(g_lp).mul_(p).neg_()
+                else:
+                    dz = p.mul_(-g_lp)
                 inside = (tgt >= c) & (tgt < c + z.shape[1])
                 local = (tgt - c).clamp(0, z.shape[1] - 1)
-                dz.scatter_add_(1, local[:, None], torch.where(inside, g_lp, 0.0)[:, None])
-                dz = dz / temperature
-                grad_h[r : r + rows] += (dz.to(h.dtype) @ weight[c : c + cols].to(h.dtype)).float()
-                grad_w[c : c + cols] += (dz.t().to(h.dtype) @ h).float()
+                dz.scatter_add_(1, local[:, None], torch.where(inside, g_lp[:, 0], 0.0)[:, None])
+                if temperature != 1.0:
+                    dz.div_(temperature)
+                dzc = dz.to(w.dtype)
+                grad_h[r : r + rows] += (dzc @ w[c : c + cols]).float()
+                grad_w[c : c + cols] += (dzc.t() @ hc).float()
                 if grad_b is not None:
                     grad_b[c : c + cols] += dz.sum(0)
         out_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h.to(hidden.dtype), grad_w.to(weight.dtype), out_b, None, None, None
+        return grad_h.to(hidden.dtype), grad_w.to(weight.dtype), out_b, None, None, None, None

@@ -73,10 +73,14 @@ PEFT_INSTALL = "pip install 'ppokit[lora]'"
 
 @dataclass
 class Runtime:
-    """Where tensors live and which dtype autocast uses (None: plain float32)."""
+    """Where tensors live and the dtype the passes compute in (None: plain float32);
+    ``master``: the weights are stored in that dtype (``model.master_weights``, AdamW
+    holding float32 masters) and the passes run without autocast, else they run under
+    autocast over float32 weights."""
 
     device: torch.device
     amp_dtype: torch.dtype | None
+    master: bool = False
 
 
 @contextlib.contextmanager
@@ -157,8 +161,9 @@ def resolve_device(device: str, dtype: str, parameters: int | None = None) -> Ru
 
 
 def autocast(runtime: Runtime) -> contextlib.AbstractContextManager[Any]:
-    """Mixed-precision context for forwards (a no-op in float32)."""
-    if runtime.amp_dtype is None:
+    """Mixed-precision context for forwards (a no-op in float32, and with weights stored in
+    the compute dtype)."""
+    if runtime.amp_dtype is None or runtime.master:
         return contextlib.nullcontext()
     return torch.autocast(device_type=runtime.device.type, dtype=runtime.amp_dtype)
 
@@ -646,12 +651,17 @@ def build_models(
         actor = add_lora(actor, lora, "actor", spec.seed + 2, "CAUSAL_LM")
         if value is not None and value.trunk is not None:
             value.trunk = add_lora(value.trunk, lora, "critic's trunk", spec.seed + 3)
+    if m.master_weights and runtime.amp_dtype is not None:
+        runtime.master = True
+        report.step(f"the weights in {str(runtime.amp_dtype).removeprefix('torch.')} "
+                    "(model.master_weights: float32 masters in AdamW)")  # fmt: skip
     if runtime.device.type != "cpu":
         report.step(f"moving the models to {runtime.device}")
-    actor.to(runtime.device)
+    weights = runtime.amp_dtype if runtime.master else None
+    actor.to(runtime.device, weights)
     if value is not None:
-        value.to(runtime.device)
+        value.to(runtime.device, weights)
     if ref is not None:
-        ref.to(runtime.device)
+        ref.to(runtime.device, weights)
     lora_ref = wants_ref and lora is not None
     return Models(tokenizer, actor, value, ref, runtime, shared, lora_reference=lora_ref)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -14,9 +15,15 @@ from ppokit import distributed
 from ppokit.spec import Spec, TrainSpec
 from ppokit.trainer.models import Models
 
-__all__ = ["Optimizers", "Schedule", "clip", "lr_factor", "optimizer_steps"]
+__all__ = ["MasterAdamW", "Optimizers", "Schedule", "clip", "lr_factor", "optimizer_steps"]
 
 Schedule = torch.optim.lr_scheduler.LambdaLR
+
+#: AdamW's implementation on one process: ``fused`` (one kernel over every parameter, on the
+#: CPU as on CUDA; the same update as the per-parameter loop within float32 rounding), or
+#: None for torch's default (its per-parameter loop on a CPU). Sharded parameters (several
+#: processes) keep torch's default.
+ADAMW_FUSED: bool | None = True
 
 
 def optimizer_steps(spec: Spec) -> tuple[int, int]:
@@ -68,10 +75,97 @@ def lr_factor(train: TrainSpec, steps: int) -> Callable[[int], float]:
     return factor
 
 
+class MasterAdamW(torch.optim.AdamW):
+    """AdamW over weights stored in a low precision (``model.master_weights``), stepping a
+    float32 master copy of each: the master is in the parameter's state (``"master"``, so a
+    checkpoint of the optimizer keeps it), a backward's gradients are summed into the
+    master's float32 ``grad`` as each arrives (the parameter's own is then freed), and a
+    step is torch's AdamW over the masters (float32 moments), each copied into its weight
+    after it. :func:`clip` clips the masters' gradients."""
+
+    def __init__(self, params: Iterable[Tensor], **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        #: Each weight's master (in its state too once it has stepped: AdamW initialises
+        #: a state that is empty).
+        self.masters: dict[Tensor, Tensor] = {}
+        for p in self.weights():
+            p.register_post_accumulate_grad_hook(self._accumulate)
+
+    def weights(self) -> list[Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def master(self, p: Tensor) -> Tensor:
+        if p not in self.masters:
+            self.masters[p] = p.detach().float()
+        return self.masters[p]
+
+    def _accumulate(self, p: Tensor) -> None:
+        master = self.master(p)
+        if p.grad is None:
+            return
+        if master.grad is None:
+            master.grad = p.grad.float()
+        else:
+            master.grad.add_(p.grad)
+        p.grad = None
+
+    def grads(self) -> list[Tensor]:
+        """The masters holding a gradient (a parameter's own, set directly, folded in)."""
+        for p in self.weights():
+            self._accumulate(p)
+        return [m for p in self.weights() if (m := self.master(p)).grad is not None]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        for master in self.masters.values():
+            master.grad = None
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        self.grads()
+        stored = {}
+        for p in self.weights():  # each parameter is its master while AdamW steps
+            master = self.master(p)
+            if master.grad is not None:
+                stored[p] = p.data
+                p.data, p.grad = master, master.grad
+        try:
+            super().step()
+        finally:
+            for p, low in stored.items():
+                low.copy_(p.data)
+                p.data, p.grad = low, None
+                self.state[p]["master"] = self.masters[p]
+        self.zero_grad()
+        return None
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch casts a state's tensors to its parameter's dtype: the parameters are
+        float32 while it loads, so the masters and the moments stay float32."""
+        stored = {p: p.data for p in self.weights()}
+        for p in stored:
+            p.data = p.data.float()
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            for p, low in stored.items():
+                p.data = low
+        self.masters = {}
+        with torch.no_grad():
+            for p in stored:
+                if "master" in self.state[p]:
+                    self.masters[p] = self.state[p]["master"]
+                    p.copy_(self.masters[p])
+
+
 def clip(opt: torch.optim.Optimizer, limit: float | None) -> Tensor:
-    """Clip the gradients of ``opt``'s parameters to the total norm ``limit``; their total
-    norm before clipping (non-finite when a gradient is)."""
-    params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+    """Clip the gradients of ``opt``'s parameters (a :class:`MasterAdamW`'s masters) to the
+    total norm ``limit``; their total norm before clipping (non-finite when a gradient
+    is)."""
+    if isinstance(opt, MasterAdamW):
+        params = opt.grads()
+    else:
+        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, limit if limit is not None else math.inf)
     return distributed.full_tensor(norm)  # sharded gradients: the norm of the whole
 
@@ -97,7 +191,9 @@ class Optimizers:
         def adamw(
             params: Iterable[Tensor], lr: float, steps: int
         ) -> tuple[torch.optim.Optimizer, Schedule]:
-            opt = torch.optim.AdamW(params, lr=lr, weight_decay=t.weight_decay)
+            fused = ADAMW_FUSED if not distributed.world().distributed else None
+            kind = MasterAdamW if models.runtime.master else torch.optim.AdamW
+            opt = kind(params, lr=lr, weight_decay=t.weight_decay, fused=fused)
             return opt, Schedule(opt, lr_factor(t, steps))
 
         actor = adamw(models.actor_parameters(), t.actor_lr, actor_steps)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -247,15 +248,22 @@ def test_reference_pass_hand_case() -> None:
 @given(st.integers(1, 3), st.integers(1, 6), st.integers(1, 100), st.integers(0, 1000))
 @settings(max_examples=50, deadline=None)
 def test_checkpointing_changes_no_value_or_gradient(b: int, t: int, chunk: int, seed: int) -> None:
-    """Small calls keep their logits (one head pass per chunk), large ones recompute them in
-    backward (two): the log-probs, entropies and gradients are the same. (Chunks of
+    """A head other than ``nn.Linear`` goes by chunks of positions: small calls keep their
+    logits (one head pass per chunk), large ones recompute them in backward (two): the log-probs, entropies and gradients are the same. (Chunks of
     positions: a chunk holds one position's logits of every row at least; below that the
     chunks are tiles of the vocabulary, tests/trainer/test_logprobs.py.)"""
     chunk = max(chunk, b * 9)
     g = torch.Generator().manual_seed(seed)
-    head = nn.Linear(5, 9, bias=False)
-    with torch.no_grad():
-        head.weight.copy_(torch.randn(9, 5, generator=g))
+
+    class Head(nn.Module):  # a head other than nn.Linear (a LoRA-wrapped one): by chunks
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(9, 5, generator=g))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.linear(x, self.weight)
+
+    head = Head()
     calls = [0]
     head.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     hidden = torch.randn(b, t, 5, generator=g)

@@ -53,8 +53,8 @@ def test_chunked_logprobs_match_direct(
     params = [hidden, *head.parameters()]
     got = torch.autograd.grad((lp * w).sum() + (ent * u).sum(), params)
     want = torch.autograd.grad((ref_lp * w).sum() + (ref_ent * u).sum(), params)
-    for a, e in zip(got, want, strict=True):
-        torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
+    for a, e in zip(got, want, strict=True):  # float32 sums in another order: 1e-4
+        torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)
 
 
 def test_vocabulary_tiles_hold_one_tile_of_logits() -> None:

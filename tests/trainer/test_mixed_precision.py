@@ -13,6 +13,7 @@ from ppokit.spec import CPU_BF16_MIN_PARAMETERS
 from ppokit.trainer import models as models_module
 from ppokit.trainer.metrics import read_once
 from ppokit.trainer.models import build_models, resolve_device
+from ppokit.trainer.optim import MasterAdamW
 from tests.helpers.trainer import demo_rows, learner, small_spec
 
 
@@ -91,3 +92,47 @@ def test_a_bf16_round_keeps_float32_state_and_one_autocast(budget: int | None) -
         bf16 = lrn.setup.forwards.reference_logprobs(ro) * ro.response_mask
     assert not torch.equal(full, bf16)
     torch.testing.assert_close(bf16, data.batch.logp_ref, rtol=0, atol=0)
+
+
+def _bf16_round(*extra: str) -> tuple[Any, dict[str, Any]]:
+    spec = small_spec(
+        None, "model.dtype=bfloat16", "rollout.logp_old=forward", "train.ppo_epochs=1",
+        "kl={estimator: k3, coef: 0.1, placement: loss}", "model.tiny.hidden_size=64",
+        "model.tiny.intermediate_size=128", "train.micro_batch_size=4", *extra,
+    )  # fmt: skip
+    lrn = learner(spec)
+    rows = demo_rows(4)
+    return lrn, read_once(lrn.round(rows, [r["prompt"] for r in rows], 1).metrics)
+
+
+def test_master_weights_store_bf16_weights_and_step_float32_masters() -> None:
+    """``model.master_weights``: the weights (actor, critic, reference) are bfloat16 and the
+    passes run without autocast; AdamW's moments and masters are float32 and its masters
+    keep what bfloat16 rounds away; the round's loss and gradient norm are the autocast
+    round's within bfloat16 rounding (micro-batches: gradients summed in float32); log π_old
+    is the update's first forward (ratio 1) and the reference the same weights (KL 0)."""
+    lrn, metrics = _bf16_round("model.master_weights=true")
+    models = lrn.setup.models
+    assert models.runtime.master
+    assert metrics["approx_kl"] == 0.0 and metrics["kl"] == 0.0
+    weights = [*models.actor.parameters(), *models.critic_parameters()]
+    assert models.ref is not None and models.critic is not None
+    weights += [*models.ref.parameters()]
+    assert {p.dtype for p in weights} == {torch.bfloat16}
+    opt = lrn.state.optimizers.actor
+    assert isinstance(opt, MasterAdamW)
+    state = [v for s in opt.state.values() for k, v in s.items() if k != "step"]
+    assert state and {v.dtype for v in state} == {torch.float32}
+    masters = [opt.state[p]["master"] for p in models.actor.parameters()]
+    for p, m in zip(models.actor.parameters(), masters, strict=True):
+        assert torch.equal(p, m.to(torch.bfloat16))  # the weight is its master, rounded
+    assert any(not torch.equal(m, m.to(torch.bfloat16).float()) for m in masters)
+    _, autocast_metrics = _bf16_round()
+    for key in ("grad_norm_actor", "grad_norm_critic", "value_loss", "policy_loss"):
+        assert metrics[key] == pytest.approx(autocast_metrics[key], rel=1e-2, abs=1e-6), key
+    # a checkpoint of the optimizer keeps the masters (and moments) in float32
+    again = MasterAdamW(models.actor.parameters(), lr=1e-3)
+    again.load_state_dict(opt.state_dict())
+    for p, m in zip(models.actor.parameters(), masters, strict=True):
+        assert again.state[p]["master"].dtype == torch.float32
+        assert torch.equal(again.state[p]["master"], m)
