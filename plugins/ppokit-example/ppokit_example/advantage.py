@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ppokit.batch import RolloutBatch
@@ -23,5 +24,9 @@ class LitePPOAdvantage:
         count = valid.sum()
         mean = (scores * valid).sum() / count.clamp_min(1.0)
         var = ((scores - mean) ** 2 * valid).sum() / (count - 1.0).clamp_min(1.0)
-        adv = (scores - batch.group_mean(scores)) / (var.sqrt() + self.eps)
+        # centred about the group's largest score first: a group of nearly equal scores
+        # then leaves no rounding residue for a small batch std to magnify
+        top = batch.group_max(torch.where(batch.nonempty, scores, -torch.inf))
+        shifted = scores - torch.where(torch.isfinite(top), top, 0.0)
+        adv = (shifted - batch.group_mean(shifted)) / (var.sqrt() + self.eps)
         return broadcast_rows(adv, batch.response_mask)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from ppokit_example import plugin
 from ppokit_example.advantage import LitePPOAdvantage
@@ -44,8 +44,19 @@ def test_zero_off_the_response_and_constant_along_it(batch: RolloutBatch) -> Non
     assert torch.equal(torch.where(batch.response_mask, first, 0.0), adv)
 
 
+#: A group of two nearly equal scores (0.9845 and 0.9844) in a batch of little spread.
+NEAR_EQUAL = RolloutBatch(
+    response_mask=torch.tensor([[True] * 5, [True] * 4 + [False]]),
+    token_rewards=torch.tensor(
+        [[0.0, 1.5, -1.1523, 0.7306, -0.0938], [0.0, 1.5, 0.7344, -1.25, 0.0]]
+    ),
+    group_ids=torch.tensor([0, 0]),
+)
+
+
 @settings(max_examples=60, deadline=None)
 @given(batches())
+@example(NEAR_EQUAL)
 def test_rows_with_tokens_sum_to_zero_in_every_group(batch: RolloutBatch) -> None:
     """Σ_{i∈G} (R_i − mean_G R) = 0 over a group's rows with tokens: empty rows count in no
     group statistic, so every group sums to 0, also one with empty rows."""
