@@ -44,7 +44,16 @@ if TYPE_CHECKING:
     from ppokit.spec import Spec
     from ppokit.trainer.models import Models
 
-__all__ = ["DTYPES", "PEAK_SIZE", "Passes", "Shape", "peak_flops", "phase_peaks", "utilisation"]
+__all__ = [
+    "DTYPES",
+    "PEAK_SIZE",
+    "Passes",
+    "Shape",
+    "generation_positions",
+    "peak_flops",
+    "phase_peaks",
+    "utilisation",
+]
 
 #: The dtypes a phase may compute in, by the name a spec gives them.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -88,9 +97,14 @@ class Shape:
 
     def generation(self, prompts: Tensor, responses: Tensor) -> Tensor:
         """FLOPs of generating ``responses`` tokens after ``prompts`` tokens (per row) with a
-        KV cache: the forward of ``p + r - 1`` positions (no token for an empty response)."""
-        positions = torch.where(responses > 0, prompts + responses - 1, 0)
-        return self.forward(positions)
+        KV cache (:func:`generation_positions`)."""
+        return self.forward(generation_positions(prompts, responses))
+
+
+def generation_positions(prompts: Tensor, responses: Tensor) -> Tensor:
+    """The positions generation runs the model at, per row: ``p + r - 1`` (the last sampled
+    token is never fed back), 0 for an empty response."""
+    return torch.where(responses > 0, prompts + responses - 1, 0)
 
 
 @dataclass(frozen=True)
@@ -106,18 +120,23 @@ class Passes:
     actor: Shape
     critic: Shape | None
     backward: int
+    #: the no-grad forwards of the actor's shape a round runs: log π_old when it is
+    #: recomputed, the reference, a shared critic's trunk
+    actor_runs: int
 
     @classmethod
-    def of(cls, models: Models) -> Passes:
+    def of(cls, models: Models, recompute_logp_old: bool) -> Passes:
         critic = models.critic
-        separate = critic is not None and not models.shared_critic and critic.trunk is not None
+        shared = critic is not None and models.shared_critic
+        separate = critic is not None and not shared and critic.trunk is not None
         shape = Shape.of(critic.trunk) if separate else None  # type: ignore[union-attr, arg-type]
-        return cls(Shape.of(models.actor), shape, 1 if models.lora else 2)
+        runs = int(recompute_logp_old) + int(models.has_reference) + int(shared)
+        return cls(Shape.of(models.actor), shape, 1 if models.lora else 2, runs)
 
-    def no_grad(self, lengths: Tensor, models: int) -> Tensor:
-        """The forwards without gradients: ``models`` of the actor's shape (log π_old, the
-        reference) and the critic's values."""
-        flops = models * self.actor.forward(lengths)
+    def no_grad(self, lengths: Tensor) -> Tensor:
+        """The forwards without gradients: ``actor_runs`` of the actor's shape and a
+        separate critic's values."""
+        flops = self.actor_runs * self.actor.forward(lengths)
         return flops + self.critic.forward(lengths) if self.critic is not None else flops
 
     def update(self, lengths: Tensor, epochs: int, actor: bool) -> Tensor:

@@ -149,10 +149,7 @@ def run_round(
     metrics.update(episode_metrics(kept.rollout))
     # the rows' tokens, padding left out: the passes' model FLOPs (docs/speed.md)
     lengths = kept.rollout.prompt_mask.sum(1) + kept.rollout.present.sum(1)
-    models = setup.models
-    shared = models.critic is not None and models.shared_critic  # the actor's trunk again
-    runs = int(setup.recompute_logp_old) + int(models.has_reference) + int(shared)
-    counted = [setup.passes.no_grad(lengths, runs)]
+    counted = [setup.passes.no_grad(lengths)]
     metrics["rollout/kept_reward_mean"] = round_scores.mean()
 
     # 5. update: ppo_epochs passes of shuffled minibatches, one optimizer step each

@@ -113,7 +113,7 @@ class Setup:
     @functools.cached_property
     def passes(self) -> Passes:
         """The shapes of the passes a round runs, for their model FLOPs."""
-        return Passes.of(self.models)
+        return Passes.of(self.models, self.recompute_logp_old)
 
     @functools.cached_property
     def peaks(self) -> dict[str, float]:

@@ -48,6 +48,7 @@ from ppokit.components.group_filter import GroupFilter, Groups
 from ppokit.errors import UserError
 from ppokit.spec import RolloutSpec
 from ppokit.trainer.assembly import optional
+from ppokit.trainer.flops import generation_positions
 from ppokit.trainer.groups import Filled, Generated, GroupBatch
 from ppokit.trainer.rollout import Rollout
 from ppokit.trainer.scoring import Pending, Scorer, Scores, reads_parts
@@ -171,8 +172,7 @@ def fill(
                 made = batch.scores
                 generated = Generated(settings.n, list(made.parts), list(made.flags), device)
             ro = batch.rollout
-            present = ro.present.sum(1)
-            positions = torch.where(present > 0, ro.prompt_mask.sum(1) + present - 1, 0)
+            positions = generation_positions(ro.prompt_mask.sum(1), ro.present.sum(1))
             generated.add(batch.scores, ro.response_mask.sum(1), ro.truncated, positions)
             batches += 1
             drawn += len(batch.rows)
