@@ -1,19 +1,23 @@
 """Servers on loopback for the tests of the rewards that call servers: a starlette
 application run by uvicorn on a thread of the test process (:class:`Running`), a stub of
 an OpenAI-compatible chat-completions endpoint whose answers a test sets, and a socket that
-takes connections and never answers."""
+takes connections and never answers; and a server process (vLLM's) started and awaited."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -22,7 +26,7 @@ from starlette.routing import Route
 
 from ppokit.serve import bind
 
-__all__ = ["ChatStub", "Running", "run_app", "silent_socket"]
+__all__ = ["ChatStub", "Running", "run_app", "silent_socket", "started_process"]
 
 
 @dataclass
@@ -112,3 +116,35 @@ def silent_socket() -> Iterator[str]:
         sock.bind(("127.0.0.1", 0))
         sock.listen(8)
         yield f"http://127.0.0.1:{sock.getsockname()[1]}/score"
+
+
+@contextmanager
+def started_process(
+    args: list[str], env: dict[str, str], log: Path, url: str, start: float
+) -> Iterator[str]:
+    """The server process ``args`` (its output in ``log``), once ``url``/health answers 200,
+    within ``start`` seconds; ended (SIGTERM, then SIGKILL after 60 s) when the block ends."""
+    out = log.open("w")
+    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + start
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server ended: {log.read_text()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start within {start} s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.close()

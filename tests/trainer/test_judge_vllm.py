@@ -15,10 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -31,6 +28,7 @@ from ppokit.trainer.assembly import Assembly
 from ppokit.trainer.scoring import Scorer
 from tests.helpers import free_port
 from tests.helpers.components import make
+from tests.helpers.servers import started_process
 from tests.helpers.trainer import small_spec
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -58,41 +56,17 @@ def judge_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tiny_model(tokenizer, {**TINY, "num_key_value_heads": 2}, 0).save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")
     port = free_port()
-    log = (folder / "server.log").open("w")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(folder / "model"), "--served-model-name", MODEL,
-            "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
-            "--kv-cache-memory-bytes", str(256 << 20), "--distributed-executor-backend", "uni",
-            "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
-        ],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
-    )  # fmt: skip
+    args = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(folder / "model"), "--served-model-name", MODEL,
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
+        "--kv-cache-memory-bytes", str(256 << 20), "--distributed-executor-backend", "uni",
+        "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
+    ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM's server ended: {(folder / 'server.log').read_text()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM's server did not start within {START} s")
-            time.sleep(0.5)
+    with started_process(args, env, folder / "server.log", url, START):
         yield f"{url}/v1"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 FAST = {"retries": 0, "timeout": 120.0, "max_tokens": 12}

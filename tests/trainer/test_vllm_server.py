@@ -19,16 +19,12 @@ import http.server
 import importlib.util
 import json
 import os
-import signal
 import socket
-import subprocess
 import threading
-import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
@@ -44,6 +40,7 @@ from ppokit.spec import load_spec
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
 from tests.helpers import free_port
+from tests.helpers.servers import started_process
 from tests.helpers.trainer import DEMO, Trainee, demo_rows, learner, small_spec
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -83,31 +80,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
          "--distributed-executor-backend", "uni"],
     )  # fmt: skip
     env = {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
-    log = (folder / "server.log").open("w")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM's server ended: {(folder / 'server.log').read_text()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM's server did not start within {START} s")
-            time.sleep(0.5)
+    with started_process(args, env, folder / "server.log", url, START):
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 class Proxy:
