@@ -257,7 +257,7 @@ def test_a_server_that_stops_mid_run_is_one_line(
     server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The server behind a relay; the relay stops after round 1's push: round 2's generation
-    stops the run with one line naming the URL the spec gave."""
+    stops the run with one line naming the URL the spec gave and saying the server is gone."""
     from ppokit.components.rollout_engine import server_impl
 
     proxy = Proxy(int(server.rsplit(":", 1)[1]))
@@ -272,7 +272,10 @@ def test_a_server_that_stops_mid_run_is_one_line(
     with pytest.raises(UserError) as info:
         train(small_spec(tmp_path, *VLLM_TINY, _engine(url), "train.rounds=2"))
     text = str(info.value)
-    assert "\n" not in text and url in text and "unreachable" in text, text
+    # Whether the pooled connection's close is seen before the next request is the kernel's
+    # timing: a new connection is refused (unreachable), or the old one is dropped mid-request.
+    stopped = "unreachable" in text or "dropped the connection" in text
+    assert "\n" not in text and url in text and stopped, text
     assert len(read_metrics(tmp_path)) == 1
 
 
