@@ -42,12 +42,14 @@ ARITHMETIC = Task(
     "Generated arithmetic problems, the answer in \\boxed{}, checked by math-verify",
     {
         "data": {"source": "arithmetic", "chat_template": True},
-        "reward": "math_verify",
+        # a number, not the problem's expression restated (math-verify would evaluate it)
+        "reward": {"name": "math_verify", "final": "number"},
         "rollout": {"max_new_tokens": 256},
     },
     about="'What is 3 + (-4) * 7? Put the final answer in \\boxed{}.': two operands in "
     "[0, 99] and the operators +, -, * by default (data.options); the answer is exact; "
-    "math_verify compares the boxed answer with it. Prompts in the model's chat template.",
+    "math_verify compares the boxed answer with it, which must be a number (final: number), "
+    "not the expression restated. Prompts in the model's chat template.",
 )
 
 CALCULATOR = Task(
@@ -61,7 +63,8 @@ CALCULATOR = Task(
             "system_prompt": CALCULATOR_PROMPT,
             "options": {"ops": "+-*", "min_value": 10, "max_value": 99, "terms": 3},
         },
-        "reward": "math_verify",
+        # a number, not the problem's expression restated (math-verify would evaluate it)
+        "reward": {"name": "math_verify", "final": "number"},
         "rollout": {
             "max_new_tokens": 48,
             "environment": {"name": "calculator", "open_first": True},
@@ -70,7 +73,7 @@ CALCULATOR = Task(
         },
     },
     about="Three two-digit operands; the episode has up to 3 model turns, each answered by the "
-    "calculator environment; math_verify scores the final boxed answer.",
+    "calculator environment; math_verify scores the final boxed answer, a number.",
     source=str(papers.TOOLFORMER),
 )
 

@@ -21,6 +21,7 @@ from ppokit.components.reward.impl import (
 from ppokit.errors import MissingDependency, UserError
 from ppokit.registry import RegistryError, build_registry, get_registry
 from ppokit.spec import Spec, SpecError, validate_spec
+from ppokit.tasks.arithmetic import evaluate
 from tests.helpers.components import builtin_names, make
 
 #: The built-in rewards, as registered.
@@ -67,6 +68,58 @@ def test_math_verify_custom_values_and_field() -> None:
     )
     scores = reward(["q", "q"], ["\\boxed{5}", "\\boxed{6}"], gold=[5, "5"], lengths=[3, 3])
     assert scores.tolist() == [2.0, -1.0]
+
+
+@pytest.fixture(scope="module")
+def number_reward() -> MathVerifyReward:
+    return get_registry().create("reward", "math_verify", final="number")
+
+
+@pytest.mark.parametrize(
+    ("response", "answer", "expected"),
+    [
+        ("57", "57", 1.0),
+        ("The answer is 57.", "57", 1.0),
+        ("43 + 14 = 57", "57", 1.0),
+        ("\\boxed{57}", "57", 1.0),
+        ("57.0", "57", 1.0),
+        ("-3", "-3", 1.0),
+        ("3/4", "3/4", 1.0),
+        ("\\boxed{\\frac{3}{4}}", "3/4", 1.0),
+        ("-3/4", "-3/4", 1.0),
+        ("0.75", "3/4", 1.0),
+        # the problem restated: an expression, however it is written
+        ("43 + 14", "57", 0.0),
+        ("\\boxed{43 + 14}", "57", 0.0),
+        ("The answer is 98 + 93 - 77.", "114", 0.0),
+        ("$3 \\cdot 19$", "57", 0.0),
+        ("6/8", "3/4", 0.0),
+        ("114/2", "57", 0.0),
+    ],
+)
+def test_math_verify_number_only_cases(
+    number_reward: MathVerifyReward, response: str, answer: str, expected: float
+) -> None:
+    """``final: number``: the answer must be written as a number; the default reward accepts
+    every expression of the table's left column that equals the gold answer."""
+    assert number_reward(["q"], [response], answer=[answer]).tolist() == [expected]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(0, 99), min_size=2, max_size=3),
+    st.lists(st.sampled_from("+-*"), min_size=2, max_size=2),
+)
+def test_math_verify_number_only_refuses_the_restated_problem(
+    number_reward: MathVerifyReward, math_reward: MathVerifyReward, terms: list[int], ops: list[str]
+) -> None:
+    """Over generated problems: the problem's own expression scores 0 with ``final: number``
+    and 1 by default (math-verify evaluates it); the value written out scores 1 with both."""
+    text = str(terms[0]) + "".join(f" {o} {t}" for o, t in zip(ops, terms[1:], strict=False))
+    gold = str(evaluate(terms, ops[: len(terms) - 1]))
+    responses = [f"The answer is {text}.", f"The answer is {gold}."]
+    assert number_reward(["q"] * 2, responses, answer=[gold] * 2).tolist() == [0.0, 1.0]
+    assert math_reward(["q"] * 2, responses, answer=[gold] * 2).tolist() == [1.0, 1.0]
 
 
 def test_math_verify_off_the_main_thread(math_reward: MathVerifyReward) -> None:

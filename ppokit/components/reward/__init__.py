@@ -104,6 +104,13 @@ class MathVerifyParams(Params):
     field: str = Field("answer", description="data column holding the gold answer")
     correct: float = Field(1.0, description="reward when the answers agree")
     incorrect: float = Field(0.0, description="reward otherwise (including unparsable text)")
+    final: Literal["expression", "number"] = Field(
+        "expression",
+        description="what the response's final answer may be: 'expression' (math-verify "
+        "evaluates it, so '43 + 14' equals 57) or 'number' (a number only: 57, -3, 0.5, "
+        "\\frac{3}{4} or 3/4 in lowest terms; an expression scores incorrect, so a policy cannot "
+        "restate the question as its answer)",
+    )
 
 
 class ExactMatchParams(Params):
@@ -460,7 +467,8 @@ MATH_VERIFY = Component(
     MODULE,
     params=MathVerifyParams,
     summary="1 when the response's final answer is mathematically equal to the gold answer",
-    formula="r = correct if verify(parse(answer), parse(response)) else incorrect",
+    formula="r = correct if verify(parse(answer), parse(response)) else incorrect; "
+    "with final: number, parse(response) must also be a number, not an expression",
     source=str(papers.TULU3),
 )
 

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import math
 import re
 import sys
 import threading
@@ -80,6 +81,24 @@ def _quiet_math_verify() -> None:
             logger.addFilter(_NO_TIMEOUT_NOTICE)
 
 
+def is_number(value: Any) -> bool:
+    """Whether a parsed answer is a number as written, not an expression to evaluate: a sympy
+    number (``57``, ``-3``, ``0.5``, ``\\frac{3}{4}``) or ``p/q`` of integers in lowest terms
+    with ``q > 1`` (math-verify leaves ``3/4`` unevaluated). ``43 + 14``, ``3*4`` and ``12/4``
+    are expressions."""
+    if getattr(value, "is_Number", False):
+        return True
+    if not getattr(value, "is_Mul", False):
+        return False
+    factors = [a for a in value.args if a != -1]
+    numerators = [a for a in factors if a.is_Integer]
+    denominators = [a for a in factors if a.is_Pow and a.base.is_Integer and a.exp == -1]
+    if len(numerators) != 1 or len(denominators) != 1 or len(factors) != 2:
+        return False
+    p, q = int(numerators[0]), int(denominators[0].base)
+    return q > 1 and math.gcd(p, q) == 1
+
+
 @catalogue.MATH_VERIFY.implementation
 class MathVerifyReward:
     """The gold answer and the response are parsed with the ``math-verify`` library (LaTeX,
@@ -88,7 +107,7 @@ class MathVerifyReward:
     ``signal.alarm``, which works only on the main thread; elsewhere they are disabled.
     """
 
-    def __init__(self, *, field: str, correct: float, incorrect: float) -> None:
+    def __init__(self, *, field: str, correct: float, incorrect: float, final: str) -> None:
         try:
             from math_verify import parse, verify
         except ImportError:
@@ -99,6 +118,7 @@ class MathVerifyReward:
         self.field = field
         self.correct = correct
         self.incorrect = incorrect
+        self.number_only = final == "number"
         self._parse: Callable[..., list[Any]] = parse
         self._verify: Callable[..., bool] = verify
 
@@ -130,7 +150,7 @@ class MathVerifyReward:
         if not gold:
             return False
         target = self._parse_text(response, timeout)
-        if not target:
+        if not target or (self.number_only and not is_number(target[0])):
             return False
         try:
             return bool(self._verify(gold, target, timeout_seconds=timeout))
