@@ -2,8 +2,10 @@
 
 Each component slot accepts one of the registered names of its kind as a string, or an
 object ``{name: <const>, ...that component's parameters}`` that admits no other keys
-(``data.source`` any string: a data file's path and ``hf:owner/name`` are sources too). A
-component with a required parameter is accepted only in the object form. The rest of the
+(``data.source`` any string: a data file's path and ``hf:owner/name`` are sources too), or
+a nameless object of one component's parameters, which the spec merges into the component
+its variant or task names. A component with a required parameter is accepted by name only
+in the object form. The rest of the
 schema comes from the pydantic :class:`ppokit.spec.Spec` model.
 
 Nothing here imports torch (unless a plugin's component has no params model, in which case
@@ -54,10 +56,26 @@ def _component_object(
     return obj
 
 
+def _parameters_object(
+    info: ComponentInfo, defs: dict[str, Any], extra: dict[str, Any]
+) -> dict[str, Any]:
+    """The nameless form: parameters merged into the slot's component as the variant or the
+    task names it (the name and a required parameter come from there)."""
+    params = _params_schema(info, defs)
+    return {
+        "title": f"{info.kind} {info.name}'s parameters, its name from the variant or task",
+        "type": "object",
+        "properties": {**extra, **params.get("properties", {})},
+        "minProperties": 1,
+        "additionalProperties": False,
+    }
+
+
 def component_schema(
     kind: str, registry: Registry | None = None, defs: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Schema of one slot of ``kind``: a registered name, or ``{name: ..., params...}``."""
+    """Schema of one slot of ``kind``: a registered name, ``{name: ..., params...}`` or a
+    nameless ``{params...}``."""
     registry = registry or get_registry()
     defs = {} if defs is None else defs
     extra = {"weight": {"type": "number", "default": 1.0}} if kind == "reward" else {}
@@ -70,6 +88,7 @@ def component_schema(
         infos.append(info)
     bare = [i.name for i in infos if not i.params.model_json_schema().get("required")]
     objects = [_component_object(i, defs, extra) for i in infos]
+    objects += [_parameters_object(i, defs, extra) for i in infos]
     return {
         "title": f"{kind} component",
         "anyOf": [{"type": "string", "enum": bare}, *objects],

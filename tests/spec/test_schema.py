@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from ppokit.registry import KINDS, Registry, get_registry
 from ppokit.schema import component_schema, spec_schema
 from ppokit.spec import validate_spec
+from ppokit.spec.compose import compose
 from tests.helpers import (
     ROOT,
     InvalidSpec,
@@ -61,8 +62,10 @@ def test_every_slot_offers_the_registered_names(validator: Any) -> None:
     defs = validator.schema["$defs"]
     for kind in KINDS:
         options = defs[f"component.{kind}"]["anyOf"]
-        objects = {o["properties"]["name"]["const"] for o in options[1:]}
+        named = [o for o in options[1:] if "name" in o["properties"]]
+        objects = {o["properties"]["name"]["const"] for o in named}
         assert objects == set(registry.names(kind)), kind
+        assert len(options) == 1 + 2 * len(named), kind  # each also in its nameless form
         bare = set(options[0]["enum"])
         required = {i.name for i in registry.components(kind) if i.schema().get("required")}
         assert bare == set(registry.names(kind)) - required, kind
@@ -107,6 +110,17 @@ def test_required_params_and_nested_models(use_registry: Any) -> None:
     assert v.is_valid({"advantage": {"name": "nested", "inner": {"k": 2}}})
     assert not v.is_valid({"advantage": {"name": "nested", "inner": {"k": "x"}}})
     validate_spec({"advantage": {"name": "nested", "inner": {"k": 2}}})
+
+
+def test_a_nameless_mapping_is_the_slots_parameters(validator: Any) -> None:
+    """Parameters without a name, merged into the component a variant or task names: the
+    schema accepts a known parameter and refuses an unknown one, as composing does."""
+    source = {"config": {"min_terms": 2}, "instruction": ""}
+    spec = {"variant": "grpo", "task": "rg_chain_sum", "data": {"source": source}}
+    assert validator.is_valid(spec)
+    validate_spec(compose(spec).data)
+    assert not validator.is_valid({**spec, "data": {"source": {"config_typo": {}}}})
+    assert not validator.is_valid({**spec, "data": {"source": {}}})
 
 
 def test_reward_accepts_a_name_an_object_with_weight_or_a_list(validator: Any) -> None:
