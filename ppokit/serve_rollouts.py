@@ -10,7 +10,11 @@ pushes the trainer's weights at its start anyway), no tokenizer (token ids in an
 asks), ``--generation-config vllm`` (no sampling defaults from the model's folder), the
 spec's dtype (``auto``: float32 on a CPU), on a CPU a KV cache of 1 GiB, and
 ``VLLM_SERVER_DEV_MODE=1`` in its environment
-(``/collective_rpc`` for the weight push, ``/server_info`` for the engine's checks). It
+(``/collective_rpc`` for the weight push, ``/server_info`` for the engine's checks); for a
+spec with ``model.lora`` also ``--enable-lora``, ``--max-lora-rank`` (the smallest of
+vLLM's ranks that holds ``model.lora.r``), ``--max-loras 1`` and
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (``/v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter``, the adapters' push). It
 listens on loopback unless told otherwise; Ctrl-C or SIGTERM stops it and removes the model
 folder written for it. Torch is imported only to write a model folder.
 """
@@ -30,7 +34,13 @@ from typing import Any
 
 import typer
 
-from ppokit.components.rollout_engine import SERVED_NAME, VLLM_INSTALL, vllm_on_cpu
+from ppokit.components.rollout_engine import (
+    SERVED_NAME,
+    VLLM_INSTALL,
+    VLLM_LORA_ENV,
+    lora_rank,
+    vllm_on_cpu,
+)
 from ppokit.errors import MissingDependency, UserError
 
 __all__ = ["engine_line", "serve_rollouts_command", "server_args", "write_model"]
@@ -80,12 +90,17 @@ def server_args(
         args += ["--revision", spec.model.revision]
     if spec.model.trust_remote_code:
         args.append("--trust-remote-code")
+    lora = spec.model.lora
+    if lora is not None:  # the adapters are loaded at run time, one version at a time
+        args += ["--enable-lora", "--max-lora-rank", str(lora_rank(lora.r)), "--max-loras", "1"]
     extra = list(extra or [])
     sized = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
     if cpu is not False and not any(a.startswith(sized) for a in extra):
         # vLLM on a CPU reserves most of the machine's memory unless told a KV cache size
         args += ["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    if lora is not None:
+        env[VLLM_LORA_ENV] = "True"
     return [*args, *extra], env
 
 
@@ -119,11 +134,6 @@ def serve_rollouts_command(
         raise UserError(str(exc)) from None
     if importlib.util.find_spec("vllm") is None:
         raise MissingDependency("vllm", "ppokit serve-rollouts", VLLM_INSTALL)
-    if spec.model.lora is not None:
-        raise UserError(
-            "ppokit serve-rollouts: the vllm_server engine pushes full weights: the spec's "
-            "model.lora is not served yet"
-        )
     folder = Path(tempfile.mkdtemp(prefix="ppokit-serve-rollouts-"))
     try:
         model = _source(spec) or str(write_model(spec, folder / "model"))

@@ -28,6 +28,7 @@ from pydantic import Field, model_validator
 
 from ppokit import papers
 from ppokit.catalogue import Component, Params
+from ppokit.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +41,7 @@ __all__ = [
     "Generation",
     "RolloutEngine",
     "Sampling",
+    "lora_rank",
     "response_mask",
 ]
 
@@ -312,6 +314,18 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 NAMED_HEAD_SIZES = {"smollm2-135m-instruct": 64}
 
 
+def _rank_too_high(r: int) -> str:
+    return f"model.lora.r: vLLM supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {r}"
+
+
+def lora_rank(r: int) -> int:
+    """The smallest rank vLLM can be started for that holds adapters of rank ``r``."""
+    for rank in VLLM_LORA_RANKS:
+        if rank >= r:
+            return rank
+    raise UserError(_rank_too_high(r))
+
+
 def vllm_on_cpu(device: str) -> bool | None:
     """Whether the ``vllm`` engine of a run on ``model.device`` computes on the CPU: on cpu
     or mps (the engine takes every device but CUDA for the CPU), not on cuda; on ``auto``
@@ -381,7 +395,7 @@ def vllm_problems(spec: Any, params: VLLMParams) -> Iterator[str]:
             f"prompt beside rollout.max_new_tokens ({asked}): vLLM would cut the responses"
         )
     if lora is not None and lora.r > VLLM_LORA_RANKS[-1]:
-        yield f"model.lora.r: vLLM supports LoRA ranks up to {VLLM_LORA_RANKS[-1]}, got {lora.r}"
+        yield _rank_too_high(lora.r)
     if not vllm_on_cpu(model.device):
         return
     if params.tensor_parallel_size > 1:
@@ -430,6 +444,9 @@ VLLM = Component(
 SERVER_URL = "http://127.0.0.1:8100"
 #: The name ``ppokit serve-rollouts`` serves the actor under, the engine's default.
 SERVED_NAME = "ppokit-actor"
+#: The environment variable that opens the runtime LoRA endpoints of vLLM's server
+#: (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``): the adapters' push.
+VLLM_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 
 class VLLMServerParams(Params):
@@ -477,14 +494,12 @@ class VLLMServerParams(Params):
 
 
 def server_problems(spec: Any, params: VLLMServerParams) -> Iterator[str]:
-    """What the ``vllm_server`` engine refuses, found from the spec alone: LoRA (the
-    adapters are not pushed to servers yet: the full weights are), and a ``timeout`` beyond
-    ``rollout.engine_timeout`` (the run would stop first, with a line naming no server)."""
-    if spec.model.lora is not None:
-        yield (
-            "rollout.engine: vllm_server pushes full weights, not LoRA adapters: train "
-            "without model.lora, or sample with rollout.engine vllm or hf"
-        )
+    """What the ``vllm_server`` engine refuses, found from the spec alone: a LoRA rank
+    above vLLM's largest, and a ``timeout`` beyond ``rollout.engine_timeout`` (the run
+    would stop first, with a line naming no server)."""
+    lora = spec.model.lora
+    if lora is not None and lora.r > VLLM_LORA_RANKS[-1]:
+        yield _rank_too_high(lora.r)
     bound = getattr(spec.rollout, "engine_timeout", None)
     if bound is not None and params.timeout > bound:
         yield (
@@ -500,7 +515,8 @@ VLLM_SERVER = Component(
     params=VLLMServerParams,
     summary="Samples through vLLM's OpenAI-compatible servers in processes of their own "
     "(token ids in and out over HTTP); the actor's weights are written to a folder and "
-    "reloaded by every server after every update",
+    "reloaded by every server after every update (with LoRA its adapters, loaded under a "
+    "new name each version)",
     formula=(
         "a_t ~ softmax(filter(z_t / temperature)) in vLLM's server, log μ(a_t) its processed "
         "log-prob (started with --logprobs-mode processed_logprobs); μ ≠ π_old in general: "

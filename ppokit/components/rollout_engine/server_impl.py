@@ -17,9 +17,21 @@ prefix cache; it returns once every server holds the new weights, so every respo
 the weights of the version the trainer records for it. On several processes process 0
 pushes for all, between two barriers (no process generates during a push).
 
+With LoRA (``model.lora``) the start pushes the base weights as above, once, and every push
+(the start's included) writes the adapters as peft saves them (``adapter_config.json``,
+``adapter_model.safetensors``) to a new folder and has each server load them under a new
+name, ``<served_model_name>-<this run's token>-v<k>`` for the k-th push
+(``POST /v1/load_lora_adapter``), then unload the previous name
+(``POST /v1/unload_lora_adapter``: no generation runs during a push, so none uses it);
+``generate`` asks for the current name. The servers must run with ``--enable-lora``, a
+``--max-lora-rank`` of at least ``model.lora.r`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``
+on; ``start`` names what is missing. ``close`` unloads the last name (where a server
+still answers).
+
 Every failure (a server unreachable, one that answers an HTTP error or a malformed answer,
 one that dies mid-run, no complete answer within ``timeout``) is one line naming the
-server's URL (:class:`ServerError`). Answers are JSON; nothing read is unpickled.
+server's URL (:class:`ServerError`). Answers are JSON (the adapter endpoints' text is not
+read); nothing read is unpickled.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import asyncio
 import contextlib
 import math
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,15 +51,22 @@ import httpx
 from torch import Tensor
 
 from ppokit.components.rollout_engine import (
+    VLLM_LORA_ENV,
     VLLM_SERVER,
     EngineContext,
     Generation,
     Sampling,
+    lora_rank,
 )
-from ppokit.components.rollout_engine.vllm_impl import FOLDER_PREFIX, base_weights
+from ppokit.components.rollout_engine.vllm_impl import (
+    FOLDER_PREFIX,
+    adapter_weights,
+    base_weights,
+    write_adapter,
+)
 from ppokit.errors import UserError, one_line, said
 
-__all__ = ["ServerError", "VLLMServerEngine", "parse_choices", "request_body"]
+__all__ = ["ServerError", "VLLMServerEngine", "lora_missing", "parse_choices", "request_body"]
 
 T = TypeVar("T")
 
@@ -58,6 +78,8 @@ NEEDED = (
 )
 #: How to start a server the engine can use, for the lines that name a missing setting.
 HOW = "ppokit serve-rollouts SPEC starts one"
+#: Seconds ``close`` waits for a server to unload the last adapters (best effort).
+UNLOAD_TIMEOUT = 10.0
 
 
 class ServerError(UserError):
@@ -99,6 +121,22 @@ def request_body(
         "logprobs": 0,  # the sampled token's own log-prob
         "return_tokens_as_token_ids": True,
     }
+
+
+def lora_missing(config: Any, info: Any, r: int) -> str | None:
+    """What a server lacks to load adapters of rank ``r`` at run time (the flag or the
+    environment variable to start it with), from its ``/server_info`` (``info``, its
+    ``vllm_config`` ``config``); None: nothing."""
+    lora = config.get("lora_config") if isinstance(config, dict) else None
+    rank = lora.get("max_lora_rank") if isinstance(lora, dict) else None
+    env = info.get("vllm_env") if isinstance(info, dict) else None
+    if not isinstance(rank, int):
+        return f"--enable-lora --max-lora-rank {lora_rank(r)}"
+    if rank < r:
+        return f"--max-lora-rank {lora_rank(r)} (it has {rank})"
+    if not isinstance(env, dict) or env.get(VLLM_LORA_ENV) is not True:
+        return f"{VLLM_LORA_ENV}=True in its environment"
+    return None
 
 
 def _ints(value: Any, what: str) -> list[int]:
@@ -200,6 +238,10 @@ class VLLMServerEngine:
         self.pushes = 0  # weight pushes made (the first at the start)
         self.generated: list[int] = []  # the pushes each generation came after
         self.busy: list[str] = []  # the servers with requests in flight (the timeout's line)
+        self.lora_rank: int | None = None  # the actor's LoRA rank (None: full weights)
+        self.lora_prefix = ""  # this run's adapter names, before -v<k>
+        self.adapter: str | None = None  # the name the servers hold the current adapters under
+        self.adapters = 0  # adapter pushes made
 
     @property
     def _started(self) -> EngineContext:
@@ -208,16 +250,23 @@ class VLLMServerEngine:
         return self.context
 
     # ------------------------------------------------------------------ HTTP
-    def _run(self, work: Callable[[httpx.AsyncClient], Awaitable[T]], what: str) -> T:
+    def _run(
+        self,
+        work: Callable[[httpx.AsyncClient], Awaitable[T]],
+        what: str,
+        timeout: float | None = None,
+    ) -> T:
         """``work(client)`` on an event loop of its own (this thread's: ``generate`` may run
-        in the trainer's generation thread), stopped after ``timeout`` seconds."""
+        in the trainer's generation thread), stopped after ``timeout`` seconds (default:
+        the engine's)."""
         limits = httpx.Limits(max_connections=len(self.urls) * self.max_in_flight + 8)
+        timeout = self.timeout if timeout is None else timeout
 
         async def bounded() -> T:
             async with httpx.AsyncClient(
-                timeout=httpx.Timeout(self.timeout), limits=limits, follow_redirects=False
+                timeout=httpx.Timeout(timeout), limits=limits, follow_redirects=False
             ) as client:
-                return await asyncio.wait_for(work(client), self.timeout)
+                return await asyncio.wait_for(work(client), timeout)
 
         try:
             return asyncio.run(bounded())
@@ -236,9 +285,10 @@ class VLLMServerEngine:
         what: str,
         body: dict[str, Any] | None = None,
         params: dict[str, str] | None = None,
+        text: bool = False,
     ) -> Any:
-        """The JSON answer of one request (None for an empty one); a :class:`ServerError`
-        naming ``url`` for every way it fails."""
+        """The JSON answer of one request (None for an empty one; ``text``: the answer is
+        text, not read); a :class:`ServerError` naming ``url`` for every way it fails."""
         self.busy.append(url)
         try:
             response = await client.request(method, url, json=body, params=params)
@@ -251,7 +301,7 @@ class VLLMServerEngine:
                 f"rollout.engine: {url} answered HTTP {response.status_code} to {what}: "
                 f"{_detail(response)}"
             )
-        if not response.content:
+        if not response.content or text:
             return None
         try:
             return response.json()
@@ -282,13 +332,15 @@ class VLLMServerEngine:
         length = model_config.get("max_model_len")
         if isinstance(length, int) and not isinstance(length, bool):
             self.max_len = length if self.max_len is None else min(self.max_len, length)
+        missing = None if self.lora_rank is None else lora_missing(config, info, self.lora_rank)
+        if missing is not None:
+            raise ServerError(
+                f"rollout.engine: {url} cannot load the actor's LoRA adapters (model.lora): "
+                f"start it with {missing} ({HOW})"
+            )
 
     def start(self, context: EngineContext) -> None:
-        if getattr(context.model, "peft_config", None) is not None:
-            raise UserError(
-                "rollout.engine: vllm_server pushes full weights, not LoRA adapters: train "
-                "without model.lora, or sample with rollout.engine vllm or hf"
-            )
+        self.lora_rank = _lora_rank(context.model)
         self.context = context
 
         async def check(client: httpx.AsyncClient) -> None:
@@ -321,7 +373,14 @@ class VLLMServerEngine:
                 tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-server-", dir=parent)
             )
             os.chmod(self.folder, 0o755)  # a server run by another user reads it
-        self._push()
+        self._push()  # the base weights under LoRA
+        if self.lora_rank is not None:
+            # a name of this run's own: several runs may share a server
+            token = f"{os.getpid()}-{secrets.token_hex(4)}" if context.process == 0 else ""
+            if context.processes > 1:
+                token = _from_process_0(token)
+            self.lora_prefix = f"{self.model}-{token}"
+            self._push_adapters()
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling) -> Generation:
@@ -340,7 +399,7 @@ class VLLMServerEngine:
             prompts = [p for p in prompts for _ in range(sampling.n)]
         bodies = [
             request_body(
-                self.model,
+                self.adapter or self.model,
                 p,
                 sampling,
                 context.eos_ids,
@@ -393,8 +452,12 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------------ sync
     def sync(self) -> None:
-        """Push the updated policy's full weights into every server."""
-        self._push()
+        """Push the updated policy into every server: its full weights, or its LoRA
+        adapters."""
+        if self.lora_rank is not None:
+            self._push_adapters()
+        else:
+            self._push()
 
     def _push(self) -> None:
         """The actor's weights written to a new folder (process 0) and reloaded by every
@@ -436,12 +499,78 @@ class VLLMServerEngine:
         barrier()
         self.pushes += 1
 
+    def _push_adapters(self) -> None:
+        """The actor's adapters written to a new folder (process 0) and loaded by every
+        server under a new name, the previous name unloaded and its folder removed; every
+        process takes part in the gathers, and the others wait for process 0's push."""
+        context = self._started
+        barrier = _barrier if context.processes > 1 else (lambda: None)
+        barrier()  # no process generates from here to the push's end
+        name = f"{self.lora_prefix}-v{self.adapters}"
+        if context.process != 0 or self.folder is None:
+            adapter_weights(context.model)  # the gathers (collectives), in process 0's order
+        else:
+            folder = _written_adapters(context.model, self.folder / f"lora-v{self.adapters}")
+            self._swap({"lora_name": name, "lora_path": str(folder)}, self.adapter)
+            if self.current is not None:  # the previous adapters, or the start's base weights
+                shutil.rmtree(self.current, ignore_errors=True)
+            self.current = folder
+        self.adapter = name
+        barrier()
+        self.adapters += 1
+        self.pushes += 1
+
+    def _swap(
+        self, load: dict[str, str] | None, unload: str | None, timeout: float | None = None
+    ) -> None:
+        """On every server, the adapters ``load`` names loaded, then the name ``unload``
+        unloaded."""
+
+        async def one(client: httpx.AsyncClient, url: str) -> None:
+            if load is not None:
+                await self._call(
+                    client, "POST", f"{url}/v1/load_lora_adapter", "the adapters' load", load,
+                    text=True,
+                )  # fmt: skip
+            if unload is not None:
+                await self._call(
+                    client, "POST", f"{url}/v1/unload_lora_adapter", "an adapters' unload",
+                    {"lora_name": unload}, text=True,
+                )  # fmt: skip
+
+        self._run(
+            lambda client: _all([one(client, url) for url in self.urls]),
+            "the adapters' push",
+            timeout,
+        )
+
     def close(self) -> None:
+        if self.adapter is not None and self.folder is not None:
+            with contextlib.suppress(ServerError):  # best effort: the run is over
+                self._swap(None, self.adapter, UNLOAD_TIMEOUT)
+        self.adapter = None
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
         self.current = None
         self.context = None
+
+
+def _written_adapters(model: Any, folder: Path) -> Path:
+    """``folder``, holding the actor's adapters as peft saves them, readable by all."""
+    write_adapter(model, folder)
+    os.chmod(folder, 0o755)  # a server run by another user reads it
+    for file in folder.iterdir():
+        os.chmod(file, 0o644)
+    return folder
+
+
+def _lora_rank(model: Any) -> int | None:
+    """The rank of the actor's LoRA adapters (None: no adapters)."""
+    config = getattr(model, "peft_config", None)
+    if not isinstance(config, dict) or not config:
+        return None
+    return int(getattr(next(iter(config.values())), "r", 0)) or None
 
 
 async def _all(jobs: list[Awaitable[None]]) -> None:
@@ -460,3 +589,12 @@ def _barrier() -> None:
     import torch.distributed as dist
 
     dist.barrier()
+
+
+def _from_process_0(value: T) -> T:
+    """Process 0's ``value`` on every process."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

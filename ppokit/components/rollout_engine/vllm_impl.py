@@ -39,13 +39,14 @@ from ppokit.components.rollout_engine import (
     EngineContext,
     Generation,
     Sampling,
+    lora_rank,
 )
 from ppokit.errors import MissingDependency, UserError, one_line
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-__all__ = ["VLLMEngine", "adapter_weights", "base_weights", "lora_rank"]
+__all__ = ["VLLMEngine", "adapter_weights", "base_weights", "lora_rank", "write_adapter"]
 
 #: The head sizes vLLM's CPU attention supports, and the LoRA ranks it can be started for
 #: (stated in the catalogue, which ``ppokit validate`` checks a spec against).
@@ -78,14 +79,6 @@ def _import_vllm() -> Any:
     for name in _QUIET:
         logging.getLogger(name).setLevel(logging.ERROR)
     return vllm
-
-
-def lora_rank(r: int) -> int:
-    """The smallest rank vLLM can be started for that holds adapters of rank ``r``."""
-    for rank in LORA_RANKS:
-        if rank >= r:
-            return rank
-    raise UserError(f"model.lora.r: vLLM supports LoRA ranks up to {LORA_RANKS[-1]}, got {r}")
 
 
 def _peft(model: nn.Module) -> bool:
@@ -145,7 +138,7 @@ def _write_model(model: nn.Module, folder: Path, dtype: torch.dtype) -> None:
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def _write_adapter(model: nn.Module, folder: Path) -> None:
+def write_adapter(model: nn.Module, folder: Path) -> None:
     """The actor's LoRA adapters as a peft adapter folder."""
     from safetensors.torch import save_file
 
@@ -547,7 +540,7 @@ class VLLMEngine:
         model = self._started.model
         self.pushes += 1
         folder = self.folder / f"adapter-{self.pushes}"  # type: ignore[operator]
-        _write_adapter(model, folder)
+        write_adapter(model, folder)
         previous = self.lora
         request = LoRARequest(f"actor-{self.pushes}", self.pushes, str(folder))
 
