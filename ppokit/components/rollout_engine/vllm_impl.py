@@ -35,7 +35,6 @@ from ppokit.components.rollout_engine import (
     VLLM,
     VLLM_CPU_HEAD_SIZES,
     VLLM_INSTALL,
-    VLLM_LORA_RANKS,
     EngineContext,
     Generation,
     Sampling,
@@ -48,10 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = ["VLLMEngine", "adapter_weights", "base_weights", "lora_rank", "write_adapter"]
 
-#: The head sizes vLLM's CPU attention supports, and the LoRA ranks it can be started for
-#: (stated in the catalogue, which ``ppokit validate`` checks a spec against).
+#: The head sizes vLLM's CPU attention supports (stated in the catalogue, which ``ppokit
+#: validate`` checks a spec against).
 CPU_HEAD_SIZES = VLLM_CPU_HEAD_SIZES
-LORA_RANKS = VLLM_LORA_RANKS
 
 
 #: torch.set_num_threads as it is before an engine starts: vLLM's CPU worker makes it a no-op
