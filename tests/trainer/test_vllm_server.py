@@ -3,8 +3,8 @@ for the module on loopback with the command ``ppokit serve-rollouts`` builds (th
 in float32): the demo learns to the reward the in-process ``vllm`` engine reaches, with log μ the
 trainer's every round; a skipped push shows as a growing mismatch; asynchronous rounds
 sample from exactly the weights their recorded version names; a server that stops mid-run
-stops the run with one line naming its URL; a server started without what the engine
-needs is named at the start; malformed answers are one line.
+stops the run with one line naming its URL and the last checkpoint; a server started
+without what the engine needs is named at the start; malformed answers are one line.
 
 vLLM is an optional install (docs/engines.md). Without it these tests skip, except where
 ``PPOKIT_REQUIRE_VLLM=1`` (CI sets it): then a missing vLLM fails the collection. Starting
@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from ppokit.cli import app
 from ppokit.components.rollout_engine import SERVED_NAME, Sampling
 from ppokit.components.rollout_engine.server_impl import (
     BadAnswer,
@@ -38,10 +40,11 @@ from ppokit.components.rollout_engine.server_impl import (
 from ppokit.errors import UserError
 from ppokit.spec import load_spec
 from ppokit.trainer import train
+from ppokit.trainer.checkpoint import checkpoint_round
 from ppokit.trainer.metrics import read_metrics
 from tests.helpers import free_port
 from tests.helpers.servers import started_process
-from tests.helpers.trainer import DEMO, Trainee, demo_rows, learner, small_spec
+from tests.helpers.trainer import DEMO, SMALL, Trainee, demo_rows, learner, small_spec
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 if not HAVE_VLLM and os.environ.get("PPOKIT_REQUIRE_VLLM") == "1":
@@ -62,6 +65,13 @@ START = 600
 def _engine(url: str, **more: object) -> str:
     extra = "".join(f", {k}: {v}" for k, v in more.items())
     return f"rollout.engine={{name: vllm_server, urls: ['{url}'], timeout: 120{extra}}}"
+
+
+def _train_args(out: Path, *sets: str) -> list[str]:
+    """``ppokit train``'s arguments for a small run of the demo into ``out`` (saved every
+    round unless ``sets`` says otherwise)."""
+    settings = [*SMALL, *VLLM_TINY, "output.save_every=1", *sets]
+    return ["train", str(DEMO), *[a for s in settings for a in ("--set", s)], "--out", str(out)]
 
 
 @pytest.fixture(scope="module")
@@ -253,11 +263,14 @@ def test_asynchronous_rounds_sample_from_the_version_they_record(server: str) ->
 
 
 @needs_vllm
+@pytest.mark.parametrize("staleness", [0, 1])
 def test_a_server_that_stops_mid_run_is_one_line(
-    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, staleness: int
 ) -> None:
-    """The server behind a relay; the relay stops after round 1's push: round 2's generation
-    stops the run with one line naming the URL the spec gave and saying the server is gone."""
+    """The server behind a relay; the relay stops after the first push after the start:
+    the next generation stops the run (``ppokit train``) with one line naming the URL the
+    spec gave, saying the server is gone, and naming the run's last checkpoint, then the
+    command that continues it; with synchronous and asynchronous rounds alike."""
     from ppokit.components.rollout_engine import server_impl
 
     proxy = Proxy(int(server.rsplit(":", 1)[1]))
@@ -269,14 +282,19 @@ def test_a_server_that_stops_mid_run_is_one_line(
         proxy.stop()
 
     monkeypatch.setattr(server_impl.VLLMServerEngine, "sync", push_then_stop)
-    with pytest.raises(UserError) as info:
-        train(small_spec(tmp_path, *VLLM_TINY, _engine(url), "train.rounds=2"))
-    text = str(info.value)
+    sets = (_engine(url), "train.rounds=3", f"rollout.max_staleness={staleness}")
+    result = CliRunner().invoke(app, _train_args(tmp_path, *sets))
+    assert result.exit_code == 1, result.output
+    *_, line, then = result.stderr.strip().splitlines()
+    # asynchronous: round 2 trains on a batch generated before the push; its checkpoint,
+    # which holds the batch generated ahead for round 3, meets the failure
+    assert len(read_metrics(tmp_path)) == 1 + staleness and checkpoint_round(tmp_path) == 1
     # Whether the pooled connection's close is seen before the next request is the kernel's
     # timing: a new connection is refused (unreachable), or the old one is dropped mid-request.
-    stopped = "unreachable" in text or "dropped the connection" in text
-    assert "\n" not in text and url in text and stopped, text
-    assert len(read_metrics(tmp_path)) == 1
+    stopped = "unreachable" in line or "dropped the connection" in line
+    assert line.startswith("error: rollout.engine: ") and url in line and stopped, line
+    assert line.endswith(f"; the last checkpoint is round 1 ({tmp_path / 'checkpoint'})")
+    assert then.startswith("continue with: ppokit train ") and then.endswith("--resume"), then
 
 
 @needs_vllm
