@@ -2,9 +2,11 @@
 for the module on loopback with the command ``ppokit serve-rollouts`` builds (the tiny model
 in float32): the demo learns to the reward the in-process ``vllm`` engine reaches, with log μ the
 trainer's every round; a skipped push shows as a growing mismatch; asynchronous rounds
-sample from exactly the weights their recorded version names; a server that stops mid-run
-stops the run with one line naming its URL and the last checkpoint; a server started
-without what the engine needs is named at the start; malformed answers are one line.
+sample from exactly the weights their recorded version names; a resumed run pushes the
+checkpoint's weights before it generates, and an asynchronous run killed with SIGKILL
+resumes exactly; a server that stops mid-run stops the run with one line naming its URL
+and the last checkpoint; a server started without what the engine needs is named at the
+start; malformed answers are one line.
 
 vLLM is an optional install (docs/engines.md). Without it these tests skip, except where
 ``PPOKIT_REQUIRE_VLLM=1`` (CI sets it): then a missing vLLM fails the collection. Starting
@@ -15,15 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import http.server
 import importlib.util
 import json
 import os
+import signal
 import socket
 import threading
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -43,8 +48,9 @@ from ppokit.trainer import train
 from ppokit.trainer.checkpoint import checkpoint_round
 from ppokit.trainer.metrics import read_metrics
 from tests.helpers import free_port
+from tests.helpers.ranks import killed_mid_run
 from tests.helpers.servers import started_process
-from tests.helpers.trainer import DEMO, SMALL, Trainee, demo_rows, learner, small_spec
+from tests.helpers.trainer import DEMO, SMALL, Trainee, demo_rows, learner, small_spec, untimed
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 if not HAVE_VLLM and os.environ.get("PPOKIT_REQUIRE_VLLM") == "1":
@@ -260,6 +266,124 @@ def test_asynchronous_rounds_sample_from_the_version_they_record(server: str) ->
     finally:
         rollouts.close()
         lrn.close()
+
+
+@needs_vllm
+def test_a_resumed_run_samples_from_the_checkpoints_weights(server: str, tmp_path: Path) -> None:
+    """The engine's start pushes the weights the actor is built with; a resumed run then
+    pushes the checkpoint's before it generates: the round after the checkpoint's log μ
+    is the trainer's (1e-3), not the initial weights' (two rounds at a high rate apart)."""
+    settings = (_engine(server), "train.actor_lr=0.01", "output.save_every=1")
+    train(small_spec(tmp_path, *VLLM_TINY, *settings, "train.rounds=2"))
+    train(small_spec(tmp_path, *VLLM_TINY, *settings, "train.rounds=3"), resume=True)
+    records = read_metrics(tmp_path)
+    assert [r["round"] for r in records] == [1, 2, 3]
+    assert records[-1]["rollout/mismatch_max"] < 1e-3, records[-1]
+
+
+@needs_vllm
+def test_a_killed_runs_pushed_weights_are_removed_at_the_next_start(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pushed weights' folder in the temporary directory is named for the process; the
+    engine's start removes the folders of processes that no longer run (a run killed
+    before its close), as the in-process engine's does."""
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    left = tmp_path / f"ppokit-vllm-{int(gone.stdout)}-server-abc"
+    (left / "v3").mkdir(parents=True)
+    lrn = learner(small_spec(None, *VLLM_TINY, _engine(server)))
+    try:
+        folder = lrn.setup.engine.engine.folder
+        assert not left.exists()
+        assert folder.parent == tmp_path and folder.name.startswith(
+            f"ppokit-vllm-{os.getpid()}-server-"
+        )
+    finally:
+        lrn.close()
+    assert not folder.exists()
+
+
+class Pushes:
+    """What the engines of the runs in this process did, in order: ``("push", digest of
+    the actor's weights)`` and ``("generate", None)``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from ppokit.components.rollout_engine import server_impl
+
+        self.events: list[tuple[str, str | None]] = []
+        engine = server_impl.VLLMServerEngine
+        push, generate = engine._push, engine.generate
+
+        def pushed(this: server_impl.VLLMServerEngine) -> None:
+            model = this._started.model
+            digest = hashlib.sha256()
+            for tensor in model.state_dict().values():
+                digest.update(tensor.detach().float().cpu().numpy().tobytes())
+            self.events.append(("push", digest.hexdigest()))
+            push(this)
+
+        def generated(this: server_impl.VLLMServerEngine, *args: Any) -> Any:
+            self.events.append(("generate", None))
+            return generate(this, *args)
+
+        monkeypatch.setattr(engine, "_push", pushed)
+        monkeypatch.setattr(engine, "generate", generated)
+
+    def versions(self) -> list[str]:
+        """The weights pushed, in order (the first: the start's)."""
+        return [d for kind, d in self.events if kind == "push" and d is not None]
+
+    def before_first_generation(self) -> str | None:
+        """The weights the last push before the first generation carried."""
+        first = next(i for i, (kind, _) in enumerate(self.events) if kind == "generate")
+        return next(d for kind, d in reversed(self.events[:first]) if kind == "push")
+
+
+@needs_vllm
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_asynchronous_rounds_killed_mid_run_resume_exactly(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staleness 1 through the server, 6 rounds saved every 2: every round's rows are at
+    most one update old (0 for round 1); a run killed with SIGKILL after its third round
+    (the server then holds its newer weights) resumes from its last checkpoint, pushes the
+    checkpoint's weights (the uninterrupted run's of that version) before it generates,
+    and ends with the uninterrupted run's metrics, timings aside."""
+    rounds = 6
+    sets = (
+        _engine(server), f"train.rounds={rounds}", "output.save_every=2", "rollout.n=4",
+        "rollout.max_staleness=1",
+    )  # fmt: skip
+
+    def args(out: Path, *extra: str) -> list[str]:
+        return [*_train_args(out, *sets), *extra]
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    uninterrupted = Pushes(monkeypatch)
+    result = CliRunner().invoke(app, args(whole))
+    assert result.exit_code == 0, result.output
+    monkeypatch.undo()
+
+    done = killed_mid_run(args(killed), killed, 3)  # in rounds 4..6: checkpoint 2 or 4
+    assert 3 <= done < rounds
+
+    resumed = Pushes(monkeypatch)
+    result = CliRunner().invoke(app, args(killed, "--resume", "--json"))
+    assert result.exit_code == 0, result.output
+    start = json.loads(result.stdout)["resumed_from"]
+    assert start in (2, 4) and start <= done
+    assert resumed.before_first_generation() == uninterrupted.versions()[start]
+    history = read_metrics(killed)
+    assert [h["round"] for h in history] == list(range(1, rounds + 1))
+    assert untimed(history) == untimed(read_metrics(whole))
+    assert [h["rollout/staleness_max"] for h in history] == [0.0] + [1.0] * (rounds - 1)
 
 
 @needs_vllm

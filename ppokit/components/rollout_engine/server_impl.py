@@ -43,7 +43,7 @@ from ppokit.components.rollout_engine import (
     Generation,
     Sampling,
 )
-from ppokit.components.rollout_engine.vllm_impl import FOLDER_PREFIX, base_weights
+from ppokit.components.rollout_engine.vllm_impl import FOLDER_PREFIX, base_weights, new_folder
 from ppokit.errors import UserError, one_line, said
 
 __all__ = ["ServerError", "VLLMServerEngine", "parse_choices", "request_body"]
@@ -314,14 +314,19 @@ class VLLMServerEngine:
 
         self._run(check, "the start's checks")
         if context.process == 0:
-            parent = self.weights_dir
-            if parent is not None:
-                Path(parent).mkdir(parents=True, exist_ok=True)
-            self.folder = Path(
-                tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-server-", dir=parent)
-            )
+            self.folder = self._new_folder()
             os.chmod(self.folder, 0o755)  # a server run by another user reads it
         self._push()
+
+    def _new_folder(self) -> Path:
+        """This run's folder of pushed weights: in ``weights_dir``, else in the temporary
+        directory, where the folders a killed run left are removed first (``new_folder``;
+        not in ``weights_dir``, which processes of other machines may share)."""
+        if self.weights_dir is None:
+            return new_folder("server-")
+        Path(self.weights_dir).mkdir(parents=True, exist_ok=True)
+        prefix = f"{FOLDER_PREFIX}{os.getpid()}-server-"
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=self.weights_dir))
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling) -> Generation:
