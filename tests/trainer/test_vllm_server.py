@@ -5,8 +5,9 @@ trainer's every round; a skipped push shows as a growing mismatch; asynchronous 
 sample from exactly the weights their recorded version names; a resumed run pushes the
 checkpoint's weights before it generates, and an asynchronous run killed with SIGKILL
 resumes exactly; a server that stops mid-run stops the run with one line naming its URL
-and the last checkpoint; a server started without what the engine needs is named at the
-start; malformed answers are one line.
+and the last checkpoint; two processes share the servers or take their own; a server
+started without what the engine needs is named at the start; malformed answers are one
+line.
 
 vLLM is an optional install (docs/engines.md). Without it these tests skip, except where
 ``PPOKIT_REQUIRE_VLLM=1`` (CI sets it): then a missing vLLM fails the collection. Starting
@@ -22,6 +23,7 @@ import http.server
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -41,6 +43,7 @@ from ppokit.components.rollout_engine.server_impl import (
     ServerError,
     parse_choices,
     request_body,
+    server_urls,
 )
 from ppokit.errors import UserError
 from ppokit.spec import load_spec
@@ -103,13 +106,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 class Proxy:
     """A TCP relay on loopback to ``target``: ``stop()`` closes its port and every connection
-    through it, as a server that dies does."""
+    through it, as a server that dies does; ``sent`` holds what each connection's client
+    sent."""
 
     def __init__(self, target: int) -> None:
         self.target = target
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         self.sockets: list[socket.socket] = []
+        self.sent: list[bytearray] = []
         self.stopped = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -121,13 +127,16 @@ class Proxy:
                 return
             upstream = socket.create_connection(("127.0.0.1", self.target))
             self.sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            self.sent.append(bytearray())
+            for a, b, kept in ((client, upstream, self.sent[-1]), (upstream, client, None)):
+                threading.Thread(target=self._pipe, args=(a, b, kept), daemon=True).start()
 
     @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
+    def _pipe(a: socket.socket, b: socket.socket, kept: bytearray | None) -> None:
         try:
             while data := a.recv(65536):
+                if kept is not None:
+                    kept += data
                 b.sendall(data)
         except OSError:
             pass
@@ -135,6 +144,11 @@ class Proxy:
             for s in (a, b):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+    def pushers(self) -> list[str]:
+        """The process id in the folder of each weight push through the relay, in order."""
+        found = rb'"weights_path": ?"[^"]*ppokit-vllm-(\d+)-server-'
+        return [pid.decode() for sent in self.sent for pid in re.findall(found, bytes(sent))]
 
     def stop(self) -> None:
         self.stopped = True
@@ -398,7 +412,7 @@ def test_a_server_that_stops_mid_run_is_one_line(
     from ppokit.components.rollout_engine import server_impl
 
     proxy = Proxy(int(server.rsplit(":", 1)[1]))
-    url = f"http://127.0.0.1:{proxy.port}"
+    url = proxy.url
     push = server_impl.VLLMServerEngine.sync
 
     def push_then_stop(self: server_impl.VLLMServerEngine) -> None:
@@ -419,6 +433,74 @@ def test_a_server_that_stops_mid_run_is_one_line(
     assert line.startswith("error: rollout.engine: ") and url in line and stopped, line
     assert line.endswith(f"; the last checkpoint is round 1 ({tmp_path / 'checkpoint'})")
     assert then.startswith("continue with: ppokit train ") and then.endswith("--resume"), then
+
+
+def test_each_process_takes_its_servers_or_shares_them() -> None:
+    """share: every process sends to all the servers; else process r of N takes
+    urls[r::N], and a number of servers that is no multiple of N is one line when the
+    engine is made (before the models are built)."""
+    from ppokit.components.rollout_engine.server_impl import VLLMServerEngine
+    from ppokit.distributed import World, adopt
+
+    urls = ["http://a:1", "http://b:1", "http://c:1", "http://d:1"]
+    assert server_urls(urls, True, 1, 2) == urls
+    assert [server_urls(urls, False, r, 2) for r in (0, 1)] == [urls[0::2], urls[1::2]]
+    assert server_urls(urls, False, 0, 1) == urls
+    with pytest.raises(UserError, match=r"^rollout.engine.urls: 4 server\(s\) .* 3 processes"):
+        server_urls(urls, False, 2, 3)
+    adopt(World(1, 3))
+    try:
+        with pytest.raises(UserError, match=r"multiple of 3, or share: true$"):
+            VLLMServerEngine(
+                urls=urls,
+                share=False,
+                served_model_name=SERVED_NAME,
+                max_in_flight=1,
+                timeout=1,
+                weights_dir=None,
+            )
+        engine = VLLMServerEngine(
+            urls=urls[:3],
+            share=False,
+            served_model_name=SERVED_NAME,
+            max_in_flight=1,
+            timeout=1,
+            weights_dir=None,
+        )
+        assert engine.urls == ["http://b:1"]
+    finally:
+        adopt(World())
+
+
+@needs_vllm
+@pytest.mark.parametrize("share", [True, False])
+def test_two_processes_share_the_servers_or_take_their_own(
+    server: str, tmp_path: Path, share: bool
+) -> None:
+    """``--nproc 2`` (forked, gloo) through two relays to the server, two rounds. Shared:
+    both processes send to both relays and process 0 alone pushes into them (each relay
+    gets the start's push and one a round, all from one process's folder). Their own:
+    process r generates with relay r and pushes into it (each relay's pushes from another
+    process). Either way every process's log μ is the trainer's (1e-3) every round: no
+    process generates before its servers hold the weights of the version it records."""
+    from tests.helpers.ranks import train_on_two
+
+    port = int(server.rsplit(":", 1)[1])
+    relays = [Proxy(port), Proxy(port)]
+    urls = ", ".join(f"'{r.url}'" for r in relays)
+    engine = f"rollout.engine={{name: vllm_server, urls: [{urls}], share: {str(share).lower()}}}"
+    settings = [*SMALL, *VLLM_TINY, engine, "train.rounds=2", "train.actor_lr=0.01"]
+    try:
+        train_on_two("train", "--out", str(tmp_path), *[a for s in settings for a in ("--set", s)])
+    finally:
+        for relay in relays:
+            relay.stop()
+    records = read_metrics(tmp_path)
+    assert [r["round"] for r in records] == [1, 2]
+    assert all(r["rollout/mismatch_max"] < 1e-3 for r in records), records
+    pushers = [relay.pushers() for relay in relays]
+    assert [len(p) for p in pushers] == [3, 3] and all(len(set(p)) == 1 for p in pushers)
+    assert (pushers[0][0] == pushers[1][0]) == share, pushers
 
 
 @needs_vllm
@@ -453,7 +535,12 @@ def test_a_server_without_dev_mode_is_named_at_the_start() -> None:
     threading.Thread(target=fake.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{fake.server_address[1]}"
     engine = VLLMServerEngine(
-        urls=[url], served_model_name=SERVED_NAME, max_in_flight=2, timeout=30, weights_dir=None
+        urls=[url],
+        share=True,
+        served_model_name=SERVED_NAME,
+        max_in_flight=2,
+        timeout=30,
+        weights_dir=None,
     )
     context = types.SimpleNamespace(model=torch.nn.Linear(1, 1), process=0, processes=1)
     try:

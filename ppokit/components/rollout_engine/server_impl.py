@@ -14,8 +14,16 @@ whichever server is free takes the next prompt). ``sync`` writes the actor's ful
 as safetensors to a new folder the servers can read and has each reload them
 (``POST /collective_rpc`` with ``reload_weights(weights_path=...)``), then reset its
 prefix cache; it returns once every server holds the new weights, so every response is of
-the weights of the version the trainer records for it. On several processes process 0
-pushes for all, between two barriers (no process generates during a push).
+the weights of the version the trainer records for it.
+
+On several processes (``share``): either every process sends its prompts to all the servers
+and process 0 pushes into them, or each process takes servers of its own
+(``urls[process::processes]``, :func:`server_urls`) and pushes into those. Either way every
+process takes part in the gathers of a push, which starts once every process has stopped
+generating (a barrier), and then waits for the push's outcome, process 0's count of pushes
+and the first failure (one gather): no process generates before its servers hold the new
+weights, every process counts the same pushes, and a failed push stops every process with
+its line.
 
 Every failure (a server unreachable, one that answers an HTTP error or a malformed answer,
 one that dies mid-run, no complete answer within ``timeout``) is one line naming the
@@ -30,13 +38,14 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 from torch import Tensor
 
+from ppokit import distributed
 from ppokit.components.rollout_engine import (
     VLLM_SERVER,
     EngineContext,
@@ -46,7 +55,7 @@ from ppokit.components.rollout_engine import (
 from ppokit.components.rollout_engine.vllm_impl import FOLDER_PREFIX, base_weights, new_folder
 from ppokit.errors import UserError, one_line, said
 
-__all__ = ["ServerError", "VLLMServerEngine", "parse_choices", "request_body"]
+__all__ = ["ServerError", "VLLMServerEngine", "parse_choices", "request_body", "server_urls"]
 
 T = TypeVar("T")
 
@@ -72,6 +81,21 @@ def root(url: str) -> str:
     """A server's root URL (``/v1`` and trailing slashes dropped)."""
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def server_urls(urls: Sequence[str], share: bool, process: int, processes: int) -> list[str]:
+    """The servers process ``process`` of ``processes`` generates with: all of ``urls`` when
+    they are shared, else its own, ``urls[process::processes]`` (a :class:`UserError` when
+    the processes cannot have as many each)."""
+    if share:
+        return list(urls)
+    if len(urls) % processes:
+        raise UserError(
+            f"rollout.engine.urls: {len(urls)} server(s) cannot be split evenly over "
+            f"{processes} processes (share: false gives each process urls[process::"
+            f"{processes}]): give a multiple of {processes}, or share: true"
+        )
+    return list(urls[process::processes])
 
 
 def request_body(
@@ -183,12 +207,16 @@ class VLLMServerEngine:
         self,
         *,
         urls: list[str],
+        share: bool,
         served_model_name: str,
         max_in_flight: int,
         timeout: float,
         weights_dir: str | None,
     ) -> None:
-        self.urls = [root(u) for u in urls]
+        self.all_urls = [root(u) for u in urls]
+        self.share = share
+        world = distributed.world()  # the split checked before the models are built
+        self.urls = server_urls(self.all_urls, share, world.rank, world.size)
         self.model = served_model_name
         self.max_in_flight = max_in_flight
         self.timeout = timeout
@@ -290,6 +318,7 @@ class VLLMServerEngine:
                 "without model.lora, or sample with rollout.engine vllm or hf"
             )
         self.context = context
+        self.urls = server_urls(self.all_urls, self.share, context.process, context.processes)
 
         async def check(client: httpx.AsyncClient) -> None:
             for url in self.urls:
@@ -313,7 +342,7 @@ class VLLMServerEngine:
                 self._check_answers(url, models, info)
 
         self._run(check, "the start's checks")
-        if context.process == 0:
+        if not self.share or context.process == 0:  # it pushes into its servers
             self.folder = self._new_folder()
             os.chmod(self.folder, 0o755)  # a server run by another user reads it
         self._push()
@@ -402,22 +431,40 @@ class VLLMServerEngine:
         self._push()
 
     def _push(self) -> None:
-        """The actor's weights written to a new folder (process 0) and reloaded by every
-        server; the folder of the previous push removed. On several processes every process
-        takes part in the gathers, and the others wait for process 0's push."""
+        """The actor's weights written to a new folder and reloaded by this process's
+        servers when it pushes (process 0 for shared servers, every process for servers of
+        its own), the folder of the previous push removed. On several processes every
+        process takes part in the gathers, then all learn the outcome (module docstring)."""
         context = self._started
-        barrier = _barrier if context.processes > 1 else (lambda: None)
-        barrier()  # no process generates from here to the push's end
+        several = context.processes > 1
+        if several:
+            distributed.barrier()  # no process generates from here to the push's end
         weights = base_weights(context.model)  # gathered whole, one at a time (collectives)
-        if context.process != 0 or self.folder is None:
+        failed: ServerError | None = None
+        if self.folder is None:  # it pushes into no server: it joins the gathers
             for _ in weights:
                 pass
-            barrier()
+        else:
+            try:
+                self._write_and_reload(self.folder / f"v{self.pushes}", weights)
+            except ServerError as exc:
+                failed = exc
+        if not several:
+            if failed is not None:
+                raise failed
             self.pushes += 1
             return
+        outcomes = distributed.each((self.pushes + 1, None if failed is None else str(failed)))
+        self.pushes = outcomes[0][0]  # process 0's count: every process records the same
+        first = next((error for _, error in outcomes if error is not None), None)
+        if first is not None:
+            raise ServerError(first)
+
+    def _write_and_reload(self, folder: Path, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """``weights`` as safetensors in ``folder``, reloaded by every server of this
+        process, then their prefix caches reset; the previous push's folder removed."""
         from safetensors.torch import save_file
 
-        folder = self.folder / f"v{self.pushes}"
         folder.mkdir()
         tensors = {name: t.contiguous().cpu() for name, t in weights}
         save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -438,8 +485,6 @@ class VLLMServerEngine:
         previous, self.current = self.current, folder
         if previous is not None:
             shutil.rmtree(previous, ignore_errors=True)
-        barrier()
-        self.pushes += 1
 
     def close(self) -> None:
         if self.folder is not None:
@@ -459,9 +504,3 @@ async def _all(jobs: list[Awaitable[None]]) -> None:
             task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    dist.barrier()
