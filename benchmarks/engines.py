@@ -20,17 +20,32 @@ run after the other, and prints the mean reward of the last 10 rounds of each.
 The default spec is examples/specs/smollm2_arithmetic_cpu.yaml (SmolLM2-135M-Instruct, GRPO,
 LoRA r=16: the push is the adapters) without its evaluation; ``--set model.lora=null``
 pushes every weight instead.
+
+``vllm-server`` and ``vllm-server-bf16`` are the ``vllm_server`` engine: for each, ``ppokit
+serve-rollouts`` is started for the spec (with ``--set``) on a free port on loopback, with
+``--enforce-eager`` as the in-process engine runs and each ``--server-arg`` (on a GPU the
+trainer and an in-process engine share it: ``--server-arg=--gpu-memory-utilization=0.25``),
+and stopped at the end; the round's sync is then the push through a file and
+``/collective_rpc``. It pushes full weights: with the default spec add
+``--set model.lora=null``.
+
+    python benchmarks/engines.py --engines vllm-bf16,vllm-server-bf16 --set model.lora=null
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,6 +70,13 @@ ENGINES = {
     "hf-bf16": "rollout.engine={name: hf, dtype: bfloat16}",
     "vllm-sleep": "rollout.engine={name: vllm, dtype: bfloat16, sleep: true}",
 }
+#: The engines through a server of their own: the arguments for vLLM's server of each.
+SERVERS = {
+    "vllm-server": ["--enforce-eager"],
+    "vllm-server-bf16": ["--enforce-eager", "--dtype", "bfloat16"],
+}
+#: Seconds a server may take to start (SmolLM2 on a busy CPU: about two minutes).
+SERVER_START = 900
 #: The demo's tiny model with heads vLLM's CPU attention supports.
 TINY_32 = [
     "model.tiny.num_attention_heads=2",
@@ -66,14 +88,65 @@ def _load() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+@contextlib.contextmanager
+def served(spec: Path, sets: list[str], extra: list[str]) -> Iterator[str]:
+    """``ppokit serve-rollouts SPEC`` (with ``sets`` and ``extra`` for vLLM) on a free port
+    on loopback, its output in a temporary file: its URL once it answers, until the block
+    ends."""
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "ppokit.cli", "serve-rollouts", str(spec), "--port", str(port)]
+    command += [a for item in sets for a in ("--set", item)]
+    command += [f"--vllm-arg={a}" for a in extra]
+    with tempfile.NamedTemporaryFile("w+", prefix="ppokit-serve-rollouts-") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        begin = time.perf_counter()
+        try:
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise SystemExit(f"the server ended: {log.read()[-3000:]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                        break
+                if time.perf_counter() - begin > SERVER_START:
+                    raise SystemExit(f"the server did not start within {SERVER_START} s")
+                time.sleep(1)
+            print(f"server {url}: started in {time.perf_counter() - begin:.1f} s", flush=True)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 def rounds(args: argparse.Namespace) -> None:
     names = args.engines.split(",")
     base = ["eval=null", "output.progress=false", *args.set]
     learners = {}
-    for name in names:
-        begin = time.perf_counter()
-        learners[name] = make_learner(load_spec(args.spec, [*base, ENGINES[name]]))
-        print(f"{name}: started in {time.perf_counter() - begin:.1f} s", flush=True)
+    with contextlib.ExitStack() as servers:
+        for name in names:
+            engine = ENGINES.get(name)
+            if name in SERVERS:
+                url = servers.enter_context(
+                    served(args.spec, args.set, [*SERVERS[name], *args.server_arg])
+                )
+                engine = f"rollout.engine={{name: vllm_server, urls: ['{url}']}}"
+            begin = time.perf_counter()
+            learners[name] = make_learner(load_spec(args.spec, [*base, str(engine)]))
+            print(f"{name}: started in {time.perf_counter() - begin:.1f} s", flush=True)
+        interleaved(args, names, learners)
+
+
+def interleaved(args: argparse.Namespace, names: list[str], learners: dict[str, Any]) -> None:
+    """The rounds of every learner in turn, and the medians."""
     spec = next(iter(learners.values()))[0].spec
     r = spec.rollout
     source = make_prompt_source(spec.data, spec.seed)
@@ -107,7 +180,7 @@ def rounds(args: argparse.Namespace) -> None:
             }
             row["tokens_per_s"] = row["tokens"] / row["generate"]
             print(
-                f"  round {i} {name:10s} " + " ".join(f"{k} {v:.3f}" for k, v in row.items()),
+                f"  round {i} {name:16s} " + " ".join(f"{k} {v:.3f}" for k, v in row.items()),
                 flush=True,
             )
             if i > 0:
@@ -115,7 +188,7 @@ def rounds(args: argparse.Namespace) -> None:
     print(f"load after: {_load()}")
     med = {n: {k: statistics.median(x[k] for x in times[n]) for k in times[n][0]} for n in names}
     print(
-        f"{'engine':10s} {'round s':>8s} {'generate s':>10s} {'sync s':>7s} {'tokens/s':>9s}"
+        f"{'engine':16s} {'round s':>8s} {'generate s':>10s} {'sync s':>7s} {'tokens/s':>9s}"
         f" {'hf/engine':>9s}"
     )
     hf = med.get("hf", {}).get("round")
@@ -123,7 +196,7 @@ def rounds(args: argparse.Namespace) -> None:
         m = med[n]
         ratio = f"{hf / m['round']:.2f}" if hf else "-"
         print(
-            f"{n:10s} {m['round']:8.2f} {m['generate']:10.2f} {m['sync']:7.3f} "
+            f"{n:16s} {m['round']:8.2f} {m['generate']:10.2f} {m['sync']:7.3f} "
             f"{m['tokens_per_s']:9.1f} {ratio:>9s}"
         )
     for setup, _ in learners.values():
@@ -183,6 +256,9 @@ def main() -> None:
     parser.add_argument("--engines", default="hf,vllm,vllm-bf16")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--server-arg", action="append", default=[], metavar="ARG", help="for vLLM's server"
+    )
     parser.add_argument("--demo", metavar="SEEDS", help="train the demo with each engine")
     parser.add_argument("--demo-rounds", type=int, default=120)
     args = parser.parse_args()

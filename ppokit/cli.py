@@ -584,7 +584,7 @@ def train(
         if tracebacks_on():
             err.print(_show(full_traceback(exc)), end="")
         command = _resume_base(spec_path, overrides, seed, threads)
-        raise fail([*error_lines(exc), *stopped.describe(command)]) from None
+        raise fail(stopped.lines(command)) from None
     if as_json and result.get("main", True):
         _print_json(result)
 

@@ -50,6 +50,7 @@ __all__ = [
     "adopt",
     "all_sum",
     "as_forward",
+    "each",
     "first_text",
     "gather_rows",
     "gathered",
@@ -231,16 +232,21 @@ def barrier() -> None:
         dist.barrier()
 
 
-def first_text(text: str | None) -> str | None:
-    """The first (in rank order) process's ``text`` that is not None, on every process (a
-    short message, e.g. the error one process met while the others did not)."""
+def each(value: Any) -> list[Any]:
+    """Every process's ``value`` (small, picklable), in rank order, on every process."""
     if not _WORLD.distributed:
-        return text
+        return [value]
     import torch.distributed as dist
 
     box: list[Any] = [None] * _WORLD.size
-    dist.all_gather_object(box, text)
-    return next((t for t in box if t is not None), None)
+    dist.all_gather_object(box, value)
+    return box
+
+
+def first_text(text: str | None) -> str | None:
+    """The first (in rank order) process's ``text`` that is not None, on every process (a
+    short message, e.g. the error one process met while the others did not)."""
+    return next((t for t in each(text) if t is not None), None)
 
 
 # ------------------------------------------------------------------ sharding

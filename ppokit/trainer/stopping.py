@@ -29,7 +29,7 @@ from typing import Any
 from torch import Tensor
 
 from ppokit.bounded import holding_interrupts
-from ppokit.errors import UserError
+from ppokit.errors import UserError, error_lines
 from ppokit.runfolder import how_to_continue
 from ppokit.trainer.checkpoint import capture_rng, checkpoint_round, restore_rng, save_checkpoint
 from ppokit.trainer.models import Models
@@ -108,10 +108,18 @@ class Stopped(UserError):
         self.checkpoint = checkpoint
 
     def describe(self, command: Sequence[str] | None = None) -> list[str]:
-        """The lines after the error; ``command`` is the ``ppokit train SPEC [--set ...]``
-        that started the run."""
+        """What the run keeps and the command that continues it; ``command`` is the
+        ``ppokit train SPEC [--set ...]`` that started the run."""
         base = list(command) if command else ["ppokit", "train", "SPEC"]
         return list(how_to_continue(self.out, base, self.checkpoint))
+
+    def lines(self, command: Sequence[str] | None = None) -> list[str]:
+        """The lines that tell the stop: the error's, the last of them with what the run
+        keeps (``error: ...; the last checkpoint is round N (DIR/checkpoint)``, as an
+        interrupted run's line says it), then the command that continues it."""
+        state, then = self.describe(command)
+        *lines, last = error_lines(self)
+        return [*lines, f"{last}; {state}", then]
 
 
 class Ends:

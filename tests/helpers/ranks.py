@@ -57,6 +57,30 @@ def start_ppokit(*argv: str) -> multiprocessing.process.BaseProcess:
     return proc
 
 
+def killed_mid_run(argv: list[str], out: Path, rounds: int, within: float = 300) -> int:
+    """``ppokit ARGV``, a run into ``out``, in a process of its own (:func:`start_ppokit`),
+    killed with SIGKILL once its metrics.jsonl holds ``rounds`` rounds: the rounds it holds
+    then (the test is skipped when the run finished first)."""
+    import signal
+    import time
+
+    from ppokit.trainer.metrics import read_metrics
+
+    proc = start_ppokit(*argv)
+    deadline = time.monotonic() + within
+    metrics = out / "metrics.jsonl"
+    while time.monotonic() < deadline and proc.is_alive():
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= rounds:
+            break
+        time.sleep(0.05)
+    if not proc.is_alive():
+        pytest.skip("the run finished before it could be killed")
+    proc.kill()
+    proc.join(timeout=60)
+    assert proc.exitcode == -signal.SIGKILL
+    return len(read_metrics(out))
+
+
 def train_on_two(*argv: str) -> None:
     """``ppokit ARGV`` (a ``train`` command) on 2 processes forked from the forkserver: the
     run ``--nproc 2`` makes, without the launcher and the interpreters it starts (about 25 s

@@ -268,6 +268,14 @@ def resume(out: Path, *overrides: str) -> int:
     return load_checkpoint(out, lrn.setup.models, lrn.state, source)
 
 
+def untimed(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Metrics lines without their timings and memory measurements (the metrics table's
+    ``timing`` rows): what two runs of one spec must share to the bit."""
+    from ppokit.metrics_table import metric
+
+    return [{k: v for k, v in h.items() if not metric(k).timing} for h in history]
+
+
 def one_line_error(fn: Any, *args: Any) -> str:
     """The message of the ``UserError`` that ``fn(*args)`` raises: one line, not empty."""
     import pytest

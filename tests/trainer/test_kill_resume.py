@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from ppokit.cli import app
-from ppokit.trainer.metrics import TIMING, read_metrics
-from tests.helpers.ranks import start_ppokit
-from tests.helpers.trainer import DEMO, SMALL
+from ppokit.trainer.metrics import read_metrics
+from tests.helpers.ranks import killed_mid_run
+from tests.helpers.trainer import DEMO, SMALL, untimed
 
 ROUNDS = 6
 ARGS = [
@@ -36,10 +35,6 @@ def _args(out: Path, *extra: str) -> list[str]:
     return ["train", str(DEMO), *sets, "--out", str(out), *extra]
 
 
-def _untimed(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
@@ -47,20 +42,8 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     uninterrupted = CliRunner().invoke(app, _args(whole))  # in this process: no start-up
     assert uninterrupted.exit_code == 0, uninterrupted.output
 
-    proc = start_ppokit(*_args(killed))  # a process of its own, to be killed
-    deadline = time.monotonic() + 300
-    metrics = killed / "metrics.jsonl"
-    # kill once the round after the first checkpoint is being written (rounds 3..5)
-    while time.monotonic() < deadline and proc.is_alive():
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.05)
-    if not proc.is_alive():
-        pytest.skip("the run finished before it could be killed")
-    proc.kill()
-    proc.join(timeout=60)
-    assert proc.exitcode == -signal.SIGKILL
-    done = len(read_metrics(killed))
+    # killed once the round after the first checkpoint is being written (rounds 3..5)
+    done = killed_mid_run(_args(killed), killed, 3)
     assert 3 <= done < ROUNDS
 
     ahead = killed / "checkpoint" / "ahead"
@@ -72,5 +55,5 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     assert summary["resumed_from"] <= done
     history = read_metrics(killed)
     assert [h["round"] for h in history] == list(range(1, ROUNDS + 1))
-    assert _untimed(history) == _untimed(read_metrics(whole))
+    assert untimed(history) == untimed(read_metrics(whole))
     assert [h["rollout/staleness_max"] for h in history] == [0.0] + [1.0] * (ROUNDS - 1)

@@ -2,12 +2,14 @@
 for the module on loopback with the command ``ppokit serve-rollouts`` builds (the tiny model
 in float32): the demo learns to the reward the in-process ``vllm`` engine reaches, with log μ the
 trainer's every round; a skipped push shows as a growing mismatch; asynchronous rounds
-sample from exactly the weights their recorded version names; a server that stops mid-run
-stops the run with one line naming its URL; a server started without what the engine
-needs is named at the start; malformed answers are one line. With LoRA (a second server,
-started with the flags ``ppokit serve-rollouts`` adds for ``model.lora``, shared by the LoRA
-tests): log μ is the trainer's LoRA model's after every push (1e-5), and a skipped push
-shows.
+sample from exactly the weights their recorded version names; a resumed run pushes the
+checkpoint's weights before it generates, and an asynchronous run killed with SIGKILL
+resumes exactly; a server that stops mid-run stops the run with one line naming its URL
+and the last checkpoint; two processes share the servers or take their own; a server
+started without what the engine needs is named at the start; malformed answers are one
+line. With LoRA (a second server, started with the flags ``ppokit serve-rollouts`` adds for
+``model.lora``, shared by the LoRA tests): log μ is the trainer's LoRA model's after every
+push (1e-5), and a skipped push shows.
 
 vLLM is an optional install (docs/engines.md). Without it these tests skip, except where
 ``PPOKIT_REQUIRE_VLLM=1`` (CI sets it): then a missing vLLM fails the collection. Starting
@@ -18,19 +20,25 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import http.server
 import importlib.util
 import json
 import os
+import re
+import signal
 import socket
 import threading
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from ppokit.cli import app
 from ppokit.components.rollout_engine import SERVED_NAME, SERVER_URL, Sampling
 from ppokit.components.rollout_engine.server_impl import (
     BadAnswer,
@@ -38,14 +46,17 @@ from ppokit.components.rollout_engine.server_impl import (
     lora_missing,
     parse_choices,
     request_body,
+    server_urls,
 )
 from ppokit.errors import UserError
 from ppokit.spec import SpecError, load_spec
 from ppokit.trainer import train
+from ppokit.trainer.checkpoint import checkpoint_round
 from ppokit.trainer.metrics import read_metrics
 from tests.helpers import free_port
+from tests.helpers.ranks import killed_mid_run
 from tests.helpers.servers import started_process
-from tests.helpers.trainer import DEMO, Trainee, demo_rows, learner, small_spec
+from tests.helpers.trainer import DEMO, SMALL, Trainee, demo_rows, learner, small_spec, untimed
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 if not HAVE_VLLM and os.environ.get("PPOKIT_REQUIRE_VLLM") == "1":
@@ -68,6 +79,13 @@ LORA = ["model.lora.r=4", "model.lora.alpha=8", "advantage=grpo", "critic=null"]
 def _engine(url: str, **more: object) -> str:
     extra = "".join(f", {k}: {v}" for k, v in more.items())
     return f"rollout.engine={{name: vllm_server, urls: ['{url}'], timeout: 120{extra}}}"
+
+
+def _train_args(out: Path, *sets: str) -> list[str]:
+    """``ppokit train``'s arguments for a small run of the demo into ``out`` (saved every
+    round unless ``sets`` says otherwise)."""
+    settings = [*SMALL, *VLLM_TINY, "output.save_every=1", *sets]
+    return ["train", str(DEMO), *[a for s in settings for a in ("--set", s)], "--out", str(out)]
 
 
 @contextlib.contextmanager
@@ -107,13 +125,16 @@ def lora_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 class Proxy:
     """A TCP relay on loopback to ``target``: ``stop()`` closes its port and every connection
-    through it, as a server that dies does."""
+    through it, as a server that dies does; ``sent`` holds what each connection's client
+    sent."""
 
     def __init__(self, target: int) -> None:
         self.target = target
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         self.sockets: list[socket.socket] = []
+        self.sent: list[bytearray] = []
         self.stopped = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -125,13 +146,16 @@ class Proxy:
                 return
             upstream = socket.create_connection(("127.0.0.1", self.target))
             self.sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            self.sent.append(bytearray())
+            for a, b, kept in ((client, upstream, self.sent[-1]), (upstream, client, None)):
+                threading.Thread(target=self._pipe, args=(a, b, kept), daemon=True).start()
 
     @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
+    def _pipe(a: socket.socket, b: socket.socket, kept: bytearray | None) -> None:
         try:
             while data := a.recv(65536):
+                if kept is not None:
+                    kept += data
                 b.sendall(data)
         except OSError:
             pass
@@ -139,6 +163,11 @@ class Proxy:
             for s in (a, b):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+    def pushers(self) -> list[str]:
+        """The process id in the folder of each weight push through the relay, in order."""
+        found = rb'"weights_path": ?"[^"]*ppokit-vllm-(\d+)-server-'
+        return [pid.decode() for sent in self.sent for pid in re.findall(found, bytes(sent))]
 
     def stop(self) -> None:
         self.stopped = True
@@ -273,15 +302,136 @@ def test_asynchronous_rounds_sample_from_the_version_they_record(server: str) ->
 
 
 @needs_vllm
-def test_a_server_that_stops_mid_run_is_one_line(
+def test_a_resumed_run_samples_from_the_checkpoints_weights(server: str, tmp_path: Path) -> None:
+    """The engine's start pushes the weights the actor is built with; a resumed run then
+    pushes the checkpoint's before it generates: the round after the checkpoint's log μ
+    is the trainer's (1e-3), not the initial weights' (two rounds at a high rate apart)."""
+    settings = (_engine(server), "train.actor_lr=0.01", "output.save_every=1")
+    train(small_spec(tmp_path, *VLLM_TINY, *settings, "train.rounds=2"))
+    train(small_spec(tmp_path, *VLLM_TINY, *settings, "train.rounds=3"), resume=True)
+    records = read_metrics(tmp_path)
+    assert [r["round"] for r in records] == [1, 2, 3]
+    assert records[-1]["rollout/mismatch_max"] < 1e-3, records[-1]
+
+
+@needs_vllm
+def test_a_killed_runs_pushed_weights_are_removed_at_the_next_start(
     server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The server behind a relay; the relay stops after round 1's push: round 2's generation
-    stops the run with one line naming the URL the spec gave and saying the server is gone."""
+    """The pushed weights' folder in the temporary directory is named for the process; the
+    engine's start removes the folders of processes that no longer run (a run killed
+    before its close), as the in-process engine's does."""
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    left = tmp_path / f"ppokit-vllm-{int(gone.stdout)}-server-abc"
+    (left / "v3").mkdir(parents=True)
+    lrn = learner(small_spec(None, *VLLM_TINY, _engine(server)))
+    try:
+        folder = lrn.setup.engine.engine.folder
+        assert not left.exists()
+        assert folder.parent == tmp_path and folder.name.startswith(
+            f"ppokit-vllm-{os.getpid()}-server-"
+        )
+    finally:
+        lrn.close()
+    assert not folder.exists()
+
+
+class Pushes:
+    """What the engines of the runs in this process did, in order: ``("push", digest of
+    the actor's weights)`` and ``("generate", None)``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from ppokit.components.rollout_engine import server_impl
+
+        self.events: list[tuple[str, str | None]] = []
+        engine = server_impl.VLLMServerEngine
+        push, generate = engine._push, engine.generate
+
+        def pushed(this: server_impl.VLLMServerEngine) -> None:
+            model = this._started.model
+            digest = hashlib.sha256()
+            for tensor in model.state_dict().values():
+                digest.update(tensor.detach().float().cpu().numpy().tobytes())
+            self.events.append(("push", digest.hexdigest()))
+            push(this)
+
+        def generated(this: server_impl.VLLMServerEngine, *args: Any) -> Any:
+            self.events.append(("generate", None))
+            return generate(this, *args)
+
+        monkeypatch.setattr(engine, "_push", pushed)
+        monkeypatch.setattr(engine, "generate", generated)
+
+    def versions(self) -> list[str]:
+        """The weights pushed, in order (the first: the start's)."""
+        return [d for kind, d in self.events if kind == "push" and d is not None]
+
+    def before_first_generation(self) -> str | None:
+        """The weights the last push before the first generation carried."""
+        first = next(i for i, (kind, _) in enumerate(self.events) if kind == "generate")
+        return next(d for kind, d in reversed(self.events[:first]) if kind == "push")
+
+
+@needs_vllm
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_asynchronous_rounds_killed_mid_run_resume_exactly(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staleness 1 through the server, 6 rounds saved every 2: every round's rows are at
+    most one update old (0 for round 1); a run killed with SIGKILL after its third round
+    (the server then holds its newer weights) resumes from its last checkpoint, pushes the
+    checkpoint's weights (the uninterrupted run's of that version) before it generates,
+    and ends with the uninterrupted run's metrics, timings aside."""
+    rounds = 6
+    sets = (
+        _engine(server), f"train.rounds={rounds}", "output.save_every=2", "rollout.n=4",
+        "rollout.max_staleness=1",
+    )  # fmt: skip
+
+    def args(out: Path, *extra: str) -> list[str]:
+        return [*_train_args(out, *sets), *extra]
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    uninterrupted = Pushes(monkeypatch)
+    result = CliRunner().invoke(app, args(whole))
+    assert result.exit_code == 0, result.output
+    monkeypatch.undo()
+
+    done = killed_mid_run(args(killed), killed, 3)  # in rounds 4..6: checkpoint 2 or 4
+    assert 3 <= done < rounds
+
+    resumed = Pushes(monkeypatch)
+    result = CliRunner().invoke(app, args(killed, "--resume", "--json"))
+    assert result.exit_code == 0, result.output
+    start = json.loads(result.stdout)["resumed_from"]
+    assert start in (2, 4) and start <= done
+    assert resumed.before_first_generation() == uninterrupted.versions()[start]
+    history = read_metrics(killed)
+    assert [h["round"] for h in history] == list(range(1, rounds + 1))
+    assert untimed(history) == untimed(read_metrics(whole))
+    assert [h["rollout/staleness_max"] for h in history] == [0.0] + [1.0] * (rounds - 1)
+
+
+@needs_vllm
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_server_that_stops_mid_run_is_one_line(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, staleness: int
+) -> None:
+    """The server behind a relay; the relay stops after the first push after the start:
+    the next generation stops the run (``ppokit train``) with one line naming the URL the
+    spec gave, saying the server is gone, and naming the run's last checkpoint, then the
+    command that continues it; with synchronous and asynchronous rounds alike."""
     from ppokit.components.rollout_engine import server_impl
 
     proxy = Proxy(int(server.rsplit(":", 1)[1]))
-    url = f"http://127.0.0.1:{proxy.port}"
+    url = proxy.url
     push = server_impl.VLLMServerEngine.sync
 
     def push_then_stop(self: server_impl.VLLMServerEngine) -> None:
@@ -289,14 +439,87 @@ def test_a_server_that_stops_mid_run_is_one_line(
         proxy.stop()
 
     monkeypatch.setattr(server_impl.VLLMServerEngine, "sync", push_then_stop)
-    with pytest.raises(UserError) as info:
-        train(small_spec(tmp_path, *VLLM_TINY, _engine(url), "train.rounds=2"))
-    text = str(info.value)
+    sets = (_engine(url), "train.rounds=3", f"rollout.max_staleness={staleness}")
+    result = CliRunner().invoke(app, _train_args(tmp_path, *sets))
+    assert result.exit_code == 1, result.output
+    *_, line, then = result.stderr.strip().splitlines()
+    # asynchronous: round 2 trains on a batch generated before the push; its checkpoint,
+    # which holds the batch generated ahead for round 3, meets the failure
+    assert len(read_metrics(tmp_path)) == 1 + staleness and checkpoint_round(tmp_path) == 1
     # Whether the pooled connection's close is seen before the next request is the kernel's
     # timing: a new connection is refused (unreachable), or the old one is dropped mid-request.
-    stopped = "unreachable" in text or "dropped the connection" in text
-    assert "\n" not in text and url in text and stopped, text
-    assert len(read_metrics(tmp_path)) == 1
+    stopped = "unreachable" in line or "dropped the connection" in line
+    assert line.startswith("error: rollout.engine: ") and url in line and stopped, line
+    assert line.endswith(f"; the last checkpoint is round 1 ({tmp_path / 'checkpoint'})")
+    assert then.startswith("continue with: ppokit train ") and then.endswith("--resume"), then
+
+
+def test_each_process_takes_its_servers_or_shares_them() -> None:
+    """share: every process sends to all the servers; else process r of N takes
+    urls[r::N], and a number of servers that is no multiple of N is one line when the
+    engine is made (before the models are built)."""
+    from ppokit.components.rollout_engine.server_impl import VLLMServerEngine
+    from ppokit.distributed import World, adopt
+
+    urls = ["http://a:1", "http://b:1", "http://c:1", "http://d:1"]
+    assert server_urls(urls, True, 1, 2) == urls
+    assert [server_urls(urls, False, r, 2) for r in (0, 1)] == [urls[0::2], urls[1::2]]
+    assert server_urls(urls, False, 0, 1) == urls
+    with pytest.raises(UserError, match=r"^rollout.engine.urls: 4 server\(s\) .* 3 processes"):
+        server_urls(urls, False, 2, 3)
+    adopt(World(1, 3))
+    try:
+        with pytest.raises(UserError, match=r"multiple of 3, or share: true$"):
+            VLLMServerEngine(
+                urls=urls,
+                share=False,
+                served_model_name=SERVED_NAME,
+                max_in_flight=1,
+                timeout=1,
+                weights_dir=None,
+            )
+        engine = VLLMServerEngine(
+            urls=urls[:3],
+            share=False,
+            served_model_name=SERVED_NAME,
+            max_in_flight=1,
+            timeout=1,
+            weights_dir=None,
+        )
+        assert engine.urls == ["http://b:1"]
+    finally:
+        adopt(World())
+
+
+@needs_vllm
+@pytest.mark.parametrize("share", [True, False])
+def test_two_processes_share_the_servers_or_take_their_own(
+    server: str, tmp_path: Path, share: bool
+) -> None:
+    """``--nproc 2`` (forked, gloo) through two relays to the server, two rounds. Shared:
+    both processes send to both relays and process 0 alone pushes into them (each relay
+    gets the start's push and one a round, all from one process's folder). Their own:
+    process r generates with relay r and pushes into it (each relay's pushes from another
+    process). Either way every process's log μ is the trainer's (1e-3) every round: no
+    process generates before its servers hold the weights of the version it records."""
+    from tests.helpers.ranks import train_on_two
+
+    port = int(server.rsplit(":", 1)[1])
+    relays = [Proxy(port), Proxy(port)]
+    urls = ", ".join(f"'{r.url}'" for r in relays)
+    engine = f"rollout.engine={{name: vllm_server, urls: [{urls}], share: {str(share).lower()}}}"
+    settings = [*SMALL, *VLLM_TINY, engine, "train.rounds=2", "train.actor_lr=0.01"]
+    try:
+        train_on_two("train", "--out", str(tmp_path), *[a for s in settings for a in ("--set", s)])
+    finally:
+        for relay in relays:
+            relay.stop()
+    records = read_metrics(tmp_path)
+    assert [r["round"] for r in records] == [1, 2]
+    assert all(r["rollout/mismatch_max"] < 1e-3 for r in records), records
+    pushers = [relay.pushers() for relay in relays]
+    assert [len(p) for p in pushers] == [3, 3] and all(len(set(p)) == 1 for p in pushers)
+    assert (pushers[0][0] == pushers[1][0]) == share, pushers
 
 
 @needs_vllm
@@ -336,7 +559,12 @@ def test_a_server_without_dev_mode_is_named_at_the_start() -> None:
     threading.Thread(target=fake.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{fake.server_address[1]}"
     engine = VLLMServerEngine(
-        urls=[url], served_model_name=SERVED_NAME, max_in_flight=2, timeout=30, weights_dir=None
+        urls=[url],
+        share=True,
+        served_model_name=SERVED_NAME,
+        max_in_flight=2,
+        timeout=30,
+        weights_dir=None,
     )
     context = types.SimpleNamespace(model=torch.nn.Linear(1, 1), process=0, processes=1)
     try:

@@ -458,6 +458,13 @@ class VLLMServerParams(Params):
         "http://host:port), started with VLLM_SERVER_DEV_MODE=1 for the weight push "
         "(ppokit serve-rollouts starts one and prints the line)",
     )
+    share: bool = Field(
+        True,
+        description="on N processes (ppokit train --nproc N): true: every process sends its "
+        "prompts to all the urls and process 0 pushes the weights into them; false: servers "
+        "of its own for each process, process r taking urls[r::N] (a multiple of N urls) "
+        "and pushing into them",
+    )
     served_model_name: str = Field(
         SERVED_NAME,
         min_length=1,

@@ -14,8 +14,16 @@ whichever server is free takes the next prompt). ``sync`` writes the actor's ful
 as safetensors to a new folder the servers can read and has each reload them
 (``POST /collective_rpc`` with ``reload_weights(weights_path=...)``), then reset its
 prefix cache; it returns once every server holds the new weights, so every response is of
-the weights of the version the trainer records for it. On several processes process 0
-pushes for all, between two barriers (no process generates during a push).
+the weights of the version the trainer records for it.
+
+On several processes (``share``): either every process sends its prompts to all the servers
+and process 0 pushes into them, or each process takes servers of its own
+(``urls[process::processes]``, :func:`server_urls`) and pushes into those. Either way every
+process takes part in the gathers of a push, which starts once every process has stopped
+generating (a barrier), and then waits for the push's outcome, process 0's count of pushes
+and the first failure (one gather): no process generates before its servers hold the new
+weights, every process counts the same pushes, and a failed push stops every process with
+its line.
 
 With LoRA (``model.lora``) the start pushes the base weights as above, once, and every push
 (the start's included) writes the adapters as peft saves them (``adapter_config.json``,
@@ -43,13 +51,14 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 from torch import Tensor
 
+from ppokit import distributed
 from ppokit.components.rollout_engine import (
     VLLM_LORA_ENV,
     VLLM_SERVER,
@@ -62,11 +71,19 @@ from ppokit.components.rollout_engine.vllm_impl import (
     FOLDER_PREFIX,
     adapter_weights,
     base_weights,
+    new_folder,
     write_adapter,
 )
 from ppokit.errors import UserError, one_line, said
 
-__all__ = ["ServerError", "VLLMServerEngine", "lora_missing", "parse_choices", "request_body"]
+__all__ = [
+    "ServerError",
+    "VLLMServerEngine",
+    "lora_missing",
+    "parse_choices",
+    "request_body",
+    "server_urls",
+]
 
 T = TypeVar("T")
 
@@ -94,6 +111,21 @@ def root(url: str) -> str:
     """A server's root URL (``/v1`` and trailing slashes dropped)."""
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def server_urls(urls: Sequence[str], share: bool, process: int, processes: int) -> list[str]:
+    """The servers process ``process`` of ``processes`` generates with: all of ``urls`` when
+    they are shared, else its own, ``urls[process::processes]`` (a :class:`UserError` when
+    the processes cannot have as many each)."""
+    if share:
+        return list(urls)
+    if len(urls) % processes:
+        raise UserError(
+            f"rollout.engine.urls: {len(urls)} server(s) cannot be split evenly over "
+            f"{processes} processes (share: false gives each process urls[process::"
+            f"{processes}]): give a multiple of {processes}, or share: true"
+        )
+    return list(urls[process::processes])
 
 
 def request_body(
@@ -211,45 +243,15 @@ def _failure(exc: BaseException) -> str:
     return f"failed: {one_line(exc)}"
 
 
-@VLLM_SERVER.implementation
-class VLLMServerEngine:
-    """Generates through vLLM's servers; see the module docstring."""
+class ServerCalls:
+    """HTTP calls to the servers on an event loop of their own, bounded by ``timeout``: each
+    failure is one line naming the server's URL (:class:`ServerError`)."""
 
-    samples_from_policy = False
+    urls: list[str]
+    max_in_flight: int
+    timeout: float
+    busy: list[str]  # the servers with requests in flight (the timeout's line)
 
-    def __init__(
-        self,
-        *,
-        urls: list[str],
-        served_model_name: str,
-        max_in_flight: int,
-        timeout: float,
-        weights_dir: str | None,
-    ) -> None:
-        self.urls = [root(u) for u in urls]
-        self.model = served_model_name
-        self.max_in_flight = max_in_flight
-        self.timeout = timeout
-        self.weights_dir = weights_dir
-        self.context: EngineContext | None = None
-        self.folder: Path | None = None  # this run's folder of pushed weights
-        self.current: Path | None = None  # the weights the servers hold now
-        self.max_len: int | None = None  # the smallest max_model_len of the servers
-        self.pushes = 0  # weight pushes made (the first at the start)
-        self.generated: list[int] = []  # the pushes each generation came after
-        self.busy: list[str] = []  # the servers with requests in flight (the timeout's line)
-        self.lora_rank: int | None = None  # the actor's LoRA rank (None: full weights)
-        self.lora_prefix = ""  # this run's adapter names, before -v<k>
-        self.adapter: str | None = None  # the name the servers hold the current adapters under
-        self.adapters = 0  # adapter pushes made
-
-    @property
-    def _started(self) -> EngineContext:
-        if self.context is None:
-            raise RuntimeError("the vllm_server engine was not started")
-        return self.context
-
-    # ------------------------------------------------------------------ HTTP
     def _run(
         self,
         work: Callable[[httpx.AsyncClient], Awaitable[T]],
@@ -308,6 +310,49 @@ class VLLMServerEngine:
         except ValueError:
             raise ServerError(f"rollout.engine: {url} answered {what} with no JSON") from None
 
+
+@VLLM_SERVER.implementation
+class VLLMServerEngine(ServerCalls):
+    """Generates through vLLM's servers; see the module docstring."""
+
+    samples_from_policy = False
+
+    def __init__(
+        self,
+        *,
+        urls: list[str],
+        share: bool,
+        served_model_name: str,
+        max_in_flight: int,
+        timeout: float,
+        weights_dir: str | None,
+    ) -> None:
+        self.all_urls = [root(u) for u in urls]
+        self.share = share
+        world = distributed.world()  # the split checked before the models are built
+        self.urls = server_urls(self.all_urls, share, world.rank, world.size)
+        self.model = served_model_name
+        self.max_in_flight = max_in_flight
+        self.timeout = timeout
+        self.weights_dir = weights_dir
+        self.context: EngineContext | None = None
+        self.folder: Path | None = None  # this run's folder of pushed weights
+        self.current: Path | None = None  # the weights the servers hold now
+        self.max_len: int | None = None  # the smallest max_model_len of the servers
+        self.pushes = 0  # weight pushes made (the first at the start)
+        self.generated: list[int] = []  # the pushes each generation came after
+        self.busy: list[str] = []  # the servers with requests in flight (the timeout's line)
+        self.lora_rank: int | None = None  # the actor's LoRA rank (None: full weights)
+        self.lora_prefix = ""  # this run's adapter names, before -v<k>
+        self.adapter: str | None = None  # the name the servers hold the current adapters under
+        self.adapters = 0  # adapter pushes made
+
+    @property
+    def _started(self) -> EngineContext:
+        if self.context is None:
+            raise RuntimeError("the vllm_server engine was not started")
+        return self.context
+
     # ------------------------------------------------------------------ start
     def _check_answers(self, url: str, models: Any, info: Any) -> None:
         """The server at ``url`` serves the actor under the engine's name, as the engine
@@ -342,6 +387,7 @@ class VLLMServerEngine:
     def start(self, context: EngineContext) -> None:
         self.lora_rank = _lora_rank(context.model)
         self.context = context
+        self.urls = server_urls(self.all_urls, self.share, context.process, context.processes)
 
         async def check(client: httpx.AsyncClient) -> None:
             for url in self.urls:
@@ -365,22 +411,27 @@ class VLLMServerEngine:
                 self._check_answers(url, models, info)
 
         self._run(check, "the start's checks")
-        if context.process == 0:
-            parent = self.weights_dir
-            if parent is not None:
-                Path(parent).mkdir(parents=True, exist_ok=True)
-            self.folder = Path(
-                tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-server-", dir=parent)
-            )
+        if not self.share or context.process == 0:  # it pushes into its servers
+            self.folder = self._new_folder()
             os.chmod(self.folder, 0o755)  # a server run by another user reads it
         self._push()  # the base weights under LoRA
         if self.lora_rank is not None:
             # a name of this run's own: several runs may share a server
             token = f"{os.getpid()}-{secrets.token_hex(4)}" if context.process == 0 else ""
             if context.processes > 1:
-                token = _from_process_0(token)
+                token = distributed.each(token)[0]
             self.lora_prefix = f"{self.model}-{token}"
             self._push_adapters()
+
+    def _new_folder(self) -> Path:
+        """This run's folder of pushed weights: in ``weights_dir``, else in the temporary
+        directory, where the folders a killed run left are removed first (``new_folder``;
+        not in ``weights_dir``, which processes of other machines may share)."""
+        if self.weights_dir is None:
+            return new_folder("server-")
+        Path(self.weights_dir).mkdir(parents=True, exist_ok=True)
+        prefix = f"{FOLDER_PREFIX}{os.getpid()}-server-"
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=self.weights_dir))
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling) -> Generation:
@@ -460,22 +511,45 @@ class VLLMServerEngine:
             self._push()
 
     def _push(self) -> None:
-        """The actor's weights written to a new folder (process 0) and reloaded by every
-        server; the folder of the previous push removed. On several processes every process
-        takes part in the gathers, and the others wait for process 0's push."""
+        """The actor's weights written to a new folder and reloaded by this process's
+        servers when it pushes (process 0 for shared servers, every process for servers of
+        its own), the folder of the previous push removed. On several processes every
+        process takes part in the gathers, then all learn the outcome (module docstring)."""
         context = self._started
-        barrier = _barrier if context.processes > 1 else (lambda: None)
-        barrier()  # no process generates from here to the push's end
+        several = context.processes > 1
+        if several:
+            distributed.barrier()  # no process generates from here to the push's end
         weights = base_weights(context.model)  # gathered whole, one at a time (collectives)
-        if context.process != 0 or self.folder is None:
+        failed: ServerError | None = None
+        if self.folder is None:  # it pushes into no server: it joins the gathers
             for _ in weights:
                 pass
-            barrier()
+        else:
+            try:
+                self._write_and_reload(self.folder / f"v{self.pushes}", weights)
+            except ServerError as exc:
+                failed = exc
+        self._settle(failed)
+
+    def _settle(self, failed: ServerError | None) -> None:
+        """A push's outcome: counted, or its failure raised; on several processes every
+        process learns process 0's count and the first failure (one gather)."""
+        if self._started.processes == 1:
+            if failed is not None:
+                raise failed
             self.pushes += 1
             return
+        outcomes = distributed.each((self.pushes + 1, None if failed is None else str(failed)))
+        self.pushes = outcomes[0][0]  # process 0's count: every process records the same
+        first = next((error for _, error in outcomes if error is not None), None)
+        if first is not None:
+            raise ServerError(first)
+
+    def _write_and_reload(self, folder: Path, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """``weights`` as safetensors in ``folder``, reloaded by every server of this
+        process, then their prefix caches reset; the previous push's folder removed."""
         from safetensors.torch import save_file
 
-        folder = self.folder / f"v{self.pushes}"
         folder.mkdir()
         tensors = {name: t.contiguous().cpu() for name, t in weights}
         save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -496,29 +570,31 @@ class VLLMServerEngine:
         previous, self.current = self.current, folder
         if previous is not None:
             shutil.rmtree(previous, ignore_errors=True)
-        barrier()
-        self.pushes += 1
 
     def _push_adapters(self) -> None:
-        """The actor's adapters written to a new folder (process 0) and loaded by every
-        server under a new name, the previous name unloaded and its folder removed; every
-        process takes part in the gathers, and the others wait for process 0's push."""
+        """The actor's adapters written to a new folder and loaded under a new name by the
+        servers of a process that pushes (as for :meth:`_push`), the previous name unloaded
+        and its folder removed; every process takes part in the gathers and learns the
+        outcome."""
         context = self._started
-        barrier = _barrier if context.processes > 1 else (lambda: None)
-        barrier()  # no process generates from here to the push's end
+        if context.processes > 1:
+            distributed.barrier()  # no process generates from here to the push's end
         name = f"{self.lora_prefix}-v{self.adapters}"
-        if context.process != 0 or self.folder is None:
-            adapter_weights(context.model)  # the gathers (collectives), in process 0's order
+        failed: ServerError | None = None
+        if self.folder is None:  # it pushes into no server: it joins the gathers
+            adapter_weights(context.model)
         else:
-            folder = _written_adapters(context.model, self.folder / f"lora-v{self.adapters}")
-            self._swap({"lora_name": name, "lora_path": str(folder)}, self.adapter)
-            if self.current is not None:  # the previous adapters, or the start's base weights
-                shutil.rmtree(self.current, ignore_errors=True)
-            self.current = folder
+            try:
+                folder = _written_adapters(context.model, self.folder / f"lora-v{self.adapters}")
+                self._swap({"lora_name": name, "lora_path": str(folder)}, self.adapter)
+                if self.current is not None:  # the previous adapters, or the base weights
+                    shutil.rmtree(self.current, ignore_errors=True)
+                self.current = folder
+            except ServerError as exc:
+                failed = exc
         self.adapter = name
-        barrier()
         self.adapters += 1
-        self.pushes += 1
+        self._settle(failed)
 
     def _swap(
         self, load: dict[str, str] | None, unload: str | None, timeout: float | None = None
@@ -583,18 +659,3 @@ async def _all(jobs: list[Awaitable[None]]) -> None:
             task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    dist.barrier()
-
-
-def _from_process_0(value: T) -> T:
-    """Process 0's ``value`` on every process."""
-    import torch.distributed as dist
-
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]

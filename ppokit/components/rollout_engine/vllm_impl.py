@@ -186,10 +186,10 @@ def _bounded(fn: Callable[[], Any], timeout: float, what: str) -> Any:
 FOLDER_PREFIX = "ppokit-vllm-"
 
 
-def new_folder() -> Path:
-    """A new folder for the weights vLLM loads, named for this process; first the folders
-    of processes that no longer run (a run killed before its ``close``) are removed (this
-    user's own, never through a link)."""
+def new_folder(tag: str = "") -> Path:
+    """A new folder for the weights vLLM loads, named for this process (then ``tag``);
+    first the folders of processes that no longer run (a run killed before its ``close``)
+    are removed (this user's own, never through a link)."""
     root = Path(tempfile.gettempdir())
     with contextlib.suppress(OSError):
         for old in root.glob(f"{FOLDER_PREFIX}*"):
@@ -204,7 +204,7 @@ def new_folder() -> Path:
                 shutil.rmtree(old, ignore_errors=True)
             except OSError:  # alive (another user's process), or not ours to judge
                 continue
-    return Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+    return Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-{tag}"))
 
 
 def start_error(exc: Exception, kv_cache_gb: float | None, max_len: int | None) -> UserError:

@@ -99,8 +99,10 @@ class Stops:
 def stops(place: Place, run: Run, at: Resumed, records: Records) -> Iterator[Stops]:
     """The rounds, stopped by Ctrl-C (:class:`Interrupted`), SIGTERM or an error: on one
     process with synchronous rollouts the last finished round is saved
-    (:mod:`~ppokit.trainer.stopping`); the summary of the rounds run is shown; a user's
-    error carries how to go on (:class:`~ppokit.trainer.stopping.Stopped`)."""
+    (:mod:`~ppokit.trainer.stopping`); the summary of the rounds run is shown; on one
+    process a user's error carries how to go on (:class:`~ppokit.trainer.stopping.Stopped`:
+    the last checkpoint, the saved round's or the last periodic one; on several, the
+    launcher reads it from the folder)."""
     spec, out, display = place.spec, place.out, place.display
     world = distributed.world()
     # one process, synchronous rollouts: a stop keeps the last finished round (stopping.py)
@@ -126,9 +128,10 @@ def stops(place: Place, run: Run, at: Resumed, records: Records) -> Iterator[Sto
             place.smoke,
         ) from None
     except Exception as exc:
-        if ends is None or place.smoke:
+        if place.smoke or world.distributed:
             raise
-        ends.save(out, spec.to_yaml(), display)
+        if ends:
+            ends.save(out, spec.to_yaml(), display)
         display.close()
         if history:
             display.summary(history, str(out))
