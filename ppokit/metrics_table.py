@@ -27,6 +27,7 @@ from typing import Literal
 __all__ = [
     "ACCURACY",
     "COMPONENT_PREFIXES",
+    "CURRICULUM",
     "CURVES",
     "EVAL_CURVES",
     "EVAL_PREFIX",
@@ -96,6 +97,8 @@ EVAL_PROMPTS = "eval/prompts"
 THROUGHPUT = "tokens_per_s"
 ROUND_TIME = "time_round"
 EVAL_PREFIX = "eval/"
+#: The prefix of a prompt source's curriculum levels (``curriculum/<attribute>``).
+CURRICULUM = "curriculum/"
 #: The phases whose model FLOPs a round counts (docs/speed.md): each phase's FLOPs, its
 #: seconds, and its model FLOP utilisation (FLOPs over seconds over the device's peak).
 FLOP_PHASES = ("generate", "logprob", "update")
@@ -228,6 +231,11 @@ METRICS: tuple[Metric, ...] = (
     ),
     _m("rollout/staleness_mean", "updates between the sampling weights and the update's"),
     _m("rollout/staleness_max", "most updates between the sampling weights and the update's"),
+    _m(
+        CURRICULUM,
+        "the prompt source's curriculum level of an attribute, after the round "
+        "(data.source.curriculum)",
+    ),
     _m("health/", "a sign of docs/health.md fired (1; absent: it did not)", direction="lower"),
     _m(THROUGHPUT, "tokens per second", required=True, summary=True, timing=True),
     _m("peak_memory_gb", "GiB", timing=True),

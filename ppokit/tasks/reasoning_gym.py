@@ -21,6 +21,16 @@ exactly as generated (its metadata's tuples and fractions included), and calls t
 generator's own ``score_answer`` on the response's last ``<answer>...</answer>`` (partial
 credit where the checker gives it).
 
+With ``curriculum`` (``{threshold, window}``), ``config`` is completed by reasoning-gym's
+curriculum of the generator (``create_curriculum(dataset).generate_configuration(config)``
+at the current levels: the fields the curriculum sets are its own) and ``D`` is that
+configuration's dataset, the same seed and size. The levels start at 0 and rise as
+:mod:`ppokit.tasks.curriculum` says, on the round's mean reward the trainer hands to
+:meth:`ReasoningGymStream.observe`; a row is drawn at the levels current when it is drawn
+(``entry`` names its configuration), and the levels and the rewards kept are in the state,
+so a resumed run draws the rows the uninterrupted run would. The held-out split is read
+without a curriculum: it keeps the configuration it is given.
+
 Nothing here imports torch; reasoning-gym is imported when a source or reward is created.
 """
 
@@ -36,7 +46,15 @@ from typing import Any, Literal
 from ppokit.components.prompt_source import PromptSource
 from ppokit.components.reward import Scored
 from ppokit.errors import UserError, one_line
-from ppokit.tasks.reasoning_gym_entries import REWARD, SOURCE, ReasoningGymParams
+from ppokit.metrics_table import CURRICULUM
+from ppokit.tasks.curriculum import Levels
+from ppokit.tasks.reasoning_gym_entries import (
+    REWARD,
+    SOURCE,
+    CurriculumParams,
+    ReasoningGymParams,
+    curriculum_fields,
+)
 
 __all__ = ["MAX_TRIES", "ReasoningGym", "ReasoningGymReward", "ReasoningGymStream", "held_out"]
 
@@ -61,10 +79,8 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=repr))
 
 
-@lru_cache(maxsize=64)
-def _dataset(name: str, config: str, seed: int, size: int) -> Any:
-    """The generator's dataset (``config``: its JSON), a UserError naming what is wrong."""
-    import reasoning_gym
+def _known(name: str) -> None:
+    """A UserError naming the close generators when reasoning-gym has none called ``name``."""
     from reasoning_gym.factory import DATASETS
 
     if name not in DATASETS:
@@ -75,10 +91,45 @@ def _dataset(name: str, config: str, seed: int, size: int) -> Any:
             f"({len(DATASETS)} of them: python -c 'import reasoning_gym.factory as f; "
             "print(sorted(f.DATASETS))')"
         )
+
+
+@lru_cache(maxsize=64)
+def _dataset(name: str, config: str, seed: int, size: int) -> Any:
+    """The generator's dataset (``config``: its JSON), a UserError naming what is wrong."""
+    import reasoning_gym
+
+    _known(name)
     try:
         return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(config))
     except Exception as exc:  # the generator's own check of its configuration
         raise UserError(f"reasoning_gym {name!r}: bad config {config}: {one_line(exc)}") from None
+
+
+def _curriculum(name: str, params: CurriculumParams) -> tuple[Any, Levels]:
+    """reasoning-gym's curriculum of generator ``name`` and its levels, all at 0."""
+    from reasoning_gym.factory import CURRICULA, create_curriculum
+
+    _known(name)
+    if name not in CURRICULA:
+        raise UserError(f"reasoning_gym: reasoning-gym has no curriculum for {name!r}")
+    curriculum = create_curriculum(name)
+    sizes = {a: len(attr.levels) for a, attr in curriculum.attributes.items()}
+    return curriculum, Levels(sizes, params.threshold, params.window)
+
+
+def _leveled(params: ReasoningGymParams, curriculum: Any, levels: Levels) -> dict[str, Any]:
+    """``params.config`` with the fields the curriculum sets at ``levels``, plain JSON."""
+    for attribute, level in levels.levels.items():
+        curriculum.set_attr_level(attribute, level)
+    try:
+        made = curriculum.generate_configuration(dict(params.config))
+    except Exception as exc:  # the configuration class's own check
+        raise UserError(
+            f"reasoning_gym {params.dataset!r}: the curriculum at levels {levels.levels} "
+            f"with config {params.config}: {one_line(exc)}"
+        ) from None
+    fields = curriculum_fields(curriculum)
+    return {**params.config, **{f: _plain(getattr(made, f)) for f in fields}}
 
 
 class ReasoningGymStream(PromptSource):
@@ -89,9 +140,31 @@ class ReasoningGymStream(PromptSource):
     def __init__(self, seed: int, params: ReasoningGymParams) -> None:
         super().__init__(seed)
         self.params = params
-        self.config = json.dumps(params.config, sort_keys=True)
+        self.curriculum: Any = None  # reasoning-gym's, with the levels
+        self.levels: Levels | None = None
+        if params.curriculum is not None:
+            self.curriculum, self.levels = _curriculum(params.dataset, params.curriculum)
+        self._configure()
+
+    def _configure(self) -> None:
+        """The dataset of the configuration: ``config``, at the curriculum's levels."""
+        p = self.params
+        self.entry_config = p.config
+        if self.levels is not None:
+            self.entry_config = _leveled(p, self.curriculum, self.levels)
+        self.config = json.dumps(self.entry_config, sort_keys=True)
         self.dataset_seed = _draw(self.seed) % (1 << 31)
-        self.data = _dataset(params.dataset, self.config, self.dataset_seed, params.size)
+        self.data = _dataset(p.dataset, self.config, self.dataset_seed, p.size)
+
+    def observe(self, round_no: int, reward_mean: float) -> dict[str, float]:
+        """The round's mean reward (the whole round's): the curriculum's levels may rise;
+        the levels after it, as metrics (``curriculum/<attribute>``). Without a curriculum,
+        nothing."""
+        if self.levels is None:
+            return {}
+        if self.levels.observe(reward_mean) is not None:
+            self._configure()
+        return {f"{CURRICULUM}{a}": float(v) for a, v in self.levels.levels.items()}
 
     def row(self, index: int) -> dict[str, Any]:
         p = self.params
@@ -110,7 +183,7 @@ class ReasoningGymStream(PromptSource):
     def _row(self, entry: dict[str, Any], index: int) -> dict[str, Any]:
         p = self.params
         question, answer = entry["question"], entry["answer"]
-        where = {"dataset": p.dataset, "config": p.config, "seed": self.dataset_seed}
+        where = {"dataset": p.dataset, "config": self.entry_config, "seed": self.dataset_seed}
         return {
             "prompt": f"{question.rstrip()}\n\n{p.instruction}" if p.instruction else question,
             "question": question,
@@ -120,7 +193,10 @@ class ReasoningGymStream(PromptSource):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "dataset": self.params.dataset, "split": self.params.split}
+        state = {**super().state_dict(), "dataset": self.params.dataset, "split": self.params.split}
+        if self.levels is not None:
+            state["curriculum"] = self.levels.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         p = self.params
@@ -133,8 +209,9 @@ class ReasoningGymStream(PromptSource):
                 f"({state.get('split')}), the spec's {p.dataset!r} ({p.split})"
             )
         super().load_state_dict(state)
-        self.dataset_seed = _draw(self.seed) % (1 << 31)
-        self.data = _dataset(p.dataset, self.config, self.dataset_seed, p.size)
+        if self.levels is not None and "curriculum" in state:  # else: from level 0
+            self.levels.load_state_dict(state["curriculum"])
+        self._configure()
 
 
 @SOURCE.implementation
@@ -147,9 +224,17 @@ class ReasoningGym:
         size: int,
         split: Literal["train", "test"],
         instruction: str,
+        curriculum: CurriculumParams | dict[str, Any] | None = None,
     ) -> None:
-        self.params = ReasoningGymParams(
-            dataset=dataset, config=config, size=size, split=split, instruction=instruction
+        self.params = ReasoningGymParams.model_validate(
+            {
+                "dataset": dataset,
+                "config": config,
+                "size": size,
+                "split": split,
+                "instruction": instruction,
+                "curriculum": curriculum,
+            }
         )
 
     def __call__(self, seed: int) -> PromptSource:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ppokit import papers
 from ppokit.catalogue import Component, Params
@@ -18,8 +18,10 @@ __all__ = [
     "REWARD",
     "SET_BY_SOURCE",
     "SOURCE",
+    "CurriculumParams",
     "ReasoningGymParams",
     "ReasoningGymRewardParams",
+    "curriculum_fields",
 ]
 
 #: The install line of the packages of the ``tasks`` extra.
@@ -29,6 +31,29 @@ INSTALL = "pip install 'ppokit[tasks]'"
 INSTRUCTION = "Put the final answer between <answer> and </answer>."
 #: The configuration keys the source sets itself.
 SET_BY_SOURCE = ("seed", "size")
+
+
+def curriculum_fields(curriculum: Any) -> dict[str, str]:
+    """The configuration fields a reasoning-gym curriculum sets: field -> its attribute
+    (a range attribute sets two, its lower and upper field)."""
+    fields: dict[str, str] = {}
+    for name, attr in curriculum.attributes.items():
+        for key in ("lower_field_name", "upper_field_name", "field_name"):
+            if isinstance(getattr(attr, key, None), str):
+                fields[getattr(attr, key)] = name
+    return fields
+
+
+class CurriculumParams(Params):
+    """The ``reasoning_gym`` source's curriculum: when the levels rise."""
+
+    threshold: float = Field(
+        0.7,
+        allow_inf_nan=False,
+        description="the next attribute goes up one level when the mean reward_mean of the "
+        "last window rounds at the current levels is at least this",
+    )
+    window: int = Field(4, ge=1, le=10_000, description="rounds the mean is taken over")
 
 
 class ReasoningGymParams(Params):
@@ -60,6 +85,13 @@ class ReasoningGymParams(Params):
     instruction: str = Field(
         INSTRUCTION, description="text after each question: the answer's form ('' for none)"
     )
+    curriculum: CurriculumParams | None = Field(
+        None,
+        description="reasoning-gym's curriculum of the generator (its coaching levels), "
+        "e.g. {threshold: 0.7, window: 4}: the rows start at level 0 of every attribute and "
+        "one attribute goes up a level at a time as the reward rises (docs/tasks.md); none: "
+        "config alone",
+    )
 
     @field_validator("config")
     @classmethod
@@ -72,6 +104,32 @@ class ReasoningGymParams(Params):
         except (TypeError, ValueError) as exc:
             raise ValueError(f"must be plain JSON values: {exc}") from None
         return value
+
+    @model_validator(mode="after")
+    def _curriculum(self) -> ReasoningGymParams:
+        if self.curriculum is None:
+            return self
+        from importlib.util import find_spec
+
+        if find_spec("reasoning_gym") is None:  # refused as a missing package
+            return self
+        from reasoning_gym.factory import CURRICULA, DATASETS, create_curriculum
+
+        if self.dataset not in DATASETS:  # named by the source, with the close names
+            return self
+        if self.dataset not in CURRICULA:
+            without = ", ".join(sorted(set(DATASETS) - set(CURRICULA)))
+            raise ValueError(
+                f"reasoning-gym has no curriculum for {self.dataset!r} (none for: {without}): "
+                "set curriculum: null"
+            )
+        fields = curriculum_fields(create_curriculum(self.dataset))
+        if taken := sorted(set(self.config) & set(fields)):
+            raise ValueError(
+                f"config sets {', '.join(taken)}, which the curriculum sets (attributes "
+                f"{', '.join(sorted({fields[k] for k in taken}))}): drop them from config"
+            )
+        return self
 
 
 class ReasoningGymRewardParams(Params):
@@ -93,7 +151,8 @@ SOURCE = Component(
     "split by a hash of the question into train and held-out test",
     formula="row i = the first D[hash(seed, i, t) mod size], t = 0, 1, ..., whose question "
     "is in the split (sha256(question)[0] odd: test, even: train); D = "
-    "reasoning_gym.create_dataset(dataset, seed=hash(seed), size=size, **config)",
+    "reasoning_gym.create_dataset(dataset, seed=hash(seed), size=size, **config); with "
+    "curriculum, config completed by the curriculum at the current levels",
     source=cite(("reasoning-gym", papers.REASONING_GYM)),
     packages=(("reasoning_gym", INSTALL),),
 )

@@ -1,7 +1,8 @@
 """``train(spec)``: a run from its start to its end, written out as one round after another:
 build the run, resume it (or start it), then for each round: produce its batch, run it
-(:func:`~ppokit.trainer.round.run_round`), sync the engine, record it (with its evaluation
-when due), save its checkpoint when due; end. The pieces live in
+(:func:`~ppokit.trainer.round.run_round`), sync the engine, record it (the prompt source
+hears its reward when it listens; its evaluation when due), save its checkpoint when due;
+end. The pieces live in
 :mod:`ppokit.trainer.lifecycle`: where the run runs (``opening``), where its rounds start
 (``resume``), its records (``records``), how it stops or finishes (``ending``) and the
 smoke run (``smoke``)."""
@@ -73,6 +74,7 @@ def train(
                         )
                         result.timings.update(producer.trained(round_no))  # the engine's sync
                         record = records.of_round(round_no, result, began)
+                        records.observed(record)  # the prompt source hears its reward
                         if evaluates(spec, round_no):  # after the update, into its record
                             producer.before_evaluation(round_no)  # the updated weights
                             records.evaluate(record)

@@ -115,6 +115,14 @@ class PromptSourceFactory(Protocol):
     ``make_row(rng)``, the rng seeded from the source's name, the seed and the row number),
     a table :class:`ppokit.data.RowSource`. The source is created, and a data file read and
     each of its rows checked, before any model is loaded.
+
+    Optional: a stream with ``observe(round_no, reward_mean) -> dict[str, float] | None``
+    hears, after each round, the round's ``reward_mean`` (the whole round's: on several
+    processes the reduced one, the same on each), before the round is recorded and its
+    checkpoint written; what it returns (metric name -> number) goes into the round's
+    metrics. A stream that learns from it (a curriculum: the ``reasoning_gym`` source's
+    ``curriculum``) keeps what it learned in its ``state_dict()``, so a resumed run draws
+    the rows the uninterrupted run would. Streams without it are not called.
     """
 
     def __call__(self, seed: int) -> PromptSource: ...

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ppokit import distributed
-from ppokit.metrics_table import EVAL_PREFIX, ROUND, ROUND_TIME, THROUGHPUT
+from ppokit.errors import UserError
+from ppokit.metrics_table import EVAL_PREFIX, REWARD, ROUND, ROUND_TIME, THROUGHPUT
 from ppokit.spec import Spec, spec_warnings
 from ppokit.trainer.flops import utilisation
 from ppokit.trainer.health import check, warning
@@ -114,6 +116,27 @@ class Records:
         record[ROUND_TIME] = time.perf_counter() - began
         record.update(utilisation(record, self.setup.peaks, distributed.world().size))
         return RoundRecord(record, list(result.skipped))
+
+    def observed(self, record: RoundRecord) -> None:
+        """The prompt source's optional ``observe(round_no, reward_mean)`` hears the round's
+        ``reward_mean`` (the whole round's, the same on every process); the metrics it
+        returns (a mapping of names to numbers: a curriculum's levels) go into the record."""
+        observe = getattr(self.at.source, "observe", None)
+        reward = record.values.get(REWARD)
+        if observe is None or not isinstance(reward, (int, float)):
+            return
+        given = observe(record.values[ROUND], float(reward))
+        if given is None:
+            return
+        if not isinstance(given, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            for k, v in given.items()
+        ):
+            raise UserError(
+                f"prompt source {type(self.at.source).__name__}: observe returned "
+                f"{given!r:.80}, not a mapping of metric names to numbers"
+            )
+        record.values.update({k: float(v) for k, v in given.items()})
 
     def evaluate(self, record: RoundRecord) -> None:
         """The held-out evaluation after the round's update, into its record."""
