@@ -224,7 +224,7 @@ class ReasoningGym:
         size: int,
         split: Literal["train", "test"],
         instruction: str,
-        curriculum: CurriculumParams | dict[str, Any] | None = None,
+        curriculum: CurriculumParams | dict[str, Any] | None,
     ) -> None:
         self.params = ReasoningGymParams.model_validate(
             {

@@ -214,7 +214,7 @@ def test_math_verify_timeout_notice_is_dropped_and_nothing_else() -> None:
     pytest.importorskip("math_verify")
     from ppokit.components.reward.impl import MathVerifyReward
 
-    MathVerifyReward(field="answer", correct=1.0, incorrect=0.0)
+    MathVerifyReward(field="answer", correct=1.0, incorrect=0.0, final="expression")
     logger = logging.getLogger("math_verify.parser")
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

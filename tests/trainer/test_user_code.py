@@ -86,7 +86,8 @@ def test_sys_exit_in_a_reward_stops_the_run_with_one_line(tmp_path: Path) -> Non
     assert result.exit_code == 1
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert lines == [
-        f"error: reward (python, plugin ppokit) failed: SystemExit: 0 (at {code}:9)"
+        f"error: reward (python, plugin ppokit) failed: SystemExit: 0 (at {code}:9); the last "
+        f"checkpoint is round 1 ({tmp_path / 'run' / 'checkpoint'})"
     ], result.stderr
     assert "Traceback" not in result.stderr
     assert checkpoint_round(tmp_path / "run") == 1  # round 1's checkpoint stays
