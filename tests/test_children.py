@@ -63,18 +63,25 @@ def ppokit_register(register):
 """
 
 
-def test_a_command_ends_when_a_plugin_left_a_thread_running(tmp_path: Path) -> None:
-    site = path_plugin(tmp_path / "site", "ppokit-lingers", "ppokit_lingers", LINGERS, "lingers")
+def _list_with(tmp_path: Path, name: str, code: str) -> subprocess.CompletedProcess[str]:
+    """``ppokit list advantage --json`` in a child process that finds the plugin
+    ``ppokit-<name>`` (module ``ppokit_<name>``, ``code``) on its path."""
+    site = path_plugin(tmp_path / "site", f"ppokit-{name}", f"ppokit_{name}", code, name)
     env = child_env(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "ppokit", "list", "advantage", "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,  # without the fix: Python waits for the thread for an hour
+        timeout=120,
     )
+
+
+def test_a_command_ends_when_a_plugin_left_a_thread_running(tmp_path: Path) -> None:
+    # without the fix: Python waits for the thread for an hour (the child's timeout: 120 s)
+    done = _list_with(tmp_path, "lingers", LINGERS)
     assert done.returncode == 0, done.stderr
     assert "lingering" in {row["name"] for row in json.loads(done.stdout)}
     assert "waiting up to 5 s for threads to end: plugin-poller" in done.stderr
@@ -108,18 +115,8 @@ def test_a_command_ends_without_the_teardown_of_its_modules(tmp_path: Path) -> N
     command ends once its exit functions ran and its open files are flushed."""
     written = tmp_path / "written.txt"
     code = SLOW_TEARDOWN.format(written=str(written))
-    site = path_plugin(tmp_path / "site", "ppokit-slow", "ppokit_slow", code, "slow")
-    env = child_env(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
     began = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "ppokit", "list", "advantage", "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _list_with(tmp_path, "slow", code)
     assert done.returncode == 0, done.stderr
     assert "slow" in {row["name"] for row in json.loads(done.stdout)}
     assert time.monotonic() - began < 40  # the teardown would take 60 s

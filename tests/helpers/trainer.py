@@ -15,6 +15,7 @@ from ppokit.spec import Spec, load_spec
 from ppokit.trainer.estimation import UpdateData
 from ppokit.trainer.metrics import Meter
 from ppokit.trainer.producers import (
+    Asynchronous,
     Draw,
     Given,
     Inline,
@@ -287,3 +288,38 @@ def one_line_error(fn: Any, *args: Any) -> str:
     message = str(info.value)
     assert message and "\n" not in message
     return message
+
+
+def check_one_update_behind(lrn: Trainee, rounds: int = 3, *, stale_differs: bool) -> None:
+    """Asynchronous rounds at ``max_staleness: 1`` (the demo's rows, 4 a round): round k's
+    batch records version max(0, k - 2) on every row, at most one update behind, and its log
+    μ is the trainer's log-probs at exactly those weights (1e-4); with ``stale_differs``,
+    a batch one update behind is also off the current weights (> 1e-3). Closes ``lrn``."""
+    import copy
+
+    weights = {0: copy.deepcopy(lrn.setup.models.actor)}
+    seen = [0]
+
+    def draw() -> tuple[list[dict], list[str]]:
+        rows = demo_rows(4, seen[0])
+        seen[0] += 1
+        return rows, [r["prompt"] for r in rows]
+
+    rollouts = Asynchronous(lrn.setup, draw, start=0)
+    try:
+        for k in range(1, rounds + 1):
+            ro = lrn.round_of(rollouts, k).data.rollout
+            versions = ro.version.tolist()
+            version = max(0, k - 2)
+            assert versions == [version] * len(versions)
+            assert all(k - 1 - v <= 1 for v in versions)  # the staleness bound, row by row
+            with torch.no_grad():
+                sampler = lrn.setup.forwards.actor(weights[version], ro)[0] * ro.response_mask
+                now = lrn.setup.forwards.actor(lrn.setup.models.actor, ro)[0] * ro.response_mask
+            assert float((ro.logp_rollout - sampler).abs().max()) < 1e-4
+            if stale_differs and version < k - 1:
+                assert float((ro.logp_rollout - now).abs().max()) > 1e-3
+            weights[k] = copy.deepcopy(lrn.setup.models.actor)
+    finally:
+        rollouts.close()
+        lrn.close()

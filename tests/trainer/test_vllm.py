@@ -23,7 +23,14 @@ from ppokit.spec import SpecError, load_spec
 from ppokit.trainer import train
 from ppokit.trainer.metrics import read_metrics
 from tests.helpers.sampled import truncated_logp
-from tests.helpers.trainer import DEMO, Trainee, demo_rows, learner, small_spec
+from tests.helpers.trainer import (
+    DEMO,
+    Trainee,
+    check_one_update_behind,
+    demo_rows,
+    learner,
+    small_spec,
+)
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 if not HAVE_VLLM and os.environ.get("PPOKIT_REQUIRE_VLLM") == "1":
@@ -451,32 +458,8 @@ def test_asynchronous_rounds_sample_from_the_weights_one_push_behind() -> None:
     """Staleness 1 on vLLM (float32): each trained batch's log μ is the trainer's log-probs
     at the weights one update before the round's (1e-4), the push arriving between
     generations, never during one."""
-    import copy
-
-    from ppokit.trainer.producers import Asynchronous
-
     lrn = _learner("rollout.max_staleness=1", "train.rounds=3", "train.actor_lr=0.01")
-    weights = {0: copy.deepcopy(lrn.setup.models.actor)}
-    seen = [0]
-
-    def draw() -> tuple[list[dict], list[str]]:
-        rows = demo_rows(4, seen[0])
-        seen[0] += 1
-        return rows, [r["prompt"] for r in rows]
-
-    rollouts = Asynchronous(lrn.setup, draw, start=0)
-    try:
-        for k in range(1, 4):
-            ro = lrn.round_of(rollouts, k).data.rollout
-            version = max(0, k - 2)
-            assert ro.version.tolist() == [version] * len(ro.version)
-            with torch.no_grad():
-                sampler = lrn.setup.forwards.actor(weights[version], ro)[0] * ro.response_mask
-            assert float((ro.logp_rollout - sampler).abs().max()) < 1e-4
-            weights[k] = copy.deepcopy(lrn.setup.models.actor)
-    finally:
-        rollouts.close()
-        lrn.close()
+    check_one_update_behind(lrn, stale_differs=False)
 
 
 # ---------------------------------------------------------------------- several processes

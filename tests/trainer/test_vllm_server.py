@@ -19,7 +19,6 @@ the server takes tens of seconds on a CPU: the module shares one.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import http.server
 import importlib.util
@@ -56,7 +55,16 @@ from ppokit.trainer.metrics import read_metrics
 from tests.helpers import free_port
 from tests.helpers.ranks import killed_mid_run
 from tests.helpers.servers import started_process
-from tests.helpers.trainer import DEMO, SMALL, Trainee, demo_rows, learner, small_spec, untimed
+from tests.helpers.trainer import (
+    DEMO,
+    SMALL,
+    Trainee,
+    check_one_update_behind,
+    demo_rows,
+    learner,
+    small_spec,
+    untimed,
+)
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 if not HAVE_VLLM and os.environ.get("PPOKIT_REQUIRE_VLLM") == "1":
@@ -266,39 +274,11 @@ def test_a_skipped_push_makes_the_mismatch_grow(
 def test_asynchronous_rounds_sample_from_the_version_they_record(server: str) -> None:
     """Staleness 1: each trained batch records version max(0, k - 2), and its log μ is the
     trainer's log-probs at exactly those weights (1e-4), not the current ones."""
-    from ppokit.trainer.producers import Asynchronous
-
-    lrn: Trainee = learner(
-        small_spec(
-            None, *VLLM_TINY, _engine(server), "rollout.max_staleness=1", "train.rounds=3",
-            "train.actor_lr=0.01",
-        )
+    spec = small_spec(
+        None, *VLLM_TINY, _engine(server), "rollout.max_staleness=1", "train.rounds=3",
+        "train.actor_lr=0.01",
     )  # fmt: skip
-    weights = {0: copy.deepcopy(lrn.setup.models.actor)}
-    seen = [0]
-
-    def draw() -> tuple[list[dict], list[str]]:
-        rows = demo_rows(4, seen[0])
-        seen[0] += 1
-        return rows, [r["prompt"] for r in rows]
-
-    rollouts = Asynchronous(lrn.setup, draw, start=0)
-    try:
-        for k in range(1, 4):
-            ro = lrn.round_of(rollouts, k).data.rollout
-            version = max(0, k - 2)
-            assert ro.version.tolist() == [version] * len(ro.version)
-            assert k - 1 - version <= 1
-            with torch.no_grad():
-                sampler = lrn.setup.forwards.actor(weights[version], ro)[0] * ro.response_mask
-                now = lrn.setup.forwards.actor(lrn.setup.models.actor, ro)[0] * ro.response_mask
-            assert float((ro.logp_rollout - sampler).abs().max()) < 1e-4
-            if version < k - 1:
-                assert float((ro.logp_rollout - now).abs().max()) > 1e-3
-            weights[k] = copy.deepcopy(lrn.setup.models.actor)
-    finally:
-        rollouts.close()
-        lrn.close()
+    check_one_update_behind(learner(spec), stale_differs=True)
 
 
 @needs_vllm
